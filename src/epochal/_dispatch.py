@@ -1,0 +1,107 @@
+"""Direct calls of the hook implementations pluggy holds, for hooks called on every batch.
+
+pluggy stays the registry, the validator and the source of the call order; but a call through
+``pm.hook.name(**kwargs)`` costs about 1 µs plus 0.3 µs per implementation (argument checks,
+a list copy, ``_multicall``'s bookkeeping), ten times a direct call. For every hook this module
+compiles a small function that calls the implementations in pluggy's order, each with only the
+arguments it declares, exactly as ``_multicall`` would. A hook with no implementation compiles
+to ``None`` so the loop skips it with one test. Hooks with wrappers keep pluggy's own call.
+
+When an implementation raises, the exception is annotated with the plugin and hook names
+(``error.add_note`` and the attribute ``epochal_plugin``) and propagates unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pluggy
+
+from epochal import hookspecs
+
+#: The argument names of every hook, in the specification's order.
+HOOK_ARGS: dict[str, tuple[str, ...]] = {
+    name: tuple(inspect.signature(fn).parameters)
+    for name, fn in vars(hookspecs).items()
+    if hasattr(fn, "epochal_spec")
+}
+
+
+def blame(error: BaseException, plugin: str, hook: str) -> None:
+    """Record on *error* that *plugin*'s implementation of *hook* raised it (first one wins)."""
+    if getattr(error, "epochal_plugin", None) is None:
+        try:
+            error.epochal_plugin = plugin  # type: ignore[attr-defined]
+            error.epochal_hook = hook  # type: ignore[attr-defined]
+        except AttributeError:  # pragma: no cover - exceptions with __slots__
+            return
+        error.add_note(f"raised in hook {hook!r} of plugin {plugin!r}")
+
+
+def implementations(pm: pluggy.PluginManager, hook: str) -> list[pluggy.HookImpl]:
+    """The implementations of *hook* in the order pluggy calls them."""
+    caller = getattr(pm.hook, hook, None)
+    return list(reversed(caller.get_hookimpls())) if caller is not None else []
+
+
+def compile_hook(pm: pluggy.PluginManager, hook: str) -> Callable[..., Any] | None:
+    """A function taking the hook's arguments positionally and calling every implementation.
+
+    Returns None when the hook has no implementation.
+    """
+    impls = implementations(pm, hook)
+    if not impls:
+        return None
+    args = HOOK_ARGS[hook]
+    if any(impl.hookwrapper or impl.wrapper for impl in impls):
+        call = getattr(pm.hook, hook)
+
+        def through_pluggy(*values: Any) -> Any:
+            return call(**dict(zip(args, values)))
+
+        return through_pluggy
+    namespace: dict[str, Any] = {"_blame": blame, "_plugins": [i.plugin_name for i in impls]}
+    lines = [f"def {hook}({', '.join(args)}):", "    i = 0", "    try:"]
+    for k, impl in enumerate(impls):
+        namespace[f"f{k}"] = impl.function
+        lines.append(f"        i = {k}")
+        lines.append(f"        f{k}({', '.join(impl.argnames)})")
+    lines += [
+        "    except BaseException as e:",
+        f"        _blame(e, _plugins[i], {hook!r})",
+        "        raise",
+    ]
+    exec("\n".join(lines), namespace)
+    function: Callable[..., Any] = namespace[hook]
+    return function
+
+
+def each_implementation(
+    pm: pluggy.PluginManager, hook: str, **kwargs: Any
+) -> Iterator[tuple[str, Callable[[], Any]]]:
+    """Yield ``(plugin_name, call)`` for every implementation, to call them one by one."""
+    for impl in implementations(pm, hook):
+        yield impl.plugin_name, functools.partial(impl.function, *[kwargs[n] for n in impl.argnames])
+
+
+class Hooks:
+    """The compiled hook callers of a plugin manager; call :meth:`rebuild` after (un)registering.
+
+    Each hook is an attribute: ``hooks.after_batch`` is None or a function taking the hook's
+    arguments positionally.
+    """
+
+    def __init__(self, pm: pluggy.PluginManager) -> None:
+        self._pm = pm
+        self.rebuild()
+
+    def rebuild(self) -> None:
+        """Recompile every hook from the implementations currently registered."""
+        for hook in HOOK_ARGS:
+            setattr(self, hook, compile_hook(self._pm, hook))
+
+    def __getattr__(self, hook: str) -> Callable[..., Any] | None:  # for type checkers
+        raise AttributeError(hook)

@@ -1,0 +1,109 @@
+"""Checking a plugin's options (``[plugins.NAME]``) against its constructor's signature."""
+
+from __future__ import annotations
+
+import collections.abc as cabc
+import inspect
+import types
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from epochal.errors import PluginError, did_you_mean
+
+
+def option_signature(factory: Callable[..., Any]) -> inspect.Signature | None:
+    """The signature whose keyword arguments are the plugin's options (None if unknown)."""
+    try:
+        return inspect.signature(factory)
+    except (TypeError, ValueError):
+        return None
+
+
+def check_options(
+    name: str,
+    factory: Callable[..., Any],
+    options: Mapping[str, Any],
+    where: str | None = None,
+    error: type[Exception] = PluginError,
+) -> None:
+    """Raise *error* unless *options* are valid keyword arguments of *factory*.
+
+    Unknown names, missing required options and values whose type does not match the
+    annotation are each reported with the list of valid options. *name* is what the options
+    configure (a plugin name) and *where* the config section (default ``[plugins.NAME]``).
+    """
+    signature = option_signature(factory)
+    if signature is None:
+        return
+    params = {
+        p.name: p
+        for p in signature.parameters.values()
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    }
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+    try:
+        hints = typing.get_type_hints(factory.__init__ if inspect.isclass(factory) else factory)
+    except Exception:  # unresolvable annotations: skip the type check, keep the name check
+        hints = {}
+    valid = (
+        ", ".join(
+            f"{p.name}" + (f" (default {p.default!r})" if p.default is not p.empty else " (required)")
+            for p in params.values()
+        )
+        or "none"
+    )
+    where = where or f"[plugins.{name}]"
+    what = f"plugin {name!r}" if where.startswith("[plugins") else repr(name)
+    for key, value in options.items():
+        if key not in params:
+            if takes_any:
+                continue
+            raise error(
+                f"{where}: unknown option {key!r} for {what}"
+                f"{did_you_mean(key, params)}; valid options: {valid}"
+            )
+        hint = hints.get(key)
+        if hint is not None and not matches(value, hint):
+            raise error(
+                f"{where}: option {key!r} of {what} must be {describe(hint)}, "
+                f"not {type(value).__name__} {value!r}; valid options: {valid}"
+            )
+    missing = [p.name for p in params.values() if p.default is p.empty and p.name not in options]
+    if missing:
+        raise error(f"{where}: {what} needs option(s) {', '.join(missing)}; valid options: {valid}")
+
+
+def matches(value: Any, hint: Any) -> bool:
+    """Whether a TOML value fits a type annotation (simple types, containers, unions, Literal)."""
+    if hint is Any or hint is object:
+        return True
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(matches(value, a) for a in args)
+    if origin is typing.Literal:
+        return value in args
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if origin in (list, tuple, cabc.Sequence):
+        if not isinstance(value, (list, tuple)) or isinstance(value, str):
+            return False
+        inner = args[0] if args and (origin is not tuple or args[-1] is Ellipsis) else Any
+        return all(matches(v, inner) for v in value)
+    if origin in (dict, cabc.Mapping):
+        return isinstance(value, dict)
+    if isinstance(hint, type):
+        return isinstance(value, hint)
+    return True  # an annotation this check does not understand
+
+
+def describe(hint: Any) -> str:
+    """A readable name for a type annotation."""
+    if isinstance(hint, type) and typing.get_origin(hint) is None:
+        return hint.__name__
+    return str(hint).replace("typing.", "")

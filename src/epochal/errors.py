@@ -1,0 +1,34 @@
+"""The exceptions epochal raises for bad input.
+
+Every error a user can cause by configuration or by installing a broken plugin is an
+:class:`EpochalError`; the CLI prints its message alone (no traceback) and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class EpochalError(Exception):
+    """Base class of the errors that are the user's to fix (bad config, bad plugin, bad input)."""
+
+    exit_code = 2
+
+
+class ConfigError(EpochalError):
+    """The run configuration (TOML file, ``--set``, plugin options) is invalid."""
+
+
+class PluginError(EpochalError):
+    """A plugin cannot be found, imported, configured, ordered or registered."""
+
+
+class OrderError(PluginError):
+    """The requested call order cannot be satisfied (a cycle or a contradiction)."""
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """Return ``" (did you mean 'x'?)"`` for the closest of *choices*, or ``""``."""
+    match = difflib.get_close_matches(name, sorted(set(choices)), n=1, cutoff=0.5)
+    return f" (did you mean {match[0]!r}?)" if match else ""

@@ -1,0 +1,234 @@
+"""Hook specifications: every stage of a training run a plugin can take part in.
+
+A plugin implements any of these with ``@epochal.hookimpl`` on a function or method of the
+same name. An implementation may declare any subset of a hook's arguments (they are passed by
+name), so a hook that gains an argument keeps working with old plugins. A misspelled hook name
+or argument is refused when the plugin is registered.
+
+Implementations run in the per-run plugin order: the order the user writes is the order hooks
+run (``epochal plugins --order`` prints it per hook). ``loop`` is the :class:`epochal.Loop`
+running the training; see its documentation for ``loop.epoch``, ``loop.iteration``,
+``loop.log``, ``loop.model``, ``loop.plugins``, ``loop.run_id`` and ``loop.request_stop``.
+"""
+
+# The arguments of these functions are their documentation: pluggy reads their names.
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from epochal._markers import hookspec
+
+if TYPE_CHECKING:
+    import click
+
+    from epochal.loop import Loop
+
+
+# -- training ---------------------------------------------------------------------------------
+
+
+@hookspec
+def before_training(loop: Loop) -> None:
+    """Called once when a run starts, before the first epoch (and before epoch-0 evaluation).
+
+    On a resumed run the loop's state (counters, log, model, RNG, stream position and every
+    plugin's ``load_state_dict``) has already been restored when this is called;
+    ``loop.resumed`` is true and :func:`on_resumption` follows.
+
+    :param loop: the training loop.
+
+    The return value is ignored.
+    """
+
+
+@hookspec
+def on_resumption(loop: Loop) -> None:
+    """Called after :func:`before_training` when the run continues from a saved state.
+
+    ``loop.resumed_from`` holds the ``run_id`` of the run the state was saved by, and
+    ``loop.epoch``/``loop.iteration`` the counters it had reached.
+
+    :param loop: the training loop.
+
+    The return value is ignored.
+    """
+
+
+@hookspec(firstresult=True)
+def resume_state(loop: Loop, resume: bool) -> Mapping[str, Any] | None:
+    """Called before :func:`before_training` to ask for a state to start from.
+
+    A checkpoint plugin returns a state previously produced by ``loop.state_dict()``; the loop
+    loads it with ``loop.load_state_dict`` and the run continues from it. ``epochal run
+    --resume`` is an error unless an installed plugin implements this hook.
+
+    :param loop: the training loop (nothing has run yet).
+    :param resume: true when the user asked to resume (``--resume``).
+
+    Stops at the first non-None result. Return None to start afresh.
+    """
+
+
+@hookspec
+def before_epoch(loop: Loop) -> None:
+    """Called at the start of every training epoch, before its first batch is read.
+
+    ``loop.epoch`` is the number of epochs completed so far. Not called again when a run
+    resumes in the middle of an epoch.
+
+    :param loop: the training loop.
+
+    The return value is ignored.
+    """
+
+
+@hookspec
+def before_batch(loop: Loop, batch: Any) -> None:
+    """Called for every training batch, after it was read and before ``model.train_step``.
+
+    :param loop: the training loop; ``loop.iteration`` counts the batches completed before
+        this one.
+    :param batch: the batch exactly as the train stream produced it.
+
+    The return value is ignored.
+    """
+
+
+@hookspec
+def after_batch(loop: Loop, batch: Any, outputs: Mapping[str, Any]) -> None:
+    """Called for every training batch, after ``model.train_step`` returned.
+
+    ``loop.iteration`` already counts this batch, so ``loop.log.current_row`` is the row of
+    this batch. Calling ``loop.request_stop`` here ends training after this batch.
+
+    :param loop: the training loop.
+    :param batch: the batch the step was given.
+    :param outputs: the mapping of metrics ``train_step`` returned.
+
+    The return value is ignored.
+    """
+
+
+@hookspec
+def after_epoch(loop: Loop) -> None:
+    """Called after every completed training epoch and its evaluation.
+
+    ``loop.epoch`` already counts this epoch. Not called for an epoch cut short by
+    ``request_stop``, ``max_iterations`` or a second interrupt.
+
+    :param loop: the training loop.
+
+    The return value is ignored.
+    """
+
+
+@hookspec
+def after_training(loop: Loop) -> None:
+    """Called once when training ends without an exception.
+
+    That is after the last epoch, after ``request_stop`` or ``max_iterations`` took effect, and
+    after :func:`on_interrupt` on SIGINT/SIGTERM. ``loop.log.status["status"]`` says which
+    (``"finished"`` or ``"interrupted"``) and ``loop.log.status["finish_reason"]`` why.
+    Not called when the run fails: :func:`on_error` is called instead.
+
+    :param loop: the training loop.
+
+    The return value is ignored.
+    """
+
+
+# -- evaluation -------------------------------------------------------------------------------
+
+
+@hookspec
+def before_evaluation(loop: Loop, stream: str) -> None:
+    """Called before an evaluation stream is iterated.
+
+    Evaluation runs after each epoch (every ``[loop] eval_every_n_epochs``), before training
+    when ``[loop] eval_at_start`` is set, and whenever a plugin calls ``loop.evaluate``.
+
+    :param loop: the training loop.
+    :param stream: the name of the evaluation stream (a key of the data factory's mapping).
+
+    The return value is ignored.
+    """
+
+
+@hookspec
+def after_eval_batch(loop: Loop, stream: str, batch: Any, outputs: Mapping[str, Any]) -> None:
+    """Called after ``model.eval_step`` returned for a batch of an evaluation stream.
+
+    :param loop: the training loop.
+    :param stream: the name of the evaluation stream.
+    :param batch: the batch that was evaluated.
+    :param outputs: the mapping of metrics ``eval_step`` returned.
+
+    The return value is ignored.
+    """
+
+
+@hookspec
+def after_evaluation(loop: Loop, stream: str, metrics: Mapping[str, float]) -> None:
+    """Called after an evaluation stream was exhausted.
+
+    The loop has already written the metrics to the log as ``<stream>.<metric>``.
+
+    :param loop: the training loop.
+    :param stream: the name of the evaluation stream.
+    :param metrics: each metric of ``eval_step`` averaged over the stream, weighted by batch
+        size.
+
+    The return value is ignored.
+    """
+
+
+# -- interruption and failure -----------------------------------------------------------------
+
+
+@hookspec
+def on_interrupt(loop: Loop, signum: int) -> None:
+    """Called when training stopped because of a signal, before :func:`after_training`.
+
+    The first SIGINT lets the current epoch finish; a second SIGINT, or a SIGTERM, lets only the
+    current batch finish. Then this hook runs, so a plugin can save what it needs, then
+    :func:`after_training`. A third SIGINT raises ``KeyboardInterrupt`` at once.
+
+    :param loop: the training loop, at a batch boundary and in a consistent state.
+    :param signum: the number of the last signal received (``signal.SIGINT`` or
+        ``signal.SIGTERM``).
+
+    The return value is ignored.
+    """
+
+
+@hookspec
+def on_error(loop: Loop, error: BaseException) -> None:
+    """Called when a training step, an evaluation step or a hook raised an exception.
+
+    Every plugin's implementation is called, each on its own: one that raises is reported and
+    the others still run. The original exception is re-raised afterwards. ``loop.error_plugin``
+    names the plugin whose hook raised (None when the model or data raised).
+
+    :param loop: the training loop; its state may be inconsistent (mid-batch).
+    :param error: the exception that ended the run.
+
+    The return value is ignored.
+    """
+
+
+# -- command line -----------------------------------------------------------------------------
+
+
+@hookspec
+def register_commands(cli: click.Group) -> None:
+    """Called when the ``epochal`` command starts, to let a plugin add subcommands.
+
+    Every installed plugin that is not disabled by ``EPOCHAL_DISABLE_PLUGIN_AUTOLOAD`` is asked.
+
+    :param cli: the ``epochal`` click group; add commands with ``@cli.command()`` or
+        ``cli.add_command``.
+
+    The return value is ignored.
+    """

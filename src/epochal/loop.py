@@ -1,0 +1,477 @@
+"""The main loop: epochs of training batches, evaluation streams, and a hook at every stage.
+
+The ancestors are Blocks' ``MainLoop`` (the training log, the stop-at-boundary interrupts) and
+emloop's ``MainLoop`` (named eval streams, epoch-0 evaluation, empty batch/stream policies).
+The loop owns only the control flow and the state; every feature is a plugin.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import uuid
+import warnings
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from epochal import _rng
+from epochal._dispatch import blame, each_implementation
+from epochal.data import batch_size
+from epochal.errors import ConfigError, EpochalError
+from epochal.log import TrainingLog
+from epochal.plugins import PluginSet, compose
+
+Policy = Literal["error", "warn", "ignore"]
+POLICIES = ("error", "warn", "ignore")
+STATE_FORMAT = 1
+
+
+class Model(Protocol):
+    """What the loop needs from a model: framework-agnostic steps and state."""
+
+    def train_step(self, batch: Any) -> Mapping[str, Any]:
+        """Train on one batch; return metrics (``{"loss": 0.3}``)."""
+
+    def eval_step(self, batch: Any) -> Mapping[str, Any]:
+        """Evaluate one batch without training; return metrics."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """The model's state: arrays, numbers, strings, lists and dicts."""
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a state returned by :meth:`state_dict`."""
+
+
+class EmptyDataError(EpochalError):
+    """A stream yielded an empty batch or no batch at all, and the policy is ``error``."""
+
+
+class Loop:
+    """Runs training epochs over a train stream, evaluates eval streams, calls the hooks.
+
+    :param model: an object following the :class:`Model` protocol.
+    :param data: ``"train"`` → training stream, any other name → evaluation stream. A stream is
+        an iterable iterated afresh each epoch, or a zero-argument callable returning one.
+    :param plugins: a :class:`~epochal.plugins.PluginSet` (from ``load_plugins``), or plugin
+        objects by name in call order, or None.
+    :param max_epochs: stop after this many epochs (None: no limit).
+    :param max_iterations: stop after this many training batches (None: no limit).
+    :param seed: seed Python's, numpy's (and torch's) global generators at the start of a fresh
+        run (None: leave them alone).
+    :param eval_every_n_epochs: evaluate every eval stream after every n-th epoch (0: never).
+    :param eval_at_start: evaluate every eval stream before the first epoch (epoch 0).
+    :param on_empty_batch: what an empty batch does: ``error``, ``warn`` (then skip) or
+        ``ignore`` (skip).
+    :param on_empty_stream: what a stream yielding no batch does: ``error``, ``warn``, ``ignore``.
+    :param run_dir: where plugins keep this run's files (checkpoints, logs).
+    :param resume: ask the plugins for a state to resume from (``epochal run --resume``).
+    :param config: the run configuration, for plugins that record it.
+    :param handle_signals: install the SIGINT/SIGTERM handlers while running (main thread only).
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        data: Mapping[str, Any],
+        *,
+        plugins: PluginSet | Mapping[str, object] | None = None,
+        max_epochs: int | None = None,
+        max_iterations: int | None = None,
+        seed: int | None = None,
+        eval_every_n_epochs: int = 1,
+        eval_at_start: bool = False,
+        on_empty_batch: Policy = "error",
+        on_empty_stream: Policy = "error",
+        run_dir: str | Path | None = None,
+        resume: bool = False,
+        config: Mapping[str, Any] | None = None,
+        handle_signals: bool = True,
+    ) -> None:
+        if "train" not in data:
+            raise ConfigError(
+                f"the data mapping has no 'train' stream (it has: {', '.join(data) or 'nothing'})"
+            )
+        for name, value in (("on_empty_batch", on_empty_batch), ("on_empty_stream", on_empty_stream)):
+            if value not in POLICIES:
+                raise ConfigError(f"{name} must be one of {', '.join(POLICIES)}, not {value!r}")
+        for name, limit in (("max_epochs", max_epochs), ("max_iterations", max_iterations)):
+            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+                raise ConfigError(f"{name} must be a non-negative integer, not {limit!r}")
+        self.model = model
+        self.data = dict(data)
+        self._plugin_set = plugins if isinstance(plugins, PluginSet) else compose(plugins or {})
+        #: plugin instances by name, in call order.
+        self.plugins: dict[str, object] = self._plugin_set.plugins
+        self.max_epochs = max_epochs
+        self.max_iterations = max_iterations
+        self.seed = seed
+        self.eval_every_n_epochs = eval_every_n_epochs
+        self.eval_at_start = eval_at_start
+        self.on_empty_batch = on_empty_batch
+        self.on_empty_stream = on_empty_stream
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.resume = resume
+        self.config = dict(config or {})
+        self.handle_signals = handle_signals
+        #: a fresh id for every run, resumed or not.
+        self.run_id = uuid.uuid4().hex
+        #: training epochs completed.
+        self.epoch = 0
+        #: training batches completed.
+        self.iteration = 0
+        self.log = TrainingLog(lambda: self.iteration)
+        #: true once a saved state was loaded; ``resumed_from`` is the run that saved it.
+        self.resumed = False
+        self.resumed_from: str | None = None
+        #: the plugin whose hook raised the error that ended the run (None: model or data).
+        self.error_plugin: str | None = None
+        #: plugin states found in a loaded state for plugins that are not part of this run.
+        self.orphan_plugin_states: dict[str, Any] = {}
+        #: the metrics of the last evaluation of each stream.
+        self.last_metrics: dict[str, dict[str, float]] = {}
+        self._in_epoch = False
+        self._batch_in_epoch = 0
+        self._stop_reason: str | None = None
+        self._finish_epoch = False
+        self._signum: int | None = None
+        self._interrupts = 0
+        self._warned: set[str] = set()
+
+    # -- public API for plugins ---------------------------------------------------------------
+
+    @property
+    def hooks(self) -> Any:
+        """The compiled hook callers (``loop.hooks.after_batch(loop, batch, outputs)``)."""
+        return self._plugin_set.hooks
+
+    @property
+    def plugin_set(self) -> PluginSet:
+        """The run's plugin set (pluggy manager, listing, call order per hook)."""
+        return self._plugin_set
+
+    @property
+    def batch_in_epoch(self) -> int:
+        """Training batches completed in the current epoch."""
+        return self._batch_in_epoch
+
+    def request_stop(self, reason: str) -> None:
+        """End training cleanly at the next batch boundary, then call ``after_training``."""
+        if self._stop_reason is None:
+            self._stop_reason = reason
+
+    @property
+    def stop_requested(self) -> str | None:
+        """The reason given to the first :meth:`request_stop` (None if none)."""
+        return self._stop_reason
+
+    def evaluate(self, stream: str) -> dict[str, float]:
+        """Run the evaluation stream *stream*; log and return its batch-size-weighted means."""
+        if stream not in self.data or stream == "train":
+            raise ConfigError(f"no evaluation stream {stream!r}; streams: {', '.join(self.eval_streams)}")
+        hooks = self.hooks
+        if hooks.before_evaluation is not None:
+            hooks.before_evaluation(self, stream)
+        totals: dict[str, float] = {}
+        seen = 0
+        eval_step = self.model.eval_step
+        for batch in self._iterate(stream):
+            size = batch_size(batch)
+            if size == 0 and self._empty_batch(stream):
+                continue
+            outputs = eval_step(batch)
+            for key, value in outputs.items():
+                try:
+                    totals[key] = totals.get(key, 0.0) + float(value) * size
+                except (TypeError, ValueError):
+                    continue  # not a number: hooks see it in outputs, it is not averaged
+            seen += size
+            if hooks.after_eval_batch is not None:
+                hooks.after_eval_batch(self, stream, batch, outputs)
+        if seen == 0:
+            self._empty_stream(stream)
+        metrics = {key: total / seen for key, total in totals.items()} if seen else {}
+        row = self.log.current_row
+        for key, value in metrics.items():
+            row[f"{stream}.{key}"] = value
+        self.last_metrics[stream] = metrics
+        if hooks.after_evaluation is not None:
+            hooks.after_evaluation(self, stream, metrics)
+        return metrics
+
+    @property
+    def eval_streams(self) -> list[str]:
+        """The names of the evaluation streams."""
+        return [name for name in self.data if name != "train"]
+
+    # -- running ------------------------------------------------------------------------------
+
+    def run(self) -> TrainingLog:
+        """Train until a limit, a stop request or a signal; return the training log.
+
+        An exception from the model, the data or a hook calls ``on_error`` on every plugin and
+        is re-raised.
+        """
+        previous = self._install_signal_handlers()
+        try:
+            self._start()
+            self._train()
+            self._finish()
+        except BaseException as error:
+            self._fail(error)
+            raise
+        finally:
+            self._restore_signal_handlers(previous)
+        return self.log
+
+    def _start(self) -> None:
+        pm = self._plugin_set.pm
+        state = None
+        if self._plugin_set.implements("resume_state"):
+            state = pm.hook.resume_state(loop=self, resume=self.resume)
+        elif self.resume:
+            raise ConfigError(
+                "cannot resume: no installed plugin restores checkpoints "
+                "(pip install epochal-checkpoint, or enable the 'checkpoint' plugin)"
+            )
+        if state is not None:
+            self.load_state_dict(state)
+        elif self.seed is not None:
+            _rng.seed_all(self.seed)
+        self.log.status.update(status="running", run_id=self.run_id, resumed_from=self.resumed_from)
+        hooks = self.hooks
+        if hooks.before_training is not None:
+            hooks.before_training(self)
+        if self.resumed and hooks.on_resumption is not None:
+            hooks.on_resumption(self)
+        if self.eval_at_start and not self.resumed:
+            for stream in self.eval_streams:
+                self.evaluate(stream)
+
+    def _train(self) -> None:
+        while self._stop_reason is None:
+            if self.max_epochs is not None and self.epoch >= self.max_epochs:
+                self._stop_reason = f"max_epochs={self.max_epochs} reached"
+                break
+            if not self._run_epoch():
+                break
+            if self._finish_epoch:
+                break
+
+    def _run_epoch(self) -> bool:
+        """Run (the rest of) one epoch; return whether it completed."""
+        hooks = self.hooks
+        if not self._in_epoch:
+            self._in_epoch, self._batch_in_epoch = True, 0
+            if hooks.before_epoch is not None:
+                hooks.before_epoch(self)
+        limit = self.max_iterations if self.max_iterations is not None else float("inf")
+        if self.iteration >= limit:
+            self._stop_reason = f"max_iterations={self.max_iterations} reached"
+            return False
+        train_step = self.model.train_step
+        started = self._batch_in_epoch
+        for batch in self._iterate("train", skip=self._batch_in_epoch):
+            if batch_size(batch) == 0 and self._empty_batch("train"):
+                continue
+            if hooks.before_batch is not None:
+                hooks.before_batch(self, batch)
+            outputs = train_step(batch)
+            self.iteration += 1
+            self._batch_in_epoch += 1
+            if hooks.after_batch is not None:
+                hooks.after_batch(self, batch, outputs)
+            if self._stop_reason is not None or self.iteration >= limit:
+                if self._stop_reason is None:
+                    self._stop_reason = f"max_iterations={self.max_iterations} reached"
+                return False
+        if self._batch_in_epoch == 0 and started == 0:
+            self._empty_stream("train")
+        self.epoch += 1
+        self._in_epoch = False
+        self.log.status.update(epochs_done=self.epoch, iterations_done=self.iteration)
+        self.log.current_row["epochs_done"] = self.epoch
+        if self.eval_every_n_epochs and self.epoch % self.eval_every_n_epochs == 0:
+            for stream in self.eval_streams:
+                self.evaluate(stream)
+        if hooks.after_epoch is not None:
+            hooks.after_epoch(self)
+        if self._batch_in_epoch == 0 and self.max_epochs is None:
+            self._stop_reason = "the train stream is empty"
+            return False
+        return True
+
+    def _finish(self) -> None:
+        hooks = self.hooks
+        status = self.log.status
+        status.update(epochs_done=self.epoch, iterations_done=self.iteration)
+        if self._signum is not None:
+            name = signal.Signals(self._signum).name
+            status.update(status="interrupted", finish_reason=self._stop_reason or name)
+            if hooks.on_interrupt is not None:
+                hooks.on_interrupt(self, self._signum)
+        else:
+            status.update(status="finished", finish_reason=self._stop_reason or "completed")
+        if hooks.after_training is not None:
+            hooks.after_training(self)
+
+    def _fail(self, error: BaseException) -> None:
+        self.error_plugin = getattr(error, "epochal_plugin", None)
+        status = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
+        self.log.status.update(status=status, error=f"{type(error).__name__}: {error}")
+        for name, call in each_implementation(self._plugin_set.pm, "on_error", loop=self, error=error):
+            try:
+                call()
+            except Exception as secondary:  # one plugin's failure must not hide the others
+                blame(secondary, name, "on_error")
+                warnings.warn(
+                    f"plugin {name!r} raised in on_error: {type(secondary).__name__}: {secondary}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+
+    # -- streams and policies -----------------------------------------------------------------
+
+    def _iterate(self, stream: str, skip: int = 0) -> Iterator[Any]:
+        source = self.data[stream]
+        if not hasattr(source, "__iter__") and callable(source):
+            source = source()
+        iterator = iter(source)
+        if skip and not hasattr(source, "state_dict"):
+            # A stream without its own position: replay the epoch up to where it stopped.
+            for _ in range(skip):
+                next(iterator, None)
+        return iterator
+
+    def _empty_batch(self, stream: str) -> bool:
+        """Apply the empty-batch policy; return True to skip the batch."""
+        message = f"stream {stream!r} yielded an empty batch (epoch {self.epoch}, iteration {self.iteration})"
+        self._apply(self.on_empty_batch, message, f"batch:{stream}")
+        return True
+
+    def _empty_stream(self, stream: str) -> None:
+        message = f"stream {stream!r} yielded no batch (epoch {self.epoch})"
+        self._apply(self.on_empty_stream, message, f"stream:{stream}")
+
+    def _apply(self, policy: str, message: str, key: str) -> None:
+        if policy == "error":
+            raise EmptyDataError(message + "; set [loop] on_empty_batch/on_empty_stream to warn or ignore")
+        if policy == "warn" and key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message + " (reported once)", RuntimeWarning, stacklevel=3)
+
+    # -- signals ------------------------------------------------------------------------------
+
+    def _install_signal_handlers(self) -> dict[int, Any]:
+        if not self.handle_signals or threading.current_thread() is not threading.main_thread():
+            return {}
+        previous: dict[int, Any] = {}
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            previous[signum] = signal.signal(signum, self._on_signal)
+        return previous
+
+    @staticmethod
+    def _restore_signal_handlers(previous: Mapping[int, Any]) -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self._signum = signum
+        self._interrupts += signum == signal.SIGINT
+        name = signal.Signals(signum).name
+        if signum == signal.SIGINT and self._interrupts == 1:
+            self._finish_epoch = True
+            print(
+                "epochal: SIGINT received, finishing the current epoch "
+                "(Ctrl-C again to stop after the current batch)",
+                file=sys.stderr,
+                flush=True,
+            )
+        elif signum == signal.SIGINT and self._interrupts > 2:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt
+        else:
+            self.request_stop(f"{name} received")
+            print(f"epochal: {name} received, stopping after the current batch", file=sys.stderr, flush=True)
+
+    # -- state --------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed run needs: counters, log, model, RNG, streams, plugin states.
+
+        Leaves are numpy arrays, numbers, strings, None, lists and dicts (no pickle needed).
+        """
+        plugins: dict[str, Any] = {}
+        infos = {info.name: info for info in self._plugin_set.infos}
+        for name, plugin in self.plugins.items():
+            get_state = getattr(plugin, "state_dict", None)
+            if callable(get_state):
+                info = infos.get(name)
+                plugins[name] = {
+                    "class": f"{type(plugin).__module__}.{type(plugin).__qualname__}",
+                    "distribution": info.distribution if info else None,
+                    "version": info.version if info else None,
+                    "state_version": getattr(plugin, "state_version", 1),
+                    "state": get_state(),
+                }
+        plugins.update({k: v for k, v in self.orphan_plugin_states.items() if k not in plugins})
+        return {
+            "format": STATE_FORMAT,
+            "run_id": self.run_id,
+            "epoch": self.epoch,
+            "iteration": self.iteration,
+            "in_epoch": self._in_epoch,
+            "batch_in_epoch": self._batch_in_epoch,
+            "log": self.log.state_dict(),
+            "model": self.model.state_dict(),
+            "rng": _rng.capture(),
+            "data": {
+                name: stream.state_dict()
+                for name, stream in self.data.items()
+                if callable(getattr(stream, "state_dict", None))
+            },
+            "plugins": plugins,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a state from :meth:`state_dict`; the run continues where it was saved."""
+        if state.get("format") != STATE_FORMAT:
+            raise EpochalError(
+                f"unsupported loop state format {state.get('format')!r} (expected {STATE_FORMAT})"
+            )
+        self.model.load_state_dict(state["model"])
+        self.log.load_state_dict(state["log"])
+        self.epoch, self.iteration = int(state["epoch"]), int(state["iteration"])
+        self._in_epoch, self._batch_in_epoch = bool(state["in_epoch"]), int(state["batch_in_epoch"])
+        for name, stream_state in state["data"].items():
+            stream = self.data.get(name)
+            if stream is not None and callable(getattr(stream, "load_state_dict", None)):
+                stream.load_state_dict(stream_state)
+        self.orphan_plugin_states = {}
+        for name, entry in state["plugins"].items():
+            plugin = self.plugins.get(name)
+            if plugin is None or not callable(getattr(plugin, "load_state_dict", None)):
+                self.orphan_plugin_states[name] = entry
+                continue
+            plugin_state = entry["state"]
+            version = getattr(plugin, "state_version", 1)
+            if entry.get("state_version", 1) != version:
+                migrate = getattr(plugin, "migrate_state", None)
+                if migrate is None:
+                    raise EpochalError(
+                        f"plugin {name!r} saved state version {entry.get('state_version')} but "
+                        f"this version of it reads state version {version} and has no migrate_state"
+                    )
+                plugin_state = migrate(plugin_state, entry.get("state_version", 1))
+            plugin.load_state_dict(plugin_state)  # type: ignore[attr-defined]
+        if self.orphan_plugin_states:
+            warnings.warn(
+                "the loaded state holds state for plugin(s) not in this run, kept for the next "
+                f"save: {', '.join(sorted(self.orphan_plugin_states))}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        _rng.restore(state["rng"])
+        self.resumed = True
+        self.resumed_from = state.get("run_id")

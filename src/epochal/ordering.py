@@ -1,0 +1,83 @@
+"""The per-run call order: the user's order, then the plugins' ``run_before``/``run_after``.
+
+:func:`call_order` is a stable topological sort. The names the user listed keep their relative
+order (it is a hard constraint); every other plugin keeps its place in the preferred order unless
+a declared constraint moves it. A cycle is one :class:`~epochal.errors.OrderError` that names
+every plugin in it and where each constraint came from.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import pairwise
+
+from epochal.errors import OrderError
+
+
+def call_order(
+    preferred: Sequence[str],
+    explicit: Sequence[str],
+    run_before: Mapping[str, Iterable[str]],
+    run_after: Mapping[str, Iterable[str]],
+) -> list[str]:
+    """Order *preferred* so that every constraint holds, changing it as little as possible.
+
+    :param preferred: every unit to order, in the preferred order.
+    :param explicit: the units the user listed, in the user's order (a subsequence of
+        *preferred*): each must come before the next.
+    :param run_before: unit → units it must run before (unknown names are ignored).
+    :param run_after: unit → units it must run after (unknown names are ignored).
+    """
+    index = {name: i for i, name in enumerate(preferred)}
+    why: dict[tuple[str, str], str] = {}
+
+    def edge(a: str, b: str, reason: str) -> None:
+        if a in index and b in index and a != b:
+            why.setdefault((a, b), reason)
+
+    for a, b in pairwise(explicit):
+        edge(a, b, f"the run's order lists {a!r} before {b!r}")
+    for name, others in run_before.items():
+        for other in others:
+            edge(name, other, f"{name!r} declares run_before {other!r}")
+    for name, others in run_after.items():
+        for other in others:
+            edge(other, name, f"{name!r} declares run_after {other!r}")
+
+    successors: dict[str, list[str]] = {name: [] for name in preferred}
+    indegree = dict.fromkeys(preferred, 0)
+    for a, b in why:
+        successors[a].append(b)
+        indegree[b] += 1
+    ready = [(index[n], n) for n, d in indegree.items() if d == 0]
+    heapq.heapify(ready)
+    order: list[str] = []
+    while ready:
+        _, name = heapq.heappop(ready)
+        order.append(name)
+        for nxt in successors[name]:
+            indegree[nxt] -= 1
+            if indegree[nxt] == 0:
+                heapq.heappush(ready, (index[nxt], nxt))
+    if len(order) < len(preferred):
+        cycle = _find_cycle([n for n in preferred if indegree[n] > 0], successors)
+        steps = "; ".join(why[(a, b)] for a, b in pairwise(cycle))
+        names = ", ".join(repr(n) for n in cycle[:-1])
+        raise OrderError(f"plugin order cannot be satisfied: {names} form a cycle ({steps})")
+    return order
+
+
+def _find_cycle(nodes: list[str], successors: Mapping[str, list[str]]) -> list[str]:
+    """A cycle among *nodes* (each has an unresolved predecessor), as [a, b, ..., a]."""
+    remaining = set(nodes)
+    path: list[str] = []
+    position: dict[str, int] = {}
+    node = nodes[0]
+    while node not in position:
+        position[node] = len(path)
+        path.append(node)
+        # Every remaining node has a remaining predecessor, so follow predecessors backwards.
+        node = next(p for p in nodes if node in successors[p] and p in remaining)
+    cycle = [*path[position[node] :], node]
+    return list(reversed(cycle))

@@ -1,0 +1,441 @@
+"""Discovering, loading, ordering and registering plugins for one run.
+
+Plugins are entry points of the ``epochal.plugins`` group. :func:`load_plugins` decides which
+of them this run uses (the run's order, ``disable``, ``autoload``, the environment), imports
+only those through stevedore, builds each from its ``[plugins.NAME]`` options, orders them
+(:mod:`epochal.ordering`) and registers them with pluggy so that hooks run in that order.
+
+Environment:
+
+``EPOCHAL_DISABLE_PLUGIN_AUTOLOAD=1``
+    load only plugins named explicitly (the run's order, ``--plugins``, ``EPOCHAL_PLUGINS``).
+``EPOCHAL_PLUGINS=a,b``
+    names plugins to load in addition to the run's order (after it, in this order).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import inspect
+import os
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pluggy
+
+from epochal import hookspecs
+from epochal._dispatch import HOOK_ARGS, Hooks, implementations
+from epochal._markers import PROJECT
+from epochal._options import check_options
+from epochal.composite import CompositePlugin
+from epochal.errors import PluginError, did_you_mean
+from epochal.ordering import call_order
+
+GROUP = "epochal.plugins"
+ENV_NO_AUTOLOAD = "EPOCHAL_DISABLE_PLUGIN_AUTOLOAD"
+ENV_PLUGINS = "EPOCHAL_PLUGINS"
+
+
+class PluginLoadWarning(UserWarning):
+    """An autoloaded plugin failed to import or to start; the run goes on without it."""
+
+
+@dataclass
+class PluginInfo:
+    """What ``epochal plugins`` reports about one plugin."""
+
+    name: str
+    distribution: str | None = None
+    version: str | None = None
+    entry_point: str | None = None
+    status: str = "available"  # loaded | disabled | failed | available
+    error: str | None = None
+    hooks: list[str] = field(default_factory=list)
+    position: int | None = None
+    parent: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The info as a JSON-able dict."""
+        return dict(vars(self))
+
+
+@dataclass
+class EntryPoint:
+    """An installed entry point of the ``epochal.plugins`` group and its distribution."""
+
+    name: str
+    value: str
+    distribution: str | None
+    version: str | None
+
+
+def installed() -> dict[str, EntryPoint]:
+    """Every installed plugin entry point by name, without importing any plugin.
+
+    When two distributions provide the same name, the first found wins and a warning names both.
+    """
+    found: dict[str, EntryPoint] = {}
+    for ep in importlib.metadata.entry_points(group=GROUP):
+        dist = getattr(ep, "dist", None)
+        entry = EntryPoint(
+            ep.name,
+            ep.value,
+            dist.metadata["Name"] if dist is not None else None,
+            dist.version if dist is not None else None,
+        )
+        if ep.name in found and found[ep.name].value != ep.value:
+            warnings.warn(
+                f"plugin name {ep.name!r} is provided by {found[ep.name].distribution} and by "
+                f"{entry.distribution}; using {found[ep.name].distribution}",
+                PluginLoadWarning,
+                stacklevel=2,
+            )
+            continue
+        found.setdefault(ep.name, entry)
+    return found
+
+
+def env_list(name: str) -> list[str]:
+    """A comma-separated list from environment variable *name* (empty when unset)."""
+    return [item.strip() for item in os.environ.get(name, "").split(",") if item.strip()]
+
+
+def autoload_disabled() -> bool:
+    """Whether ``EPOCHAL_DISABLE_PLUGIN_AUTOLOAD`` is set to a true value."""
+    return os.environ.get(ENV_NO_AUTOLOAD, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def hook_names(plugin: object) -> list[str]:
+    """The hooks *plugin* (instance, class or module) implements, without calling anything."""
+    names = []
+    for attr in dir(plugin):
+        if attr.startswith("_"):
+            continue
+        try:
+            value = inspect.getattr_static(plugin, attr)
+        except AttributeError:
+            continue
+        opts = getattr(getattr(value, "__func__", value), f"{PROJECT}_impl", None)
+        if isinstance(opts, dict):
+            names.append(opts.get("specname") or attr)
+    return names
+
+
+def new_plugin_manager() -> pluggy.PluginManager:
+    """A pluggy manager that knows epochal's hook specifications."""
+    pm = pluggy.PluginManager(PROJECT)
+    pm.add_hookspecs(hookspecs)
+    return pm
+
+
+def register(pm: pluggy.PluginManager, name: str, plugin: object) -> None:
+    """Register *plugin* under *name*, or raise :class:`PluginError` leaving nothing behind.
+
+    Refuses an implementation of an unknown hook (pluggy would only notice in
+    ``check_pending``) and a hook argument the specification does not have.
+    """
+    unknown = [h for h in hook_names(plugin) if h not in HOOK_ARGS]
+    if unknown:
+        hints = "".join(did_you_mean(h, HOOK_ARGS) for h in unknown)
+        raise PluginError(
+            f"plugin {name!r} implements unknown hook(s) {', '.join(map(repr, unknown))}{hints}; "
+            "see `epochal hooks`"
+        )
+    try:
+        pm.register(plugin, name=name)
+    except Exception as error:
+        if pm.get_plugin(name) is plugin:  # pluggy leaves a partial registration (pluggy #733)
+            pm.unregister(name=name)
+        detail = str(error).strip().splitlines()
+        raise PluginError(
+            f"plugin {name!r} cannot be registered: {detail[-1] if detail else error}"
+        ) from None
+
+
+@dataclass
+class _Unit:
+    """A top-level plugin (or composite) to order, with its children expanded."""
+
+    name: str
+    plugin: object
+    members: list[tuple[str, object]]
+
+
+class PluginSet:
+    """The plugins of one run, registered in call order, and their hook callers."""
+
+    def __init__(self, pm: pluggy.PluginManager, plugins: dict[str, object], infos: list[PluginInfo]):
+        self.pm = pm
+        #: name → plugin instance, in call order (composite children as ``parent/child``).
+        self.plugins = plugins
+        #: every discovered plugin, loaded or not, for listings.
+        self.infos = infos
+        #: compiled callers of every hook (None where nothing implements a hook).
+        self.hooks = Hooks(pm)
+
+    def call_order(self, hook: str) -> list[str]:
+        """The names of the plugins implementing *hook*, in the order they are called."""
+        return [impl.plugin_name for impl in implementations(self.pm, hook)]
+
+    def implements(self, hook: str) -> bool:
+        """Whether any plugin of the run implements *hook*."""
+        return getattr(self.hooks, hook) is not None
+
+    def unregister(self, name: str) -> None:
+        """Remove a plugin from the run (its hooks are no longer called)."""
+        plugin = self.plugins.pop(name, None)
+        if plugin is not None and self.pm.is_registered(plugin):
+            self.pm.unregister(plugin)
+            self.hooks.rebuild()
+
+
+def load_plugins(
+    order: Sequence[str] = (),
+    disable: Iterable[str] = (),
+    autoload: bool = True,
+    options: Mapping[str, Mapping[str, Any]] | None = None,
+    extra: Mapping[str, object] | None = None,
+) -> PluginSet:
+    """Build the plugin set of a run.
+
+    :param order: plugin names in the order their hooks must run; other plugins follow.
+    :param disable: plugin names (or ``parent/child`` names) to leave out of this run.
+    :param autoload: also load every other installed plugin, after *order*, sorted by name.
+    :param options: ``name → keyword arguments`` for each plugin's factory.
+    :param extra: plugin objects given directly (not installed), by name; they are ordered with
+        the installed ones (listed in *order* or appended after it).
+    :raises PluginError: for an unknown name, a plugin named explicitly that fails to load,
+        bad options, an ordering cycle or a failed registration.
+    """
+    options = dict(options or {})
+    extra = dict(extra or {})
+    disabled = set(disable)
+    explicit = list(dict.fromkeys([*order, *env_list(ENV_PLUGINS)]))
+    autoload = autoload and not autoload_disabled()
+    available = installed()
+    known = set(available) | set(extra)
+
+    def unknown(name: str, what: str) -> PluginError:
+        choices = sorted(known)
+        return PluginError(
+            f"unknown plugin {name!r} in {what}{did_you_mean(name, choices)}; "
+            f"installed: {', '.join(choices) or 'none'}"
+        )
+
+    for name in explicit:
+        if name not in known:
+            raise unknown(name, "the plugin order")
+    for name in disabled:
+        if name.split("/")[0] not in known:
+            raise unknown(name, "disable")
+    for name in options:
+        if name.split("/")[0] not in known:
+            raise unknown(name, "[plugins.NAME] options")
+
+    selected = [n for n in explicit if n not in disabled]
+    if autoload:
+        selected += sorted(n for n in known if n not in disabled and n not in selected)
+    else:
+        selected += [n for n in extra if n not in disabled and n not in selected]
+    explicit_set = set(explicit)
+
+    infos: dict[str, PluginInfo] = {}
+    for name, ep in available.items():
+        infos[name] = PluginInfo(name, ep.distribution, ep.version, ep.value)
+        if name in disabled:
+            infos[name].status = "disabled"
+    for name in extra:
+        infos.setdefault(name, PluginInfo(name, entry_point=None))
+
+    objects = _import([n for n in selected if n not in extra], available, explicit_set, infos)
+    objects.update((n, extra[n]) for n in selected if n in extra)
+
+    units: list[_Unit] = []
+    for name in selected:
+        if name not in objects:
+            continue  # failed to import, reported already
+        try:
+            plugin = build(name, objects[name], options.get(name, {}))
+        except PluginError:
+            raise
+        except Exception as error:  # the plugin's own constructor failed
+            message = f"plugin {name!r} failed to start: {type(error).__name__}: {error}"
+            if name in explicit_set or name in options:
+                raise PluginError(message) from error
+            _fail(infos[name], message)
+            continue
+        units.append(_unit(name, plugin, infos, disabled))
+
+    for name in disabled:
+        if "/" in name and name not in infos:
+            parent = name.split("/")[0]
+            children = [i.name for i in infos.values() if i.parent == parent]
+            raise PluginError(
+                f"unknown plugin {name!r} in disable{did_you_mean(name, children)}; "
+                f"children of {parent!r}: {', '.join(children) or 'none'}"
+            )
+
+    ordered = _order(units, [n for n in explicit if n in objects and n not in disabled])
+    return _assemble(ordered, infos)
+
+
+def compose(plugins: Mapping[str, object], disable: Iterable[str] = ()) -> PluginSet:
+    """Build a plugin set from plugin objects given by name (the Python API, no discovery).
+
+    The mapping's order is the run's order; ``run_before``/``run_after`` are honoured and
+    composite plugins expand into their children.
+    """
+    disabled = set(disable)
+    infos = {name: PluginInfo(name) for name in plugins}
+    units = [_unit(name, plugin, infos, disabled) for name, plugin in plugins.items() if name not in disabled]
+    return _assemble(_order(units, list(plugins)), infos)
+
+
+def _unit(name: str, plugin: object, infos: dict[str, PluginInfo], disabled: set[str]) -> _Unit:
+    """The unit ordering sees for *plugin*: itself, or its children if it is a composite."""
+    members: list[tuple[str, object]] = []
+    if not isinstance(plugin, CompositePlugin) or hook_names(plugin):
+        members.append((name, plugin))
+    if isinstance(plugin, CompositePlugin):
+        for child, child_plugin in plugin.plugins.items():
+            full = f"{name}/{child}"
+            info = infos[name]
+            infos[full] = PluginInfo(full, info.distribution, info.version, parent=name)
+            if full in disabled:
+                infos[full].status = "disabled"
+            else:
+                members.append((full, child_plugin))
+    return _Unit(name, plugin, members)
+
+
+def _assemble(units: list[_Unit], infos: dict[str, PluginInfo]) -> PluginSet:
+    """Register the ordered units with a new pluggy manager."""
+    pm = new_plugin_manager()
+    plugins: dict[str, object] = {}
+    for unit in units:
+        plugins.update(unit.members)
+    for name, plugin in reversed(plugins.items()):  # pluggy calls the last registered first
+        register(pm, name, plugin)
+    for position, name in enumerate(plugins):
+        info = infos[name]
+        info.status, info.position = "loaded", position
+        info.hooks = sorted(hook_names(plugins[name]))
+    listing = sorted(infos.values(), key=lambda i: (i.position is None, i.position or 0, i.name))
+    return PluginSet(pm, plugins, listing)
+
+
+def build(name: str, obj: object, options: Mapping[str, Any]) -> object:
+    """Turn an entry point's object into a plugin instance using its options.
+
+    A class or factory function is called with the options as keyword arguments; a module (or
+    any other object) is the plugin itself and takes no options.
+    """
+    if inspect.isclass(obj) or inspect.isfunction(obj):
+        check_options(name, obj, options)
+        return obj(**options)
+    if options:
+        raise PluginError(
+            f"[plugins.{name}]: plugin {name!r} is a module and takes no options (got {', '.join(options)})"
+        )
+    return obj
+
+
+def _fail(info: PluginInfo, message: str) -> None:
+    info.status, info.error = "failed", message
+    warnings.warn(message + "; the run goes on without it", PluginLoadWarning, stacklevel=3)
+
+
+def _import(
+    names: list[str],
+    available: Mapping[str, EntryPoint],
+    explicit: set[str],
+    infos: dict[str, PluginInfo],
+) -> dict[str, object]:
+    """Import the entry points *names* through stevedore, isolating failures."""
+    if not names:
+        return {}
+    from stevedore import NamedExtensionManager  # imported only when a plugin is loaded
+
+    failures: dict[str, BaseException] = {}
+
+    def on_failure(_manager: object, entry_point: Any, error: BaseException) -> None:
+        failures[entry_point.name] = error
+
+    manager: NamedExtensionManager[Any] = NamedExtensionManager(
+        GROUP,
+        names=names,
+        name_order=True,
+        invoke_on_load=False,
+        on_load_failure_callback=on_failure,
+        on_missing_entrypoints_callback=lambda missing: None,
+    )
+    loaded: dict[str, object] = {ext.name: ext.plugin for ext in manager.extensions}
+    for name in names:
+        if name in loaded:
+            continue
+        ep = available[name]
+        error = failures.get(name)
+        detail = f"{type(error).__name__}: {error}" if error else "not found by stevedore"
+        message = (
+            f"plugin {name!r} (entry point {name} = {ep.value!r} of distribution "
+            f"{ep.distribution}) failed to load: {detail}"
+        )
+        if name in explicit:
+            raise PluginError(message)
+        _fail(infos[name], message)
+    return loaded
+
+
+def _order(units: list[_Unit], explicit: list[str]) -> list[_Unit]:
+    """Sort the units by the run's order and the plugins' declared constraints."""
+    owner: dict[str, str] = {}
+    for unit in units:
+        owner[unit.name] = unit.name
+        for member, _ in unit.members:
+            owner[member] = unit.name
+    before: dict[str, list[str]] = {}
+    after: dict[str, list[str]] = {}
+    for unit in units:
+        for plugin in [unit.plugin, *(p for _, p in unit.members)]:
+            for target in getattr(plugin, "run_before", ()) or ():
+                if target in owner and owner[target] != unit.name:
+                    before.setdefault(unit.name, []).append(owner[target])
+            for target in getattr(plugin, "run_after", ()) or ():
+                if target in owner and owner[target] != unit.name:
+                    after.setdefault(unit.name, []).append(owner[target])
+    by_name = {unit.name: unit for unit in units}
+    names = call_order([u.name for u in units], explicit, before, after)
+    return [by_name[name] for name in names]
+
+
+def register_commands(cli: Any) -> None:
+    """Let installed plugins add subcommands to the ``epochal`` click group *cli*.
+
+    Every installed plugin is asked (only those in ``EPOCHAL_PLUGINS`` when autoload is
+    disabled). A plugin that fails to import or whose hook raises is reported as a warning and
+    the other plugins' commands are still added.
+    """
+    from epochal._dispatch import each_implementation
+
+    available = installed()
+    names = env_list(ENV_PLUGINS) if autoload_disabled() else sorted(available)
+    names = [name for name in names if name in available]
+    infos = {name: PluginInfo(name, available[name].distribution) for name in names}
+    pm = new_plugin_manager()
+    for name, obj in _import(names, available, set(), infos).items():
+        if "register_commands" not in hook_names(obj):
+            continue
+        try:
+            impl = inspect.getattr_static(obj, "register_commands")
+            if inspect.isclass(obj) and not isinstance(impl, (staticmethod, classmethod)):
+                obj = obj()  # an instance method: the class must build with its defaults
+            register(pm, name, obj)
+        except Exception as error:
+            _fail(infos[name], f"plugin {name!r} cannot add commands: {error}")
+    for name, call in each_implementation(pm, "register_commands", cli=cli):
+        try:
+            call()
+        except Exception as error:
+            _fail(infos[name], f"plugin {name!r} raised in register_commands: {error!r}")

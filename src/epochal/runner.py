@@ -1,0 +1,44 @@
+"""Building and running a loop from a run configuration (what ``epochal run`` does)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from epochal.config import call_factory, loop_options, plugin_options
+from epochal.errors import ConfigError
+from epochal.loop import Loop
+from epochal.plugins import PluginSet, load_plugins
+
+
+def plugins_for(
+    config: Mapping[str, Any], order: Sequence[str] | None = None, disable: Sequence[str] = ()
+) -> PluginSet:
+    """The plugin set a run of *config* uses; *order* (``--plugins``) replaces the config's."""
+    section = config.get("plugins", {})
+    return load_plugins(
+        order=list(order) if order is not None else section.get("order", []),
+        disable=[*section.get("disable", []), *disable],
+        autoload=section.get("autoload", True),
+        options=plugin_options(config),
+    )
+
+
+def build_loop(
+    config: Mapping[str, Any],
+    order: Sequence[str] | None = None,
+    disable: Sequence[str] = (),
+    resume: bool = False,
+) -> Loop:
+    """Load the plugins, call the model and data factories and make the loop."""
+    plugin_set = plugins_for(config, order, disable)
+    if resume and not plugin_set.implements("resume_state"):
+        raise ConfigError(
+            "--resume needs a plugin that restores checkpoints, and none is loaded "
+            "(pip install epochal-checkpoint, and do not disable 'checkpoint')"
+        )
+    model = call_factory(config, "model")
+    data = call_factory(config, "data")
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"[data] factory must return a mapping of streams, not {type(data).__name__}")
+    return Loop(model, data, plugins=plugin_set, resume=resume, config=config, **loop_options(config))
