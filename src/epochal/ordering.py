@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import pairwise
+from typing import Any
 
 from epochal.errors import OrderError
 
@@ -46,11 +47,31 @@ def call_order(
             edge(other, name, f"{name!r} declares run_after {other!r}")
 
     successors: dict[str, list[str]] = {name: [] for name in preferred}
-    indegree = dict.fromkeys(preferred, 0)
     for a, b in why:
         successors[a].append(b)
-        indegree[b] += 1
-    ready = [(index[n], n) for n, d in indegree.items() if d == 0]
+    order = _kahn(preferred, successors, index)
+    if len(order) < len(preferred):
+        placed = set(order)
+        cycle = _find_cycle([n for n in preferred if n not in placed], successors)
+        steps = "; ".join(why[(a, b)] for a, b in pairwise(cycle))
+        names = ", ".join(repr(n) for n in cycle[:-1])
+        raise OrderError(f"plugin order cannot be satisfied: {names} form a cycle ({steps})")
+    # A plugin that must run before another moves up to just before it, not further:
+    # its priority is the earliest preferred position of itself and everything after it.
+    priority = dict(index)
+    for name in reversed(order):
+        for nxt in successors[name]:
+            priority[name] = min(priority[name], priority[nxt])
+    return _kahn(preferred, successors, {n: (priority[n], index[n]) for n in preferred})
+
+
+def _kahn(nodes: Sequence[str], successors: Mapping[str, list[str]], key: Mapping[str, Any]) -> list[str]:
+    """Topological order of *nodes*, taking the ready node with the smallest *key* first."""
+    indegree = dict.fromkeys(nodes, 0)
+    for targets in successors.values():
+        for target in targets:
+            indegree[target] += 1
+    ready = [(key[n], n) for n, d in indegree.items() if d == 0]
     heapq.heapify(ready)
     order: list[str] = []
     while ready:
@@ -59,17 +80,12 @@ def call_order(
         for nxt in successors[name]:
             indegree[nxt] -= 1
             if indegree[nxt] == 0:
-                heapq.heappush(ready, (index[nxt], nxt))
-    if len(order) < len(preferred):
-        cycle = _find_cycle([n for n in preferred if indegree[n] > 0], successors)
-        steps = "; ".join(why[(a, b)] for a, b in pairwise(cycle))
-        names = ", ".join(repr(n) for n in cycle[:-1])
-        raise OrderError(f"plugin order cannot be satisfied: {names} form a cycle ({steps})")
+                heapq.heappush(ready, (key[nxt], nxt))
     return order
 
 
 def _find_cycle(nodes: list[str], successors: Mapping[str, list[str]]) -> list[str]:
-    """A cycle among *nodes* (each has an unresolved predecessor), as [a, b, ..., a]."""
+    """A cycle among *nodes* (those a topological sort could not place), as [a, b, ..., a]."""
     remaining = set(nodes)
     path: list[str] = []
     position: dict[str, int] = {}

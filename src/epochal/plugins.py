@@ -107,9 +107,9 @@ def autoload_disabled() -> bool:
     return os.environ.get(ENV_NO_AUTOLOAD, "").strip().lower() not in ("", "0", "false", "no")
 
 
-def hook_names(plugin: object) -> list[str]:
-    """The hooks *plugin* (instance, class or module) implements, without calling anything."""
-    names = []
+def _implementations(plugin: object) -> list[tuple[str, str]]:
+    """``(attribute, hook)`` for every hook implementation on *plugin*, without calling it."""
+    found = []
     for attr in dir(plugin):
         if attr.startswith("_"):
             continue
@@ -119,8 +119,41 @@ def hook_names(plugin: object) -> list[str]:
             continue
         opts = getattr(getattr(value, "__func__", value), f"{PROJECT}_impl", None)
         if isinstance(opts, dict):
-            names.append(opts.get("specname") or attr)
-    return names
+            found.append((attr, opts.get("specname") or attr))
+    return found
+
+
+def hook_names(plugin: object) -> list[str]:
+    """The hooks *plugin* (instance, class or module) implements."""
+    return [hook for _, hook in _implementations(plugin)]
+
+
+def validate(name: str, plugin: object) -> None:
+    """Raise :class:`PluginError` if *plugin* implements an unknown hook or argument.
+
+    pluggy itself only notices a misspelled hook name in ``check_pending()``.
+    """
+    problems = []
+    for attr, hook in _implementations(plugin):
+        if hook not in HOOK_ARGS:
+            problems.append(f"unknown hook {hook!r}{did_you_mean(hook, HOOK_ARGS)}")
+            continue
+        function = getattr(plugin, attr)
+        params = [
+            p.name
+            for p in inspect.signature(function).parameters.values()
+            if p.default is p.empty and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        ]
+        if params and params[0] == "self" and not inspect.ismethod(function):
+            params = params[1:]
+        extra = [a for a in params if a not in HOOK_ARGS[hook]]
+        if extra:
+            problems.append(
+                f"hook {hook!r} has no argument(s) {', '.join(map(repr, extra))}"
+                f"{did_you_mean(extra[0], HOOK_ARGS[hook])}; its arguments: {', '.join(HOOK_ARGS[hook])}"
+            )
+    if problems:
+        raise PluginError(f"plugin {name!r} is refused: {'; '.join(problems)} (see `epochal hooks`)")
 
 
 def new_plugin_manager() -> pluggy.PluginManager:
@@ -136,13 +169,7 @@ def register(pm: pluggy.PluginManager, name: str, plugin: object) -> None:
     Refuses an implementation of an unknown hook (pluggy would only notice in
     ``check_pending``) and a hook argument the specification does not have.
     """
-    unknown = [h for h in hook_names(plugin) if h not in HOOK_ARGS]
-    if unknown:
-        hints = "".join(did_you_mean(h, HOOK_ARGS) for h in unknown)
-        raise PluginError(
-            f"plugin {name!r} implements unknown hook(s) {', '.join(map(repr, unknown))}{hints}; "
-            "see `epochal hooks`"
-        )
+    validate(name, plugin)
     try:
         pm.register(plugin, name=name)
     except Exception as error:
@@ -256,13 +283,19 @@ def load_plugins(
     for name in selected:
         if name not in objects:
             continue  # failed to import, reported already
+        named = name in explicit_set or name in options
         try:
             plugin = build(name, objects[name], options.get(name, {}))
-        except PluginError:
-            raise
+            for member, member_plugin in _unit(name, plugin, {name: PluginInfo(name)}, disabled).members:
+                validate(member, member_plugin)
+        except PluginError as error:
+            if named:
+                raise
+            _fail(infos[name], str(error))
+            continue
         except Exception as error:  # the plugin's own constructor failed
             message = f"plugin {name!r} failed to start: {type(error).__name__}: {error}"
-            if name in explicit_set or name in options:
+            if named:
                 raise PluginError(message) from error
             _fail(infos[name], message)
             continue

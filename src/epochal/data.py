@@ -1,0 +1,191 @@
+"""Resumable batch streams of numpy arrays.
+
+:class:`BatchStream` cuts arrays into (optionally shuffled) batches. The order of an epoch is
+derived only from ``(seed, epoch)`` and the stream's position inside the epoch is part of its
+state, so a run stopped in the middle of an epoch resumes with exactly the batches it would have
+seen::
+
+    stream = BatchStream(x, y, batch_size=64, seed=0)
+    for xb, yb in stream:            # one epoch per iteration
+        ...
+        state = stream.state_dict()  # {"seed": 0, "epoch": 0, "position": k} at the k-th batch
+
+    fresh = BatchStream(x, y, batch_size=64, seed=0)
+    fresh.load_state_dict(state)     # iterating `fresh` yields batch k+1 onward
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from numbers import Integral
+from typing import Any
+
+import numpy as np
+
+_STATE_KEYS = frozenset({"seed", "epoch", "position"})
+
+
+class BatchStream:
+    """A seeded, shuffling stream of batches over arrays sharing their first dimension.
+
+    Each iteration runs over one epoch, starting at the stored position: a batch counts as
+    consumed as soon as it is yielded, and when the epoch is exhausted the epoch counter
+    increments and the position returns to 0. An iteration started at the end of an epoch (a
+    state saved while the last batch was being processed) yields nothing and only moves on to the
+    next epoch. Epoch ``e`` visits the examples in the order
+    ``np.random.default_rng([seed, e]).permutation(n)`` (in their stored order when ``shuffle``
+    is false); global RNG state is never used.
+
+    :param arrays: the arrays to batch, all with the same length.
+    :param batch_size: the number of examples per batch (the last one may be smaller).
+    :param shuffle: whether each epoch visits the examples in a fresh random order.
+    :param seed: a non-negative integer that, with the epoch, determines the order.
+    :param drop_last: drop the last batch of an epoch when it is smaller than ``batch_size``.
+
+    Batches are tuples with one array per input array, or the batch array itself when a single
+    array was given. Every batch is a fresh array (fancy indexing), never a view of the inputs.
+    """
+
+    def __init__(
+        self,
+        *arrays: np.ndarray,
+        batch_size: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
+        if not arrays:
+            raise ValueError("BatchStream needs at least one array")
+        if not _is_int(batch_size) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        if not _is_int(seed) or seed < 0:
+            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        lengths = [len(a) for a in arrays]
+        if len(set(lengths)) != 1:
+            raise ValueError(
+                "all arrays must have the same first dimension, got lengths "
+                + ", ".join(f"{n} (array {i})" for i, n in enumerate(lengths))
+            )
+        self.arrays = tuple(arrays)
+        self.batch_size = int(batch_size)
+        self.shuffle = bool(shuffle)
+        self.drop_last = bool(drop_last)
+        self.num_examples = lengths[0]
+        self._seed = int(seed)
+        self._epoch = 0
+        self._position = 0
+        n, b = self.num_examples, self.batch_size
+        self._num_batches = n // b if drop_last else -(-n // b)
+
+    @property
+    def seed(self) -> int:
+        """The seed the order of every epoch derives from."""
+        return self._seed
+
+    @property
+    def epoch(self) -> int:
+        """The number of epochs exhausted so far."""
+        return self._epoch
+
+    @property
+    def position(self) -> int:
+        """The number of batches of the current epoch already yielded."""
+        return self._position
+
+    def __len__(self) -> int:
+        """Return the number of batches per epoch."""
+        return self._num_batches
+
+    def order(self, epoch: int) -> np.ndarray:
+        """Return the indices of the examples in the order *epoch* visits them."""
+        if self.shuffle:
+            return np.random.default_rng([self._seed, epoch]).permutation(self.num_examples)
+        return np.arange(self.num_examples)
+
+    def __iter__(self) -> Iterator[Any]:
+        """Yield the remaining batches of the current epoch, advancing the stored position."""
+        epoch, position = self._epoch, self._position
+        order = self.order(epoch)
+        arrays, size, single = self.arrays, self.batch_size, len(self.arrays) == 1
+        for k in range(position, self._num_batches):
+            if (self._epoch, self._position) != (epoch, k):
+                raise RuntimeError(
+                    "the state of the BatchStream changed during an iteration "
+                    "(load_state_dict or another iterator)"
+                )
+            index = order[k * size : (k + 1) * size]
+            self._position = k + 1
+            yield arrays[0][index] if single else tuple(a[index] for a in arrays)
+        if (self._epoch, self._position) == (epoch, self._num_batches):
+            self._epoch, self._position = epoch + 1, 0
+
+    def state_dict(self) -> dict[str, int]:
+        """Return ``{"seed", "epoch", "position"}``: the stream's state, as plain ints."""
+        return {"seed": self._seed, "epoch": self._epoch, "position": self._position}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a state returned by :meth:`state_dict` of a stream with the same seed.
+
+        :raises ValueError: on missing or unknown keys, a different seed, or a negative or
+            out-of-range epoch or position.
+        """
+        keys = set(state)
+        if keys != _STATE_KEYS:
+            problems = []
+            if missing := _STATE_KEYS - keys:
+                problems.append(f"missing keys {sorted(missing)}")
+            if unknown := keys - _STATE_KEYS:
+                problems.append(f"unknown keys {sorted(map(str, unknown))}")
+            raise ValueError("invalid BatchStream state: " + "; ".join(problems))
+        for key in sorted(_STATE_KEYS):
+            if not _is_int(state[key]) or state[key] < 0:
+                raise ValueError(
+                    f"invalid BatchStream state: {key!r} must be a non-negative int, got {state[key]!r}"
+                )
+        if state["seed"] != self._seed:
+            raise ValueError(
+                f"cannot load the state of a BatchStream seeded with {state['seed']} into one "
+                f"seeded with {self._seed}: the batches would differ"
+            )
+        if state["position"] > self._num_batches:
+            raise ValueError(
+                f"invalid BatchStream state: position {state['position']} is beyond the "
+                f"{self._num_batches} batches of an epoch"
+            )
+        self._epoch, self._position = int(state["epoch"]), int(state["position"])
+
+    def __repr__(self) -> str:
+        """Return a summary of the stream's configuration and state."""
+        return (
+            f"BatchStream(n={self.num_examples}, arrays={len(self.arrays)}, "
+            f"batch_size={self.batch_size}, shuffle={self.shuffle}, seed={self._seed}, "
+            f"drop_last={self.drop_last}, epoch={self._epoch}, position={self._position})"
+        )
+
+
+def batch_size(batch: Any) -> int:
+    """Return the number of examples in *batch*.
+
+    A tuple or list counts the length of its first element (0 when empty), a mapping the length
+    of its first value (0 when empty), any other sized object its length, anything else 1.
+    """
+    if type(batch) is np.ndarray:  # the common case first: it is called once per batch
+        return len(batch) if batch.ndim else 1
+    if isinstance(batch, (tuple, list)):
+        return _len_or_1(batch[0]) if batch else 0
+    if isinstance(batch, Mapping):
+        for value in batch.values():
+            return _len_or_1(value)
+        return 0
+    return _len_or_1(batch)
+
+
+def _len_or_1(obj: Any) -> int:
+    try:
+        return len(obj)
+    except TypeError:  # no __len__, or a 0-d array
+        return 1
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, Integral) and not isinstance(value, bool)

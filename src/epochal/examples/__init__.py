@@ -1,0 +1,1 @@
+"""Runnable examples of epochal models and data factories (``epochal.examples.digits``)."""

@@ -1,0 +1,195 @@
+"""BatchStream: deterministic order, exact mid-epoch resumption, errors; batch_size."""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+
+from epochal.data import BatchStream, batch_size
+
+
+def arrays(n: int = 10) -> tuple[np.ndarray, np.ndarray]:
+    x = np.arange(n * 3, dtype=np.float32).reshape(n, 3)
+    return x, np.arange(n) * 10
+
+
+def epochs(stream: BatchStream, count: int) -> list[list[tuple[np.ndarray, ...]]]:
+    return [list(stream) for _ in range(count)]
+
+
+def assert_same_batches(a: list, b: list) -> None:
+    assert len(a) == len(b)
+    for left, right in zip(a, b, strict=True):
+        for u, v in zip(left, right, strict=True):
+            assert u.dtype == v.dtype
+            np.testing.assert_array_equal(u, v)
+
+
+def test_epoch_order_derives_from_seed_and_epoch_only() -> None:
+    x, y = arrays()
+    stream = BatchStream(x, y, batch_size=4, seed=3)
+    np.random.seed(123)  # global state must not matter
+    first, second = epochs(stream, 2)
+    for epoch, batches in enumerate((first, second)):
+        order = np.random.default_rng([3, epoch]).permutation(10)
+        np.testing.assert_array_equal(np.concatenate([b[1] for b in batches]), order * 10)
+        np.testing.assert_array_equal(np.concatenate([b[0] for b in batches]), x[order])
+    assert [len(b[0]) for b in first] == [4, 4, 2]
+    assert stream.state_dict() == {"seed": 3, "epoch": 2, "position": 0}
+    np.random.seed(7)
+    assert_same_batches(first, list(BatchStream(x, y, batch_size=4, seed=3)))
+    other = np.concatenate([b[1] for b in BatchStream(x, y, batch_size=4, seed=4)])
+    assert not np.array_equal(other, np.concatenate([b[1] for b in first]))
+
+
+def test_no_shuffle_keeps_the_stored_order_and_batches_are_fresh_arrays() -> None:
+    x, y = arrays()
+    stream = BatchStream(x, y, batch_size=4, shuffle=False)
+    for _ in range(2):
+        batches = list(stream)
+        np.testing.assert_array_equal(np.concatenate([b[0] for b in batches]), x)
+    batches[0][0][:] = -1
+    assert x.min() == 0  # the batch did not alias the input
+    assert not np.shares_memory(batches[0][0], x)
+
+
+def test_single_array_yields_arrays_not_tuples() -> None:
+    x, _ = arrays()
+    batches = list(BatchStream(x, batch_size=5, shuffle=False))
+    assert all(isinstance(b, np.ndarray) for b in batches)
+    np.testing.assert_array_equal(batches[1], x[5:])
+
+
+@pytest.mark.parametrize(
+    ("n", "size", "drop_last", "expected"),
+    [
+        (10, 4, False, 3),
+        (10, 4, True, 2),
+        (8, 4, False, 2),
+        (8, 4, True, 2),
+        (3, 4, True, 0),
+        (3, 4, False, 1),
+        (0, 4, False, 0),
+    ],
+)
+def test_len_and_drop_last(n: int, size: int, drop_last: bool, expected: int) -> None:
+    x, y = arrays(n)
+    stream = BatchStream(x, y, batch_size=size, drop_last=drop_last)
+    assert len(stream) == expected
+    batches = list(stream)
+    assert len(batches) == expected
+    if drop_last:
+        assert all(len(b[0]) == size for b in batches)
+    assert sum(len(b[0]) for b in batches) == (n // size * size if drop_last else n)
+    assert stream.epoch == 1
+
+
+@pytest.mark.parametrize("stop", [0, 1, 2, 3, 4, 5, 6, 7, 8, 9])
+def test_resume_from_state_dict_yields_the_same_remaining_batches(stop: int) -> None:
+    """Save the state while the `stop`-th batch (0 = before any) is being processed."""
+    x, y = arrays(10)
+    reference = [b for epoch in epochs(BatchStream(x, y, batch_size=4, seed=5), 3) for b in epoch]
+
+    stream = BatchStream(x, y, batch_size=4, seed=5)
+    seen, state = [], stream.state_dict()
+    iterator = iter(stream)
+    while len(seen) < stop:
+        try:
+            seen.append(next(iterator))
+        except StopIteration:  # epoch end: the next epoch is a new iteration
+            iterator = iter(stream)
+            continue
+        state = json.loads(json.dumps(stream.state_dict()))  # JSON-able
+        in_epoch = (len(seen) - 1) % 3 + 1
+        assert state == {"seed": 5, "epoch": (len(seen) - 1) // 3, "position": in_epoch}
+
+    resumed = BatchStream(x, y, batch_size=4, seed=5)
+    resumed.load_state_dict(state)
+    rest = []
+    while len(seen) + len(rest) < len(reference):
+        rest.extend(resumed)
+    assert_same_batches(seen + rest, reference)
+
+
+def test_state_at_the_last_batch_resumes_with_an_empty_end_of_epoch() -> None:
+    x, y = arrays(10)
+    stream = BatchStream(x, y, batch_size=5, seed=1)
+    for _ in stream:
+        state = stream.state_dict()
+    assert state == {"seed": 1, "epoch": 0, "position": 2}
+    resumed = BatchStream(x, y, batch_size=5, seed=1)
+    resumed.load_state_dict(state)
+    assert list(resumed) == []
+    assert resumed.state_dict() == {"seed": 1, "epoch": 1, "position": 0}
+    assert_same_batches(list(resumed), list(stream))
+
+
+def test_abandoned_iteration_keeps_its_position() -> None:
+    x, y = arrays(10)
+    stream = BatchStream(x, y, batch_size=2, seed=2)
+    for i, _ in enumerate(stream):
+        if i == 1:
+            break
+    assert stream.state_dict() == {"seed": 2, "epoch": 0, "position": 2}
+    rest = list(stream)
+    assert len(rest) == 3
+    assert stream.state_dict() == {"seed": 2, "epoch": 1, "position": 0}
+
+
+def test_loading_state_during_an_iteration_is_refused() -> None:
+    x, y = arrays(10)
+    stream = BatchStream(x, y, batch_size=2)
+    iterator = iter(stream)
+    next(iterator)
+    stream.load_state_dict({"seed": 0, "epoch": 4, "position": 0})
+    with pytest.raises(RuntimeError, match="changed during an iteration"):
+        next(iterator)
+
+
+def test_constructor_errors() -> None:
+    x, y = arrays(10)
+    with pytest.raises(ValueError, match=r"10 \(array 0\), 9 \(array 1\)"):
+        BatchStream(x, y[:9], batch_size=2)
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(ValueError, match="batch_size must be a positive int"):
+            BatchStream(x, batch_size=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="seed must be a non-negative int"):
+        BatchStream(x, batch_size=2, seed=-1)
+    with pytest.raises(ValueError, match="at least one array"):
+        BatchStream(batch_size=2)
+
+
+def test_load_state_dict_errors() -> None:
+    x, _ = arrays(10)
+    stream = BatchStream(x, batch_size=2, seed=3)
+    with pytest.raises(ValueError, match=r"missing keys \['position'\]; unknown keys \['pos'\]"):
+        stream.load_state_dict({"seed": 3, "epoch": 0, "pos": 1})
+    with pytest.raises(ValueError, match="seeded with 4 into one seeded with 3"):
+        stream.load_state_dict({"seed": 4, "epoch": 0, "position": 0})
+    with pytest.raises(ValueError, match="position 6 is beyond the 5 batches"):
+        stream.load_state_dict({"seed": 3, "epoch": 0, "position": 6})
+    with pytest.raises(ValueError, match="'epoch' must be a non-negative int"):
+        stream.load_state_dict({"seed": 3, "epoch": -1, "position": 0})
+    assert stream.state_dict() == {"seed": 3, "epoch": 0, "position": 0}  # unchanged
+    stream.load_state_dict({"seed": np.int64(3), "epoch": 2, "position": 5})
+    assert stream.state_dict() == {"seed": 3, "epoch": 2, "position": 5}
+    assert all(type(v) is int for v in stream.state_dict().values())
+
+
+def test_batch_size_helper() -> None:
+    x = np.zeros((7, 3))
+    assert batch_size(x) == 7
+    assert batch_size((x, np.zeros(7))) == 7
+    assert batch_size([x[:2], x]) == 2
+    assert batch_size(()) == 0
+    assert batch_size({"image": x[:5], "label": x}) == 5
+    assert batch_size(OrderedDict(label=[1, 2, 3])) == 3
+    assert batch_size({}) == 0
+    assert batch_size(np.float32(1.0)) == 1
+    assert batch_size(np.array(3.0)) == 1
+    assert batch_size((1.5, 2.5)) == 1
+    assert batch_size(object()) == 1
+    assert batch_size("abcd") == 4

@@ -1,0 +1,1 @@
+"""A throwaway plugin distribution used by epochal's own tests."""
