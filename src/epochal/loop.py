@@ -237,7 +237,7 @@ class Loop:
             )
         if state is not None:
             self.load_state_dict(state)
-        elif self.seed is not None:
+        elif self.seed is not None and not self.resumed:
             _rng.seed_all(self.seed)
         self.log.status.update(status="running", run_id=self.run_id, resumed_from=self.resumed_from)
         hooks = self.hooks

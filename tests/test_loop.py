@@ -1,0 +1,341 @@
+"""The loop through its Python API: hook sequence, limits, policies, errors, state."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+
+from epochal import CompositePlugin, EmptyDataError, Loop, PluginError, compose, hookimpl
+from epochal.data import BatchStream
+from epochal.plugins import new_plugin_manager, register
+
+
+class Noisy:
+    """A model whose steps draw from numpy's global RNG (so RNG state matters on resume)."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.w = np.random.default_rng(seed).normal(size=3)
+
+    def train_step(self, batch):
+        x, y = batch
+        noise = np.random.normal(scale=0.01, size=self.w.shape)
+        error = x @ self.w - y
+        self.w = self.w - 0.1 * x.T @ error / len(x) + noise
+        return {"loss": float((error**2).mean())}
+
+    def eval_step(self, batch):
+        x, y = batch
+        return {"loss": float(((x @ self.w - y) ** 2).mean()), "n": len(x)}
+
+    def state_dict(self):
+        return {"w": self.w.copy()}
+
+    def load_state_dict(self, state):
+        self.w = np.array(state["w"])
+
+
+def make_data(n=20, batch_size=4, valid=6):
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(n, 3))
+    y = x @ np.array([1.0, 2.0, 3.0])
+    return {
+        "train": BatchStream(x, y, batch_size=batch_size, seed=3),
+        "valid": BatchStream(x[:valid], y[:valid], batch_size=4, shuffle=False),
+    }
+
+
+class Recorder:
+    def __init__(self, calls: list, name: str = "rec") -> None:
+        self.calls = calls
+        self.name = name
+        self.batches = 0
+
+    @hookimpl
+    def before_training(self, loop):
+        self.calls.append((self.name, "before_training"))
+
+    @hookimpl
+    def on_resumption(self, loop):
+        self.calls.append((self.name, "on_resumption"))
+
+    @hookimpl
+    def before_epoch(self, loop):
+        self.calls.append((self.name, "before_epoch", loop.epoch))
+
+    @hookimpl
+    def before_batch(self, loop, batch):
+        self.calls.append((self.name, "before_batch", loop.iteration))
+
+    @hookimpl
+    def after_batch(self, loop, outputs):
+        self.batches += 1
+        loop.log.current_row[f"{self.name}.seen"] = self.batches
+        self.calls.append((self.name, "after_batch", loop.iteration))
+
+    @hookimpl
+    def before_evaluation(self, stream):
+        self.calls.append((self.name, "before_evaluation", stream))
+
+    @hookimpl
+    def after_eval_batch(self, stream, outputs):
+        self.calls.append((self.name, "after_eval_batch", stream))
+
+    @hookimpl
+    def after_evaluation(self, loop, stream, metrics):
+        self.calls.append((self.name, "after_evaluation", stream, dict(metrics)))
+
+    @hookimpl
+    def after_epoch(self, loop):
+        self.calls.append((self.name, "after_epoch", loop.epoch))
+
+    @hookimpl
+    def after_training(self, loop):
+        self.calls.append((self.name, "after_training", loop.log.status["finish_reason"]))
+
+    @hookimpl
+    def on_error(self, loop, error):
+        self.calls.append((self.name, "on_error", type(error).__name__))
+
+    def state_dict(self):
+        return {"batches": self.batches}
+
+    def load_state_dict(self, state):
+        self.batches = state["batches"]
+
+
+def kinds(calls, name="rec"):
+    return [c[1] for c in calls if c[0] == name]
+
+
+def test_hook_sequence_of_a_run_with_epoch_zero_evaluation():
+    calls: list = []
+    loop = Loop(Noisy(), make_data(n=8), plugins={"rec": Recorder(calls)}, max_epochs=2, eval_at_start=True)
+    loop.run()
+    evaluation = ["before_evaluation", "after_eval_batch", "after_eval_batch", "after_evaluation"]
+    epoch = ["before_epoch", "before_batch", "after_batch", "before_batch", "after_batch", *evaluation, "after_epoch"]
+    assert kinds(calls) == ["before_training", *evaluation, *epoch, *epoch, "after_training"]
+    assert loop.epoch == 2 and loop.iteration == 4
+    assert loop.log.status["status"] == "finished"
+    assert loop.log.status["finish_reason"] == "max_epochs=2 reached"
+
+
+def test_eval_metrics_are_batch_size_weighted_and_logged():
+    calls: list = []
+    data = make_data(n=8, valid=6)  # valid batches of 4 and 2 examples
+    model = Noisy()
+    loop = Loop(model, data, plugins={"rec": Recorder(calls)}, max_epochs=1)
+    loop.run()
+    x, y = data["valid"].arrays
+    expected = (4 * ((x[:4] @ model.w - y[:4]) ** 2).mean() + 2 * ((x[4:] @ model.w - y[4:]) ** 2).mean()) / 6
+    assert loop.log[loop.iteration]["valid.loss"] == pytest.approx(expected)
+    assert loop.log[loop.iteration]["valid.n"] == pytest.approx((4 * 4 + 2 * 2) / 6)
+    evaluation = next(c for c in calls if c[1] == "after_evaluation")
+    assert evaluation[3]["loss"] == pytest.approx(expected)
+
+
+def test_max_iterations_stops_mid_epoch_without_after_epoch():
+    calls: list = []
+    loop = Loop(Noisy(), make_data(), plugins={"rec": Recorder(calls)}, max_iterations=7)
+    loop.run()
+    assert loop.iteration == 7 and loop.epoch == 1
+    assert kinds(calls).count("after_epoch") == 1
+    assert calls[-1] == ("rec", "after_training", "max_iterations=7 reached")
+
+
+def test_request_stop_ends_at_the_batch_boundary():
+    class Stopper:
+        @hookimpl
+        def after_batch(self, loop):
+            if loop.iteration == 3:
+                loop.request_stop("enough")
+
+    calls: list = []
+    loop = Loop(Noisy(), make_data(), plugins={"rec": Recorder(calls), "stop": Stopper()}, max_epochs=5)
+    loop.run()
+    assert loop.iteration == 3
+    assert loop.log.status["finish_reason"] == "enough"
+    assert kinds(calls)[-1] == "after_training"
+
+
+def test_streams_may_be_callables_and_plain_iterables():
+    batches = [(np.ones((2, 3)), np.ones(2))] * 3
+    loop = Loop(Noisy(), {"train": lambda: iter(batches), "valid": batches}, max_epochs=2)
+    loop.run()
+    assert loop.iteration == 6
+    assert "valid.loss" in loop.log[6]
+
+
+@pytest.mark.parametrize("policy", ["error", "warn", "ignore"])
+def test_empty_batch_policy(policy):
+    empty = (np.zeros((0, 3)), np.zeros(0))
+    full = (np.ones((2, 3)), np.ones(2))
+    loop = Loop(Noisy(), {"train": [full, empty, full]}, max_epochs=2, on_empty_batch=policy)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if policy == "error":
+            with pytest.raises(EmptyDataError, match="empty batch"):
+                loop.run()
+            return
+        loop.run()
+    assert loop.iteration == 4  # the empty batches were skipped
+    messages = [str(w.message) for w in caught if "empty batch" in str(w.message)]
+    assert len(messages) == (1 if policy == "warn" else 0)  # reported once
+
+
+@pytest.mark.parametrize("policy", ["error", "warn", "ignore"])
+def test_empty_eval_stream_policy(policy):
+    full = (np.ones((2, 3)), np.ones(2))
+    loop = Loop(Noisy(), {"train": [full], "valid": []}, max_epochs=1, on_empty_stream=policy)
+    if policy == "error":
+        with pytest.raises(EmptyDataError, match="'valid' yielded no batch"):
+            loop.run()
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loop.run()
+    assert loop.last_metrics["valid"] == {}
+    assert any("no batch" in str(w.message) for w in caught) == (policy == "warn")
+
+
+def test_empty_train_stream_without_epoch_limit_stops():
+    loop = Loop(Noisy(), {"train": []}, on_empty_stream="ignore")
+    loop.run()
+    assert loop.log.status["finish_reason"] == "the train stream is empty"
+
+
+def test_on_error_reaches_every_plugin_and_the_error_is_reraised():
+    class Bad:
+        @hookimpl
+        def after_batch(self, loop):
+            raise ValueError("boom")
+
+        @hookimpl
+        def on_error(self, loop, error):
+            raise RuntimeError("on_error fails too")
+
+    calls: list = []
+    loop = Loop(Noisy(), make_data(), plugins={"bad": Bad(), "rec": Recorder(calls)}, max_epochs=1)
+    with pytest.warns(RuntimeWarning, match="'bad' raised in on_error"), pytest.raises(ValueError) as info:
+        loop.run()
+    assert str(info.value) == "boom"
+    assert "raised in hook 'after_batch' of plugin 'bad'" in info.value.__notes__[0]
+    assert calls[-1] == ("rec", "on_error", "ValueError")
+    assert loop.error_plugin == "bad"
+    assert loop.log.status["status"] == "failed"
+    assert "after_training" not in kinds(calls)
+
+
+def test_error_in_the_model_calls_on_error_with_no_plugin_to_blame():
+    class Broken(Noisy):
+        def train_step(self, batch):
+            raise FloatingPointError("nan")
+
+    calls: list = []
+    loop = Loop(Broken(), make_data(), plugins={"rec": Recorder(calls)}, max_epochs=1)
+    with pytest.raises(FloatingPointError):
+        loop.run()
+    assert calls[-1] == ("rec", "on_error", "FloatingPointError")
+    assert loop.error_plugin is None
+
+
+def test_hooks_without_implementations_compile_to_nothing():
+    loop = Loop(Noisy(), make_data(), plugins={"rec": Recorder([])})
+    assert loop.hooks.after_batch is not None
+    assert loop.hooks.on_interrupt is None
+
+
+def test_misspelled_hook_or_argument_is_refused_leaving_nothing_registered():
+    class Typo:
+        @hookimpl
+        def after_epoch(self, loop):
+            pass
+
+        @hookimpl
+        def after_bach(self, loop):
+            pass
+
+    class BadArg:
+        @hookimpl
+        def before_training(self, loop):
+            pass
+
+        @hookimpl
+        def after_batch(self, loop, outptus):
+            pass
+
+    with pytest.raises(PluginError, match=r"'typo'.*unknown hook 'after_bach'.*did you mean 'after_batch'"):
+        compose({"typo": Typo()})
+    pm = new_plugin_manager()
+    plugin = BadArg()
+    with pytest.raises(PluginError, match=r"'bad'.*'outptus'.*did you mean 'outputs'"):
+        register(pm, "bad", plugin)
+    assert pm.get_plugin("bad") is None
+    assert not pm.hook.before_training.get_hookimpls()
+
+
+def test_composite_children_run_as_one_unit_and_can_be_disabled():
+    calls: list = []
+
+    class Pair(CompositePlugin):
+        def __init__(self):
+            super().__init__({"a": Recorder(calls, "pair/a"), "b": Recorder(calls, "pair/b")})
+
+    plugins = {"first": Recorder(calls, "first"), "pair": Pair(), "last": Recorder(calls, "last")}
+    plugin_set = compose(plugins)
+    assert list(plugin_set.plugins) == ["first", "pair/a", "pair/b", "last"]
+    assert plugin_set.call_order("after_batch") == ["first", "pair/a", "pair/b", "last"]
+    assert list(compose(plugins, disable=["pair/b"]).plugins) == ["first", "pair/a", "last"]
+    loop = Loop(Noisy(), make_data(), plugins=plugins, max_iterations=1)
+    loop.run()
+    assert [c[0] for c in calls if c[1] == "after_batch"] == ["first", "pair/a", "pair/b", "last"]
+    assert loop.plugins["pair/b"] is plugins["pair"].plugins["b"]
+
+
+def test_order_contradiction_is_an_error_naming_both():
+    class MustBeFirst(Recorder):
+        run_before = ("a",)
+
+    with pytest.raises(PluginError, match=r"'a'.*'b'.*cycle"):
+        compose({"a": Recorder([]), "b": MustBeFirst([])})
+
+
+def run_straight(epochs=3):
+    calls: list = []
+    loop = Loop(Noisy(), make_data(), plugins={"rec": Recorder(calls)}, max_epochs=epochs, seed=5)
+    loop.run()
+    return loop
+
+
+@pytest.mark.parametrize("stop_at", [1, 4, 5, 6, 10, 14])
+def test_state_dict_resumes_bitwise_at_any_batch_boundary(stop_at):
+    straight = run_straight()
+    first = Loop(Noisy(), make_data(), plugins={"rec": Recorder([])}, max_epochs=3, seed=5, max_iterations=stop_at)
+    first.run()
+    state = first.state_dict()
+    np.random.seed(1234)  # the resumed run must not depend on the RNG state it starts with
+    calls: list = []
+    resumed = Loop(Noisy(seed=99), make_data(), plugins={"rec": Recorder(calls)}, max_epochs=3, seed=5)
+    resumed.load_state_dict(state)
+    resumed.log.status["finish_reason"] = None
+    resumed.run()
+    assert np.array_equal(resumed.model.w, straight.model.w)
+    assert resumed.plugins["rec"].batches == straight.plugins["rec"].batches
+    rows = lambda loop: [(i, r) for i, r in loop.log.rows()]  # noqa: E731
+    assert rows(resumed) == rows(straight)
+    assert resumed.resumed_from == first.run_id != resumed.run_id
+    assert "on_resumption" in kinds(calls)
+    # a mid-epoch resume does not start the epoch again
+    assert kinds(calls).count("before_epoch") == 3 - math.ceil(stop_at / 5)
+
+
+def test_state_for_plugins_not_in_the_run_is_kept_and_reported():
+    first = Loop(Noisy(), make_data(), plugins={"rec": Recorder([])}, max_iterations=2)
+    first.run()
+    state = first.state_dict()
+    second = Loop(Noisy(), make_data(), plugins={}, max_iterations=3)
+    with pytest.warns(RuntimeWarning, match="not in this run.*rec"):
+        second.load_state_dict(state)
+    assert second.state_dict()["plugins"]["rec"]["state"] == {"batches": 2}

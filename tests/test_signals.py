@@ -1,0 +1,96 @@
+"""Signals on a real `epochal run` subprocess: SIGINT finishes the epoch, twice or SIGTERM the batch."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+BATCHES_PER_EPOCH = 10
+
+
+@pytest.fixture
+def slow_run(throwaway_site, tmp_path, write_config):
+    config = write_config(
+        ["tw_alpha"],
+        extra="[plugins.tw_alpha]\nsleep = 0.05\n",
+    )
+    text = config.read_text().replace("max_epochs = 2", "max_epochs = 50").replace("n = 16", "n = 40")
+    config.write_text(text)
+
+    def start():
+        import os
+
+        env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
+        env.update(PYTHONPATH=str(throwaway_site), EPOCHAL_TW_OUT=str(tmp_path / "events.jsonl"))
+        return subprocess.Popen(
+            [sys.executable, "-m", "epochal", "run", str(config)],
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+
+    return start
+
+
+def wait_for_batches(events, n, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sum(e["hook"] == "after_batch" for e in events()) >= n:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"the run did not reach {n} batches")
+
+
+def finish(process):
+    out, err = process.communicate(timeout=60)
+    return process.returncode, out, err
+
+
+def tail_hooks(events):
+    return [e["hook"] for e in events() if e["hook"] in ("after_epoch", "on_interrupt", "after_training")]
+
+
+def test_first_sigint_finishes_the_epoch(slow_run, events):
+    process = slow_run()
+    wait_for_batches(events, 3)
+    process.send_signal(signal.SIGINT)
+    code, out, err = finish(process)
+    assert code == 128 + signal.SIGINT, err
+    batches = [e for e in events() if e["hook"] == "after_batch"]
+    assert len(batches) % BATCHES_PER_EPOCH == 0  # the epoch ran to its end
+    assert tail_hooks(events)[-3:] == ["after_epoch", "on_interrupt", "after_training"]
+    interrupt = next(e for e in events() if e["hook"] == "on_interrupt")
+    assert interrupt["signum"] == signal.SIGINT
+    assert events()[-1]["status"] == "interrupted"
+    assert "finishing the current epoch" in err
+    assert "interrupted" in out
+
+
+def test_second_sigint_finishes_the_batch(slow_run, events):
+    process = slow_run()
+    wait_for_batches(events, 3)
+    process.send_signal(signal.SIGINT)
+    time.sleep(0.02)
+    process.send_signal(signal.SIGINT)
+    code, out, err = finish(process)
+    assert code == 128 + signal.SIGINT, err
+    batches = [e for e in events() if e["hook"] == "after_batch"]
+    assert len(batches) < BATCHES_PER_EPOCH  # stopped inside the first epoch
+    assert tail_hooks(events) == ["on_interrupt", "after_training"]
+    assert "stopping after the current batch" in err
+
+
+def test_sigterm_finishes_the_batch(slow_run, events):
+    process = slow_run()
+    wait_for_batches(events, 3)
+    process.send_signal(signal.SIGTERM)
+    code, out, err = finish(process)
+    assert code == 128 + signal.SIGTERM, err
+    batches = [e for e in events() if e["hook"] == "after_batch"]
+    assert 3 <= len(batches) < BATCHES_PER_EPOCH
+    assert tail_hooks(events) == ["on_interrupt", "after_training"]
+    interrupt = next(e for e in events() if e["hook"] == "on_interrupt")
+    assert interrupt["signum"] == signal.SIGTERM
+    assert "SIGTERM received" in out
