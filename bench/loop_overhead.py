@@ -100,7 +100,9 @@ def epochal_loop(batches: list, k: int) -> Callable[[], None]:
     return run
 
 
-def median_per_step(make: Callable[[list, int], Callable[[], None]], batches: list, k: int, repeats: int) -> float:
+def median_per_step(
+    make: Callable[[list, int], Callable[[], None]], batches: list, k: int, repeats: int
+) -> float:
     run = make(batches, k)
     run()  # warm up
     times = []
@@ -119,7 +121,10 @@ def main() -> None:
     x, y = np.zeros((32, 4), dtype=np.float32), np.zeros(32, dtype=np.int64)
     batches = [(x, y)] * args.steps
     print(f"per-step time, median of {args.repeats} runs of {args.steps} steps (2 hook calls per step)")
-    print(f"{'plugins':>7} {'bare':>9} {'direct':>9} {'epochal':>9} {'pluggy':>9} {'epochal/direct':>15} {'pluggy/direct':>14}")
+    print(
+        f"{'plugins':>7} {'bare':>9} {'direct':>9} {'epochal':>9} {'pluggy':>9} "
+        f"{'epochal/direct':>15} {'pluggy/direct':>14}"
+    )
     bare_ns = median_per_step(bare, batches, 0, args.repeats) * 1e9
     for k in (0, 1, 6, 20):
         d = median_per_step(direct, batches, k, args.repeats) * 1e9

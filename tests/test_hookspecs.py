@@ -50,7 +50,9 @@ def test_every_hook_is_documented(name):
 
 
 def test_hooks_command_prints_every_hook_with_its_documentation():
-    result = subprocess.run([sys.executable, "-m", "epochal", "hooks", "--json"], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "epochal", "hooks", "--json"], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr
     listed = {h["name"]: h for h in json.loads(result.stdout)}
     assert set(listed) == set(HOOK_ARGS)

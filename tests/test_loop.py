@@ -115,7 +115,15 @@ def test_hook_sequence_of_a_run_with_epoch_zero_evaluation():
     loop = Loop(Noisy(), make_data(n=8), plugins={"rec": Recorder(calls)}, max_epochs=2, eval_at_start=True)
     loop.run()
     evaluation = ["before_evaluation", "after_eval_batch", "after_eval_batch", "after_evaluation"]
-    epoch = ["before_epoch", "before_batch", "after_batch", "before_batch", "after_batch", *evaluation, "after_epoch"]
+    epoch = [
+        "before_epoch",
+        "before_batch",
+        "after_batch",
+        "before_batch",
+        "after_batch",
+        *evaluation,
+        "after_epoch",
+    ]
     assert kinds(calls) == ["before_training", *evaluation, *epoch, *epoch, "after_training"]
     assert loop.epoch == 2 and loop.iteration == 4
     assert loop.log.status["status"] == "finished"
@@ -312,7 +320,9 @@ def run_straight(epochs=3):
 @pytest.mark.parametrize("stop_at", [1, 4, 5, 6, 10, 14])
 def test_state_dict_resumes_bitwise_at_any_batch_boundary(stop_at):
     straight = run_straight()
-    first = Loop(Noisy(), make_data(), plugins={"rec": Recorder([])}, max_epochs=3, seed=5, max_iterations=stop_at)
+    first = Loop(
+        Noisy(), make_data(), plugins={"rec": Recorder([])}, max_epochs=3, seed=5, max_iterations=stop_at
+    )
     first.run()
     state = first.state_dict()
     np.random.seed(1234)  # the resumed run must not depend on the RNG state it starts with

@@ -28,7 +28,11 @@ def slow_run(throwaway_site, tmp_path, write_config):
         env.update(PYTHONPATH=str(throwaway_site), EPOCHAL_TW_OUT=str(tmp_path / "events.jsonl"))
         return subprocess.Popen(
             [sys.executable, "-m", "epochal", "run", str(config)],
-            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
 
     return start
@@ -74,7 +78,7 @@ def test_second_sigint_finishes_the_batch(slow_run, events):
     process.send_signal(signal.SIGINT)
     time.sleep(0.02)
     process.send_signal(signal.SIGINT)
-    code, out, err = finish(process)
+    code, _, err = finish(process)
     assert code == 128 + signal.SIGINT, err
     batches = [e for e in events() if e["hook"] == "after_batch"]
     assert len(batches) < BATCHES_PER_EPOCH  # stopped inside the first epoch

@@ -83,6 +83,9 @@ def test_set_overrides_parse_toml_values():
     apply_override(config, "loop.max_epochs=3")
     apply_override(config, "plugins.checkpoint.dir=runs/x")
     apply_override(config, "plugins.order=['a', 'b']")
-    assert config == {"loop": {"max_epochs": 3}, "plugins": {"checkpoint": {"dir": "runs/x"}, "order": ["a", "b"]}}
-    with pytest.raises(ConfigError, match="section.key=value"):
+    assert config == {
+        "loop": {"max_epochs": 3},
+        "plugins": {"checkpoint": {"dir": "runs/x"}, "order": ["a", "b"]},
+    }
+    with pytest.raises(ConfigError, match=r"section\.key=value"):
         apply_override(config, "loop")
