@@ -67,7 +67,7 @@ def test_run_before_is_honoured_and_autoload_appends_sorted(epochal_cli, write_c
         "--set",
         "plugins.autoload=true",
         "--disable",
-        "tw_cycle_a,tw_cycle_b,tw_typo,tw_badarg",
+        "tw_cycle_a,tw_cycle_b,tw_typo,tw_badarg,tw_needy,tw_rival",
     )
     assert result.returncode == 0, result.stderr
     assert "tw_broken" in result.stderr  # an autoloaded plugin failing to import is a warning
@@ -117,3 +117,64 @@ def test_on_error_reaches_every_plugin_and_the_error_is_reraised(epochal_cli, wr
     assert all(e["error_plugin"] == "tw_alpha" for e in errors)
     assert "plugin 'tw_alpha' raised in on_error" in result.stderr
     assert "after_training" not in [e["hook"] for e in events()]
+
+
+def test_isolated_plugin_is_unregistered_and_the_run_goes_on(epochal_cli, write_config, events):
+    config = write_config(
+        ["tw_alpha", "tw_beta"],
+        extra='[plugins.tw_alpha]\nfail_in = "after_batch"\non_failure = "isolate"\n',
+    )
+    result = epochal_cli("run", str(config))
+    assert result.returncode == 0, result.stderr
+    assert "plugin 'tw_alpha' raised in hook 'after_batch'" in result.stderr
+    assert "isolate" in result.stderr
+    assert hooks_of(events, "after_batch").count("tw_alpha") == 1  # never called again
+    assert hooks_of(events, "after_batch").count("tw_beta") == 8  # the others go on, every batch
+    assert hooks_of(events, "after_training") == ["tw_beta"]
+    assert "finished" in result.stdout
+
+
+def test_bad_failure_policy_is_a_clear_error(epochal_cli, write_config):
+    config = write_config(["tw_alpha"], extra='[plugins.tw_alpha]\non_failure = "ignore"\n')
+    result = epochal_cli("run", str(config))
+    assert result.returncode == 2
+    assert "Error: [plugins.tw_alpha]: on_failure must be one of fatal, isolate" in result.stderr
+
+
+def test_trace_plugins_to_stderr_and_to_a_json_file(epochal_cli, write_config, tmp_path):
+    config = write_config(["tw_beta", "tw_alpha"])
+    result = epochal_cli("run", str(config), "--trace-plugins")
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("[epochal trace] after_batch")]
+    assert len(lines) == 8
+    assert "tw_beta" in lines[0] and lines[0].index("tw_beta") < lines[0].index("tw_alpha")
+    result = epochal_cli("run", str(config), "--trace-plugins=trace.jsonl")
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
+    batches = [r for r in records if r["hook"] == "after_batch"]
+    assert [c["plugin"] for c in batches[0]["calls"]] == ["tw_beta", "tw_alpha"]
+    assert all(c["seconds"] >= 0 for r in records for c in r["calls"])
+    assert [r["iteration"] for r in batches] == list(range(1, 9))
+    quiet = epochal_cli("run", str(config))
+    assert "[epochal trace]" not in quiet.stderr
+    via_env = epochal_cli("run", str(config), env={"EPOCHAL_TRACE_PLUGINS": "1"})
+    assert "[epochal trace] before_training" in via_env.stderr
+
+
+def test_requires_and_conflicts_are_checked_before_training(epochal_cli, write_config, events):
+    needy = write_config(["tw_needy"])
+    result = epochal_cli("run", str(needy))
+    assert result.returncode == 2
+    assert "plugin 'tw_needy' requires plugin 'tw_alpha'" in result.stderr
+    assert events() == []  # nothing ran
+    check = epochal_cli("plugins", "--check", str(needy))
+    assert check.returncode == 2 and "requires plugin 'tw_alpha'" in check.stderr
+    rival = write_config(["tw_rival", "tw_beta"], name="rival.toml")
+    result = epochal_cli("plugins", "--check", str(rival))
+    assert result.returncode == 2
+    assert "plugin 'tw_rival' conflicts with plugin 'tw_beta'" in result.stderr
+    good = write_config(["tw_needy", "tw_alpha"], name="good.toml")
+    result = epochal_cli("plugins", "--check", str(good))
+    assert result.returncode == 0, result.stderr
+    assert "ok:" in result.stdout and "tw_needy, tw_alpha" in result.stdout
+    assert events() == []

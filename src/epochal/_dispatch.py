@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -47,10 +48,23 @@ def implementations(pm: pluggy.PluginManager, hook: str) -> list[pluggy.HookImpl
     return list(reversed(caller.get_hookimpls())) if caller is not None else []
 
 
-def compile_hook(pm: pluggy.PluginManager, hook: str) -> Callable[..., Any] | None:
+#: Called with (error, plugin, hook) when an implementation raises; True means "carry on".
+FailureHandler = Callable[[BaseException, str, str], bool]
+#: Called with (hook, loop or None, ((plugin, seconds), ...)) after every traced hook call.
+Tracer = Callable[[str, Any, tuple[tuple[str, float], ...]], None]
+
+
+def compile_hook(
+    pm: pluggy.PluginManager,
+    hook: str,
+    on_failure: FailureHandler | None = None,
+    tracer: Tracer | None = None,
+) -> Callable[..., Any] | None:
     """A function taking the hook's arguments positionally and calling every implementation.
 
-    Returns None when the hook has no implementation.
+    Returns None when the hook has no implementation. An exception from an implementation is
+    annotated with the plugin and hook; then *on_failure* may swallow it (the remaining
+    implementations still run) or it propagates. With a *tracer*, every call is timed.
     """
     impls = implementations(pm, hook)
     if not impls:
@@ -63,17 +77,34 @@ def compile_hook(pm: pluggy.PluginManager, hook: str) -> Callable[..., Any] | No
             return call(**dict(zip(args, values)))
 
         return through_pluggy
-    namespace: dict[str, Any] = {"_blame": blame, "_plugins": [i.plugin_name for i in impls]}
-    lines = [f"def {hook}({', '.join(args)}):", "    i = 0", "    try:"]
+    plugins = [impl.plugin_name for impl in impls]
+
+    def failed(error: BaseException, k: int) -> bool:
+        blame(error, plugins[k], hook)
+        return on_failure is not None and on_failure(error, plugins[k], hook)
+
+    namespace: dict[str, Any] = {"_failed": failed, "_trace": tracer, "_clock": time.perf_counter}
+    lines = [f"def {hook}({', '.join(args)}):"]
+    if tracer is not None:
+        lines.append("    _t = _clock()")
     for k, impl in enumerate(impls):
         namespace[f"f{k}"] = impl.function
-        lines.append(f"        i = {k}")
-        lines.append(f"        f{k}({', '.join(impl.argnames)})")
-    lines += [
-        "    except BaseException as e:",
-        f"        _blame(e, _plugins[i], {hook!r})",
-        "        raise",
-    ]
+        # A try block costs nothing in CPython 3.11+ until something is raised.
+        lines += [
+            "    try:",
+            f"        f{k}({', '.join(impl.argnames)})",
+            "    except BaseException as e:",
+            f"        if not _failed(e, {k}):",
+            "            raise",
+        ]
+        if tracer is not None:
+            lines.append(f"    _t{k} = _clock()")
+    if tracer is not None:
+        spans = ", ".join(
+            f"({name!r}, _t{k} - {'_t' if k == 0 else f'_t{k - 1}'})" for k, name in enumerate(plugins)
+        )
+        loop = "loop" if "loop" in args else "None"
+        lines.append(f"    _trace({hook!r}, {loop}, ({spans},))")
     exec("\n".join(lines), namespace)
     function: Callable[..., Any] = namespace[hook]
     return function
@@ -94,14 +125,21 @@ class Hooks:
     arguments positionally.
     """
 
-    def __init__(self, pm: pluggy.PluginManager) -> None:
+    def __init__(self, pm: pluggy.PluginManager, on_failure: FailureHandler | None = None) -> None:
         self._pm = pm
+        self._on_failure = on_failure
+        self.tracer: Tracer | None = None
         self.rebuild()
 
     def rebuild(self) -> None:
         """Recompile every hook from the implementations currently registered."""
         for hook in HOOK_ARGS:
-            setattr(self, hook, compile_hook(self._pm, hook))
+            setattr(self, hook, compile_hook(self._pm, hook, self._on_failure, self.tracer))
+
+    def trace(self, tracer: Tracer | None) -> None:
+        """Time every hook call and report it to *tracer* (None: stop tracing)."""
+        self.tracer = tracer
+        self.rebuild()
 
     def __getattr__(self, hook: str) -> Callable[..., Any] | None:  # for type checkers
         raise AttributeError(hook)

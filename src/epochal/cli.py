@@ -80,12 +80,22 @@ def cli(ctx: click.Context, traceback: bool) -> None:
     "--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", help="Override a config value."
 )
 @click.option("--resume", is_flag=True, help="Resume from the latest complete checkpoint.")
+@click.option(
+    "--trace-plugins",
+    "trace",
+    is_flag=False,
+    flag_value="-",
+    default=None,
+    metavar="[FILE]",
+    help="Print every hook call with the plugins called and their durations (to FILE as JSON lines).",
+)
 def run(
     config_file: str,
     order: tuple[str, ...],
     disable: tuple[str, ...],
     overrides: tuple[str, ...],
     resume: bool,
+    trace: str | None,
 ) -> None:
     """Train as CONFIG_FILE (TOML) says."""
     from epochal.config import load_config
@@ -93,6 +103,8 @@ def run(
 
     config = load_config(config_file, overrides)
     loop = build_loop(config, _split(order) if order else None, _split(disable), resume)
+    if trace is not None:
+        loop.trace_plugins = trace
     log = loop.run()
     status = log.status
     click.echo(
@@ -114,14 +126,31 @@ def run(
 )
 @click.option("--plugins", "order", multiple=True, help="Plugin order: a,b,c.")
 @click.option("--disable", multiple=True, help="Plugins to leave out: x,y.")
+@click.option(
+    "--check",
+    "check_file",
+    type=click.Path(dir_okay=False),
+    help="Run every check a run of this config makes before training (plugins, options, order, "
+    "requires/conflicts, factories), without training.",
+)
 def plugins_command(
-    as_json: bool, show_order: bool, config_file: str | None, order: tuple[str, ...], disable: tuple[str, ...]
+    as_json: bool,
+    show_order: bool,
+    config_file: str | None,
+    order: tuple[str, ...],
+    disable: tuple[str, ...],
+    check_file: str | None,
 ) -> None:
     """List installed plugins: distribution, version, hooks, status, position."""
     from epochal._dispatch import HOOK_ARGS
     from epochal.config import load_config
     from epochal.plugins import PluginLoadWarning
-    from epochal.runner import plugins_for
+    from epochal.runner import check_run, plugins_for
+
+    if check_file:
+        checked = check_run(load_config(check_file), _split(order) if order else None, _split(disable))
+        click.echo(f"ok: {check_file}: plugins in call order: {', '.join(checked.plugins) or 'none'}")
+        return
 
     config = load_config(config_file) if config_file else {}
     with warnings.catch_warnings():
@@ -181,8 +210,13 @@ def hooks(as_json: bool) -> None:
         click.echo("    " + doc.replace("\n", "\n    ").rstrip() + "\n")
 
 
+def _format_warning(message: Warning | str, category: type[Warning], *args: object, **kwargs: object) -> str:
+    return f"epochal: {category.__name__}: {message}\n"
+
+
 def main() -> None:
     """Entry point of the ``epochal`` console script."""
+    warnings.formatwarning = _format_warning  # one line per warning, no source excerpt
     if os.name == "posix":  # a closed pipe (epochal plugins | head) is not an error
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     cli(prog_name="epochal")

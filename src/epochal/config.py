@@ -129,9 +129,15 @@ def call_factory(config: Mapping[str, Any], section: str) -> Any:
 
     ``[loop] seed`` is passed as ``seed`` when the factory takes one and the section has none.
     """
+    factory, table = factory_arguments(config, section)
+    check_options(factory.__name__, factory, table, where=f"[{section}]", error=ConfigError)
+    return factory(**table)
+
+
+def factory_arguments(config: Mapping[str, Any], section: str) -> tuple[Callable[..., Any], dict[str, Any]]:
+    """The callable ``[section] factory`` names and the keyword arguments it will get."""
     table = dict(config.get(section, {}))
-    where = f"[{section}]"
-    factory = resolve(table.pop("factory", None), where)
+    factory = resolve(table.pop("factory", None), f"[{section}]")
     seed = config.get("loop", {}).get("seed")
     if seed is not None and "seed" not in table:
         try:
@@ -139,8 +145,7 @@ def call_factory(config: Mapping[str, Any], section: str) -> Any:
                 table["seed"] = seed
         except (TypeError, ValueError):
             pass
-    check_options(factory.__name__, factory, table, where=where, error=ConfigError)
-    return factory(**table)
+    return factory, table
 
 
 def loop_options(config: Mapping[str, Any]) -> dict[str, Any]:

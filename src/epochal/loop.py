@@ -22,6 +22,7 @@ from epochal.data import batch_size
 from epochal.errors import ConfigError, EpochalError
 from epochal.log import TrainingLog
 from epochal.plugins import PluginSet, compose
+from epochal.tracing import HookTracer, trace_target_from_env
 
 Policy = Literal["error", "warn", "ignore"]
 POLICIES = ("error", "warn", "ignore")
@@ -69,6 +70,8 @@ class Loop:
     :param resume: ask the plugins for a state to resume from (``epochal run --resume``).
     :param config: the run configuration, for plugins that record it.
     :param handle_signals: install the SIGINT/SIGTERM handlers while running (main thread only).
+    :param trace_plugins: trace every hook call: ``"-"`` to stderr, else a JSON-lines file path
+        (default: from ``EPOCHAL_TRACE_PLUGINS``).
     """
 
     def __init__(
@@ -88,6 +91,7 @@ class Loop:
         resume: bool = False,
         config: Mapping[str, Any] | None = None,
         handle_signals: bool = True,
+        trace_plugins: str | None = None,
     ) -> None:
         if "train" not in data:
             raise ConfigError(
@@ -102,6 +106,7 @@ class Loop:
         self.model = model
         self.data = dict(data)
         self._plugin_set = plugins if isinstance(plugins, PluginSet) else compose(plugins or {})
+        self._plugin_set.check_dependencies()
         #: plugin instances by name, in call order.
         self.plugins: dict[str, object] = self._plugin_set.plugins
         self.max_epochs = max_epochs
@@ -115,6 +120,7 @@ class Loop:
         self.resume = resume
         self.config = dict(config or {})
         self.handle_signals = handle_signals
+        self.trace_plugins = trace_plugins if trace_plugins is not None else trace_target_from_env()
         #: a fresh id for every run, resumed or not.
         self.run_id = uuid.uuid4().hex
         #: training epochs completed.
@@ -214,6 +220,9 @@ class Loop:
         is re-raised.
         """
         previous = self._install_signal_handlers()
+        tracer = HookTracer(self.trace_plugins) if self.trace_plugins else None
+        if tracer is not None:
+            self.hooks.trace(tracer)
         try:
             self._start()
             self._train()
@@ -223,6 +232,9 @@ class Loop:
             raise
         finally:
             self._restore_signal_handlers(previous)
+            if tracer is not None:
+                self.hooks.trace(None)
+                tracer.close()
         return self.log
 
     def _start(self) -> None:
@@ -306,6 +318,8 @@ class Loop:
         hooks = self.hooks
         status = self.log.status
         status.update(epochs_done=self.epoch, iterations_done=self.iteration)
+        if self._plugin_set.isolated:
+            status["isolated_plugins"] = dict(self._plugin_set.isolated)
         if self._signum is not None:
             name = signal.Signals(self._signum).name
             status.update(status="interrupted", finish_reason=self._stop_reason or name)
@@ -320,6 +334,8 @@ class Loop:
         self.error_plugin = getattr(error, "epochal_plugin", None)
         status = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
         self.log.status.update(status=status, error=f"{type(error).__name__}: {error}")
+        if self._plugin_set.isolated:
+            self.log.status["isolated_plugins"] = dict(self._plugin_set.isolated)
         for name, call in each_implementation(self._plugin_set.pm, "on_error", loop=self, error=error):
             try:
                 call()

@@ -42,6 +42,10 @@ class PluginLoadWarning(UserWarning):
     """An autoloaded plugin failed to import or to start; the run goes on without it."""
 
 
+class PluginIsolatedWarning(RuntimeWarning):
+    """A plugin with ``on_failure = "isolate"`` raised; the run goes on without it."""
+
+
 @dataclass
 class PluginInfo:
     """What ``epochal plugins`` reports about one plugin."""
@@ -190,17 +194,59 @@ class _Unit:
     members: list[tuple[str, object]]
 
 
+FAILURE_POLICIES = ("fatal", "isolate")
+
+
+def failure_policy(name: str, plugin: object, options: Mapping[str, Any]) -> str:
+    """A plugin's ``on_failure`` policy: its ``[plugins.NAME]`` option, else its class's, else fatal."""
+    policy = options.get("on_failure", getattr(plugin, "on_failure", "fatal"))
+    if policy not in FAILURE_POLICIES:
+        raise PluginError(
+            f"[plugins.{name}]: on_failure must be one of {', '.join(FAILURE_POLICIES)}, not {policy!r}"
+        )
+    return str(policy)
+
+
 class PluginSet:
     """The plugins of one run, registered in call order, and their hook callers."""
 
-    def __init__(self, pm: pluggy.PluginManager, plugins: dict[str, object], infos: list[PluginInfo]):
+    def __init__(
+        self,
+        pm: pluggy.PluginManager,
+        plugins: dict[str, object],
+        infos: list[PluginInfo],
+        policies: Mapping[str, str] | None = None,
+    ):
         self.pm = pm
         #: name → plugin instance, in call order (composite children as ``parent/child``).
         self.plugins = plugins
         #: every discovered plugin, loaded or not, for listings.
         self.infos = infos
+        #: name → ``fatal`` or ``isolate``: what an exception raised by the plugin's hooks does.
+        self.policies = dict(policies or {})
+        #: plugins isolated during the run: name → "hook: error".
+        self.isolated: dict[str, str] = {}
         #: compiled callers of every hook (None where nothing implements a hook).
-        self.hooks = Hooks(pm)
+        self.hooks = Hooks(pm, self._on_failure)
+        self.units: list[_Unit] = []
+
+    def check_dependencies(self) -> None:
+        """Raise :class:`PluginError` if a plugin's ``requires`` or ``conflicts`` is not met."""
+        check_dependencies(self.units)
+
+    def _on_failure(self, error: BaseException, plugin: str, hook: str) -> bool:
+        """Isolate *plugin* if its policy says so (True: the run goes on without it)."""
+        if self.policies.get(plugin, "fatal") != "isolate" or not isinstance(error, Exception):
+            return False
+        self.isolated[plugin] = f"{hook}: {type(error).__name__}: {error}"
+        warnings.warn(
+            f"plugin {plugin!r} raised in hook {hook!r}: {type(error).__name__}: {error}; "
+            "on_failure = isolate: it is unregistered and the run goes on without it",
+            PluginIsolatedWarning,
+            stacklevel=2,
+        )
+        self.unregister(plugin)
+        return True
 
     def call_order(self, hook: str) -> list[str]:
         """The names of the plugins implementing *hook*, in the order they are called."""
@@ -280,12 +326,15 @@ def load_plugins(
     objects.update((n, extra[n]) for n in selected if n in extra)
 
     units: list[_Unit] = []
+    policies: dict[str, str] = {}
     for name in selected:
         if name not in objects:
             continue  # failed to import, reported already
         named = name in explicit_set or name in options
+        plugin_options = {k: v for k, v in options.get(name, {}).items() if k != "on_failure"}
         try:
-            plugin = build(name, objects[name], options.get(name, {}))
+            plugin = build(name, objects[name], plugin_options)
+            policies[name] = failure_policy(name, plugin, options.get(name, {}))
             for member, member_plugin in _unit(name, plugin, {name: PluginInfo(name)}, disabled).members:
                 validate(member, member_plugin)
         except PluginError as error:
@@ -311,7 +360,7 @@ def load_plugins(
             )
 
     ordered = _order(units, [n for n in explicit if n in objects and n not in disabled])
-    return _assemble(ordered, infos)
+    return _assemble(ordered, infos, policies)
 
 
 def compose(plugins: Mapping[str, object], disable: Iterable[str] = ()) -> PluginSet:
@@ -323,7 +372,8 @@ def compose(plugins: Mapping[str, object], disable: Iterable[str] = ()) -> Plugi
     disabled = set(disable)
     infos = {name: PluginInfo(name) for name in plugins}
     units = [_unit(name, plugin, infos, disabled) for name, plugin in plugins.items() if name not in disabled]
-    return _assemble(_order(units, list(plugins)), infos)
+    policies = {unit.name: failure_policy(unit.name, unit.plugin, {}) for unit in units}
+    return _assemble(_order(units, list(plugins)), infos, policies)
 
 
 def _unit(name: str, plugin: object, infos: dict[str, PluginInfo], disabled: set[str]) -> _Unit:
@@ -343,12 +393,18 @@ def _unit(name: str, plugin: object, infos: dict[str, PluginInfo], disabled: set
     return _Unit(name, plugin, members)
 
 
-def _assemble(units: list[_Unit], infos: dict[str, PluginInfo]) -> PluginSet:
+def _assemble(units: list[_Unit], infos: dict[str, PluginInfo], policies: Mapping[str, str]) -> PluginSet:
     """Register the ordered units with a new pluggy manager."""
     pm = new_plugin_manager()
     plugins: dict[str, object] = {}
+    member_policies: dict[str, str] = {}
     for unit in units:
         plugins.update(unit.members)
+        for member, member_plugin in unit.members:
+            # a composite's children follow the composite's policy unless they declare their own
+            member_policies[member] = getattr(member_plugin, "on_failure", policies.get(unit.name, "fatal"))
+        if unit.name in policies:
+            member_policies[unit.name] = policies[unit.name]
     for name, plugin in reversed(plugins.items()):  # pluggy calls the last registered first
         register(pm, name, plugin)
     for position, name in enumerate(plugins):
@@ -356,7 +412,37 @@ def _assemble(units: list[_Unit], infos: dict[str, PluginInfo]) -> PluginSet:
         info.status, info.position = "loaded", position
         info.hooks = sorted(hook_names(plugins[name]))
     listing = sorted(infos.values(), key=lambda i: (i.position is None, i.position or 0, i.name))
-    return PluginSet(pm, plugins, listing)
+    plugin_set = PluginSet(pm, plugins, listing, member_policies)
+    plugin_set.units = list(units)
+    return plugin_set
+
+
+def check_dependencies(units: Sequence[_Unit]) -> None:
+    """Raise :class:`PluginError` for a missing ``requires`` or a present ``conflicts``.
+
+    A plugin declares ``requires = ("monitor",)`` and ``conflicts = ("other",)`` as class
+    attributes; a name is satisfied by a loaded plugin of that name or a composite child
+    ``parent/name``.
+    """
+    loaded = {name for unit in units for name, _ in unit.members} | {unit.name for unit in units}
+    loaded |= {name.split("/", 1)[1] for name in loaded if "/" in name}
+    problems = []
+    for unit in units:
+        for name, plugin in [(unit.name, unit.plugin), *unit.members]:
+            for needed in getattr(plugin, "requires", ()) or ():
+                if needed not in loaded:
+                    problems.append(
+                        f"plugin {name!r} requires plugin {needed!r}, which is not loaded in this run: "
+                        f"add {needed!r} to [plugins] order (and install it), or disable {name!r}"
+                    )
+            for other in getattr(plugin, "conflicts", ()) or ():
+                if other in loaded and other != name:
+                    problems.append(
+                        f"plugin {name!r} conflicts with plugin {other!r}: disable one of them "
+                        f"([plugins] disable = [{other!r}])"
+                    )
+    if problems:
+        raise PluginError("; ".join(dict.fromkeys(problems)))
 
 
 def build(name: str, obj: object, options: Mapping[str, Any]) -> object:

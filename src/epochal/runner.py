@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from epochal.config import call_factory, loop_options, plugin_options
+from epochal._options import check_options
+from epochal.config import call_factory, factory_arguments, loop_options, plugin_options
 from epochal.errors import ConfigError
 from epochal.loop import Loop
 from epochal.plugins import PluginSet, load_plugins
@@ -32,6 +33,7 @@ def build_loop(
 ) -> Loop:
     """Load the plugins, call the model and data factories and make the loop."""
     plugin_set = plugins_for(config, order, disable)
+    plugin_set.check_dependencies()
     if resume and not plugin_set.implements("resume_state"):
         raise ConfigError(
             "--resume needs a plugin that restores checkpoints, and none is loaded "
@@ -42,3 +44,19 @@ def build_loop(
     if not isinstance(data, Mapping):
         raise ConfigError(f"[data] factory must return a mapping of streams, not {type(data).__name__}")
     return Loop(model, data, plugins=plugin_set, resume=resume, config=config, **loop_options(config))
+
+
+def check_run(
+    config: Mapping[str, Any], order: Sequence[str] | None = None, disable: Sequence[str] = ()
+) -> PluginSet:
+    """Every check a run of *config* makes before its first batch, without training.
+
+    Loads and orders the plugins with their options (requires/conflicts included) and imports
+    the model and data factories, checking their arguments without calling them.
+    """
+    plugin_set = plugins_for(config, order, disable)
+    plugin_set.check_dependencies()
+    for section in ("model", "data"):
+        factory, arguments = factory_arguments(config, section)
+        check_options(factory.__name__, factory, arguments, where=f"[{section}]", error=ConfigError)
+    return plugin_set

@@ -86,6 +86,18 @@ class CycleB(Recorder):
     run_before = ("tw_cycle_a",)
 
 
+class Needy(Recorder):
+    """Needs tw_alpha in the same run."""
+
+    requires = ("tw_alpha",)
+
+
+class Rival(Recorder):
+    """Cannot run together with tw_beta."""
+
+    conflicts = ("tw_beta",)
+
+
 class Bundle(CompositePlugin):
     """Two recorders ordered and configured as one unit."""
 
