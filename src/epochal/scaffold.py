@@ -1,0 +1,151 @@
+"""``epochal new-plugin NAME``: a plugin distribution that installs, lists and tests at once."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from epochal.errors import ConfigError
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+PYPROJECT = """\
+[build-system]
+requires = ["hatchling>=1.21"]
+build-backend = "hatchling.build"
+
+[project]
+name = "{dist}"
+version = "0.1.0"
+description = "An epochal plugin: {name}"
+readme = "README.md"
+requires-python = ">=3.11"
+dependencies = ["epochal"]
+
+[project.optional-dependencies]
+test = ["pytest>=8"]
+
+[project.entry-points."epochal.plugins"]
+{name} = "{package}.plugin:{cls}"
+
+[tool.hatch.build.targets.wheel]
+packages = ["src/{package}"]
+"""
+
+README = """\
+# {dist}
+
+An [epochal](https://github.com/epochal/epochal) plugin registering `{name}`: it counts the
+training batches of every epoch and writes them to the training log as `{name}.batches`.
+
+```sh
+pip install -e ".[test]"
+epochal plugins            # {name} is listed
+pytest                     # its tests
+epochal run CONFIG.toml --plugins {name} --set plugins.{name}.every=2
+```
+
+## Options (`[plugins.{name}]`)
+
+| option | type | default | meaning |
+|---|---|---|---|
+| `every` | int | 1 | record after every n-th epoch |
+"""
+
+PLUGIN = '''\
+"""The `{name}` plugin for epochal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from epochal import hookimpl
+from epochal.triggers import every_n_epochs
+
+
+class {cls}:
+    """Counts the training batches of each epoch and logs them as ``{name}.batches``.
+
+    :param every: record after every n-th epoch.
+    """
+
+    def __init__(self, every: int = 1) -> None:
+        self.due = every_n_epochs(every)
+        self.batches = 0
+
+    @hookimpl
+    def before_epoch(self) -> None:
+        """Called at the start of every epoch: start counting again."""
+        self.batches = 0
+
+    @hookimpl
+    def after_batch(self) -> None:
+        """Called after every training batch."""
+        self.batches += 1
+
+    @hookimpl
+    def after_epoch(self, loop: Any) -> None:
+        """Called after every epoch: write the count when it is due."""
+        if self.due(loop):
+            loop.log.current_row["{name}.batches"] = self.batches
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs: the count of the epoch in progress."""
+        return {{"batches": self.batches}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+        self.batches = state["batches"]
+'''
+
+TEST = '''\
+"""Tests of the `{name}` plugin, with epochal's pytest plugin."""
+
+from __future__ import annotations
+
+from {package}.plugin import {cls}
+
+pytest_plugins = ["epochal.testing"]
+
+
+def test_logs_the_batches_of_every_epoch(epochal_run):
+    result = epochal_run({{"{name}": {cls}()}}, max_epochs=2)
+    assert result.log.history("{name}.batches") == [(4, 4), (8, 4)]
+
+
+def test_every_option(epochal_run):
+    result = epochal_run({{"{name}": {cls}(every=2)}}, max_epochs=4)
+    assert [value for _, value in result.log.history("{name}.batches")] == [4, 4]
+
+
+def test_installed_entry_point_loads_by_name(epochal_run):
+    result = epochal_run(["{name}"], options={{"{name}": {{"every": 1}}}}, max_epochs=1)
+    assert result.log.last("{name}.batches") == 4
+'''
+
+
+def new_plugin(name: str, directory: Path) -> Path:
+    """Write the plugin distribution for *name* into ``directory / epochal-NAME``; return it."""
+    if not _NAME.match(name):
+        raise ConfigError(
+            f"plugin name {name!r} must start with a lowercase letter and hold only a-z, 0-9 and _"
+        )
+    dist = "epochal-" + name.replace("_", "-")
+    package = "epochal_" + name
+    cls = "".join(part.capitalize() for part in name.split("_")) + "Plugin"
+    root = directory / dist
+    if root.exists():
+        raise ConfigError(f"{root} already exists; choose another name or --dir")
+    values = {"name": name, "dist": dist, "package": package, "cls": cls}
+    files = {
+        "pyproject.toml": PYPROJECT,
+        "README.md": README,
+        f"src/{package}/__init__.py": '"""The `{name}` epochal plugin."""\n',
+        f"src/{package}/plugin.py": PLUGIN,
+        f"tests/test_{name}.py": TEST,
+    }
+    for relative, template in files.items():
+        path = root / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(template.format(**values), encoding="utf-8")
+    return root

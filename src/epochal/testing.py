@@ -1,0 +1,180 @@
+"""A pytest plugin for plugin authors: run a small loop with your plugin and see every hook call.
+
+Opt in from a test module or conftest.py::
+
+    pytest_plugins = ["epochal.testing"]
+
+    def test_my_plugin_stops(epochal_run):
+        result = epochal_run({"guard": LossGuard(limit=0.0)}, max_epochs=3)
+        assert result.log.status["finish_reason"].startswith("loss_guard")
+        assert result.count("after_epoch") == 0
+        assert result.calls[-1].hook == "after_training"
+
+``epochal_run(plugins, **loop_options)`` takes plugin objects by name (in call order) or the
+names of installed plugins (``epochal_run(["monitor"], options={"monitor": {...}})``), runs a
+deterministic numpy regression (:class:`TinyModel` on :func:`tiny_data`, or your own ``model``
+and ``data``) in a temporary run directory, and returns a :class:`RunResult` holding the loop
+and every hook call in order (pytester-style).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from epochal._dispatch import HOOK_ARGS
+from epochal._markers import hookimpl
+from epochal.data import BatchStream
+from epochal.loop import Loop
+from epochal.plugins import PluginSet, compose, load_plugins
+
+RECORDER = "epochal.testing.recorder"
+
+
+class TinyModel:
+    """Linear regression trained by SGD: deterministic, fast, with a real state."""
+
+    def __init__(self, features: int = 3, lr: float = 0.1, seed: int = 0) -> None:
+        self.w = np.random.default_rng(seed).normal(size=features)
+        self.lr = lr
+
+    def train_step(self, batch: Any) -> dict[str, float]:
+        x, y = batch
+        error = x @ self.w - y
+        self.w = self.w - self.lr * x.T @ error / len(x)
+        return {"loss": float((error**2).mean())}
+
+    def eval_step(self, batch: Any) -> dict[str, float]:
+        x, y = batch
+        return {"loss": float(((x @ self.w - y) ** 2).mean())}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"w": self.w.copy()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.w = np.array(state["w"], dtype=float)
+
+
+def tiny_data(examples: int = 32, batch_size: int = 8, seed: int = 0) -> dict[str, BatchStream]:
+    """A train stream and a ``valid`` stream for :class:`TinyModel`."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(examples, 3))
+    y = x @ np.array([1.0, -2.0, 0.5])
+    return {
+        "train": BatchStream(x, y, batch_size=batch_size, seed=seed),
+        "valid": BatchStream(x[: batch_size * 2], y[: batch_size * 2], batch_size=batch_size, shuffle=False),
+    }
+
+
+@dataclass
+class HookCall:
+    """One call of a hook: its name, the loop's counters then, and its other arguments."""
+
+    hook: str
+    epoch: int
+    iteration: int
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+class _Recorder:
+    """Implements every loop hook and records the call (registered last: it sees each call once)."""
+
+    def __init__(self) -> None:
+        self.calls: list[HookCall] = []
+
+
+def _recording(hook: str) -> Callable[..., None]:
+    args = [a for a in HOOK_ARGS[hook] if a != "loop"]
+
+    def record(self: _Recorder, loop: Loop, **kwargs: Any) -> None:
+        self.calls.append(HookCall(hook, loop.epoch, loop.iteration, kwargs))
+
+    # pluggy reads the argument names from the signature: give each hook its own.
+    params = ", ".join(["self", "loop", *args])
+    passed = "".join(f", {a}={a}" for a in args)
+    namespace: dict[str, Any] = {"_record": record}
+    exec(f"def {hook}({params}):\n    _record(self, loop{passed})\n", namespace)
+    return hookimpl(trylast=True)(namespace[hook])
+
+
+for _hook in HOOK_ARGS:
+    if _hook not in ("register_commands", "resume_state"):
+        setattr(_Recorder, _hook, _recording(_hook))
+
+
+@dataclass
+class RunResult:
+    """What :func:`epochal_run` ran: the loop, its log, every hook call, and the error if any."""
+
+    loop: Loop
+    calls: list[HookCall]
+    error: BaseException | None = None
+
+    @property
+    def log(self) -> Any:
+        """The loop's training log."""
+        return self.loop.log
+
+    def hooks(self) -> list[str]:
+        """The names of the hooks called, in order."""
+        return [call.hook for call in self.calls]
+
+    def count(self, hook: str) -> int:
+        """How many times *hook* was called."""
+        return sum(call.hook == hook for call in self.calls)
+
+    def calls_of(self, hook: str) -> list[HookCall]:
+        """Every call of *hook*, in order."""
+        return [call for call in self.calls if call.hook == hook]
+
+
+def run_loop(
+    plugins: Mapping[str, object] | Sequence[str],
+    *,
+    model: Any = None,
+    data: Mapping[str, Any] | None = None,
+    options: Mapping[str, Mapping[str, Any]] | None = None,
+    run_dir: str | Path | None = None,
+    raises: bool = True,
+    **loop_options: Any,
+) -> RunResult:
+    """Run a loop with *plugins* and record every hook call (see the module docstring)."""
+    recorder = _Recorder()
+    if isinstance(plugins, Mapping):
+        plugin_set: PluginSet = compose({**plugins, RECORDER: recorder})
+    else:
+        plugin_set = load_plugins(
+            order=[*plugins, RECORDER], autoload=False, options=options, extra={RECORDER: recorder}
+        )
+    loop_options.setdefault("max_epochs", 2)
+    loop_options.setdefault("handle_signals", False)
+    loop = Loop(
+        model if model is not None else TinyModel(),
+        data if data is not None else tiny_data(),
+        plugins=plugin_set,
+        run_dir=run_dir,
+        **loop_options,
+    )
+    try:
+        loop.run()
+    except Exception as error:
+        if raises:
+            raise
+        return RunResult(loop, recorder.calls, error)
+    return RunResult(loop, recorder.calls)
+
+
+@pytest.fixture
+def epochal_run(tmp_path: Path) -> Callable[..., RunResult]:
+    """Run a small loop with the given plugins in ``tmp_path``; returns a :class:`RunResult`."""
+
+    def run(plugins: Mapping[str, object] | Sequence[str], **kwargs: Any) -> RunResult:
+        kwargs.setdefault("run_dir", tmp_path / "run")
+        return run_loop(plugins, **kwargs)
+
+    return run

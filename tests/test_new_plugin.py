@@ -1,0 +1,43 @@
+"""`epochal new-plugin`: the scaffold installs, passes its own tests and is listed at once."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+
+def run(args, cwd, env=None):
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
+    full_env.update(env or {})
+    return subprocess.run(args, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=300)
+
+
+def test_scaffold_installs_tests_and_lists(tmp_path):
+    made = run([sys.executable, "-m", "epochal", "new-plugin", "batch_count", "--dir", "out"], tmp_path)
+    assert made.returncode == 0, made.stderr
+    root = tmp_path / "out" / "epochal-batch-count"
+    assert (root / "src" / "epochal_batch_count" / "plugin.py").exists()
+    site = tmp_path / "site"
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation"]
+    installed = run([*pip, "--disable-pip-version-check", "--target", str(site), str(root)], tmp_path)
+    assert installed.returncode == 0, installed.stderr
+    env = {"PYTHONPATH": str(site)}
+    tests = run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(root / "tests")], tmp_path, env
+    )
+    assert tests.returncode == 0, tests.stdout + tests.stderr
+    assert "3 passed" in tests.stdout
+    listing = run([sys.executable, "-m", "epochal", "plugins", "--json"], tmp_path, env)
+    plugins = {p["name"]: p for p in json.loads(listing.stdout)}
+    assert plugins["batch_count"]["distribution"] == "epochal-batch-count"
+    assert plugins["batch_count"]["hooks"] == ["after_batch", "after_epoch", "before_epoch"]
+
+
+def test_scaffold_refuses_bad_names_and_existing_folders(tmp_path):
+    bad = run([sys.executable, "-m", "epochal", "new-plugin", "Bad-Name"], tmp_path)
+    assert bad.returncode == 2 and "'Bad-Name'" in bad.stderr and "Traceback" not in bad.stderr
+    assert run([sys.executable, "-m", "epochal", "new-plugin", "twice"], tmp_path).returncode == 0
+    again = run([sys.executable, "-m", "epochal", "new-plugin", "twice"], tmp_path)
+    assert again.returncode == 2 and "already exists" in again.stderr

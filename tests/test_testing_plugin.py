@@ -1,0 +1,44 @@
+"""epochal.testing: the pytest plugin plugin authors use, used here as they would."""
+
+from __future__ import annotations
+
+from epochal import hookimpl
+
+pytest_plugins = ["epochal.testing"]
+
+
+class StopAtTwo:
+    @hookimpl
+    def after_batch(self, loop):
+        if loop.iteration == 2:
+            loop.request_stop("two is enough")
+
+
+def test_records_every_hook_call_in_order(epochal_run):
+    result = epochal_run({}, max_epochs=1, eval_at_start=True)
+    assert result.hooks()[:2] == ["before_training", "before_evaluation"]
+    assert result.hooks()[-1] == "after_training"
+    assert result.count("after_batch") == 4  # 32 examples in batches of 8
+    evaluations = result.calls_of("after_evaluation")
+    assert [c.kwargs["stream"] for c in evaluations] == ["valid", "valid"]
+    assert set(evaluations[0].kwargs["metrics"]) == {"loss"}
+    assert [c.iteration for c in result.calls_of("after_batch")] == [1, 2, 3, 4]
+
+
+def test_sees_what_a_plugin_did(epochal_run):
+    result = epochal_run({"stop": StopAtTwo()}, max_epochs=3)
+    assert result.count("after_batch") == 2
+    assert result.log.status["finish_reason"] == "two is enough"
+    assert result.count("after_epoch") == 0
+
+
+def test_errors_can_be_captured(epochal_run):
+    class Boom:
+        @hookimpl
+        def before_epoch(self):
+            raise KeyError("x")
+
+    result = epochal_run({"boom": Boom()}, raises=False)
+    assert isinstance(result.error, KeyError)
+    assert result.hooks()[-1] == "on_error"
+    assert result.loop.error_plugin == "boom"
