@@ -143,11 +143,12 @@ def plugins_command(
 ) -> None:
     """List installed plugins: distribution, version, hooks, status, position."""
     from epochal._dispatch import HOOK_ARGS
-    from epochal.config import load_config
+    from epochal.config import load_config, plugins_for
     from epochal.plugins import PluginLoadWarning
-    from epochal.runner import check_run, plugins_for
 
     if check_file:
+        from epochal.runner import check_run
+
         checked = check_run(load_config(check_file), _split(order) if order else None, _split(disable))
         click.echo(f"ok: {check_file}: plugins in call order: {', '.join(checked.plugins) or 'none'}")
         return

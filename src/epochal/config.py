@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from epochal._options import check_options, describe, matches
 from epochal.errors import ConfigError, did_you_mean
+from epochal.plugins import PluginSet, load_plugins
 
 SECTIONS = ("loop", "model", "data", "plugins")
 #: the keys of ``[loop]`` and their types.
@@ -156,3 +157,16 @@ def loop_options(config: Mapping[str, Any]) -> dict[str, Any]:
 def plugin_options(config: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """``[plugins.NAME]`` tables by plugin name."""
     return {k: dict(v) for k, v in config.get("plugins", {}).items() if isinstance(v, dict)}
+
+
+def plugins_for(
+    config: Mapping[str, Any], order: Sequence[str] | None = None, disable: Sequence[str] = ()
+) -> PluginSet:
+    """The plugin set a run of *config* uses; *order* (``--plugins``) replaces the config's."""
+    section = config.get("plugins", {})
+    return load_plugins(
+        order=list(order) if order is not None else section.get("order", []),
+        disable=[*section.get("disable", []), *disable],
+        autoload=section.get("autoload", True),
+        options=plugin_options(config),
+    )

@@ -6,23 +6,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from epochal._options import check_options
-from epochal.config import call_factory, factory_arguments, loop_options, plugin_options
+from epochal.config import call_factory, factory_arguments, loop_options, plugins_for
 from epochal.errors import ConfigError
 from epochal.loop import Loop
-from epochal.plugins import PluginSet, load_plugins
-
-
-def plugins_for(
-    config: Mapping[str, Any], order: Sequence[str] | None = None, disable: Sequence[str] = ()
-) -> PluginSet:
-    """The plugin set a run of *config* uses; *order* (``--plugins``) replaces the config's."""
-    section = config.get("plugins", {})
-    return load_plugins(
-        order=list(order) if order is not None else section.get("order", []),
-        disable=[*section.get("disable", []), *disable],
-        autoload=section.get("autoload", True),
-        options=plugin_options(config),
-    )
+from epochal.plugins import PluginSet
 
 
 def build_loop(
