@@ -72,8 +72,15 @@ def test_run_before_is_honoured_and_autoload_appends_sorted(epochal_cli, write_c
     assert result.returncode == 0, result.stderr
     assert "tw_broken" in result.stderr  # an autoloaded plugin failing to import is a warning
     order = hooks_of(events, "before_training")
-    # sorted by name, except tw_first which declares run_before tw_alpha
+    # sorted by name, except tw_first which declares run_before tw_alpha; tw_shy only loads when named
     assert order == ["tw_first", "tw_alpha", "tw_beta", "tw_bundle/one", "tw_bundle/two"]
+    named = epochal_cli(
+        "plugins", "--json", "--plugins", "tw_shy", "--disable", "tw_cycle_a,tw_cycle_b,tw_needy,tw_rival"
+    )
+    statuses = {p["name"]: p["status"] for p in json.loads(named.stdout)}
+    assert statuses["tw_shy"] == "loaded"
+    unnamed = epochal_cli("plugins", "--json", "--disable", "tw_cycle_a,tw_cycle_b,tw_needy,tw_rival")
+    assert {p["name"]: p["status"] for p in json.loads(unnamed.stdout)}["tw_shy"] == "available"
 
 
 def test_disable_per_run_and_composite_child(epochal_cli, write_config, events):

@@ -331,6 +331,9 @@ def load_plugins(
         if name not in objects:
             continue  # failed to import, reported already
         named = name in explicit_set or name in options
+        if not named and getattr(objects[name], "autoload", True) is False:
+            infos[name].status = "available"  # it asks to be loaded only when named (bundles)
+            continue
         plugin_options = {k: v for k, v in options.get(name, {}).items() if k != "on_failure"}
         try:
             plugin = build(name, objects[name], plugin_options)

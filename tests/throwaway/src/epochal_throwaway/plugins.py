@@ -98,6 +98,12 @@ class Rival(Recorder):
     conflicts = ("tw_beta",)
 
 
+class Shy(Recorder):
+    """Loaded only when named: never autoloaded."""
+
+    autoload = False
+
+
 class Bundle(CompositePlugin):
     """Two recorders ordered and configured as one unit."""
 
