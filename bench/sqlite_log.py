@@ -1,0 +1,214 @@
+"""Benchmark of the sqlite_log plugin (epochal-sqlite): write path and per-batch overhead.
+
+1. Write path, rows/s (a row = one record: run, iteration, key, value): the plugin turning a
+   TrainingLog of 20,000 iterations x 10 metrics into committed rows, against the floor — raw
+   ``sqlite3`` ``executemany`` of ready-made tuples in one transaction into the same table (WAL,
+   synchronous=NORMAL). Both in one transaction, and both committing every 1,000 iterations
+   (the plugin's default ``flush_every``). Also the same raw insert into a plain table without
+   the primary key, to show what the clustered ``(run_id, iteration, key)`` key costs.
+2. Per-batch overhead: a no-op loop (train_step returns 10 ready metrics, a plugin copies them
+   into the log row) with and without sqlite_log (default options), and the cost of one
+   ``after_batch`` call when no flush is due.
+
+Medians of alternating repeats, measured side by side in one run. Usage:
+``python bench/sqlite_log.py [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sqlite3
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from epochal_sqlite import SQLiteLog, store
+
+from epochal import Loop, TrainingLog, hookimpl
+
+KEYS = [f"train.metric{j}" for j in range(10)]
+INSERT = "INSERT INTO log (run_id, iteration, key, value, value_json) VALUES (?, ?, ?, ?, ?)"
+
+
+class FakeLoop:
+    """What the plugin reads from a loop, around a filled TrainingLog."""
+
+    def __init__(self, iterations: int) -> None:
+        self.iteration = 0
+        self.log = TrainingLog(lambda: self.iteration)
+        for i in range(1, iterations + 1):
+            row = self.log[i]
+            for j, key in enumerate(KEYS):
+                row[key] = i * 0.001 + j
+        self.log.status["status"] = "running"
+        self.epoch, self.run_id, self.resumed_from, self.config = 0, uuid.uuid4().hex, None, {}
+        self.run_dir, self.plugins, self.error_plugin = None, {}, None
+        self.plugin_set = SimpleNamespace(infos=[])
+
+
+def fresh_db(folder: Path, name: str) -> Path:
+    path = folder / name
+    for suffix in ("", "-wal", "-shm"):
+        Path(str(path) + suffix).unlink(missing_ok=True)
+    return path
+
+
+def plugin_write(folder: Path, iterations: int, chunk: int) -> float:
+    """Seconds for the plugin to write *iterations* rows, flushing every *chunk* iterations."""
+    loop = FakeLoop(iterations)
+    plugin = SQLiteLog(path=str(fresh_db(folder, "plugin.sqlite")), flush_seconds=0)
+    plugin.before_training(loop)  # type: ignore[arg-type]
+    start = time.perf_counter()
+    for end in range(chunk, iterations + chunk, chunk):
+        loop.iteration = min(end, iterations)
+        plugin.flush(loop)  # type: ignore[arg-type]
+    elapsed = time.perf_counter() - start
+    assert plugin.records_written == iterations * len(KEYS), plugin.records_written
+    plugin.close()
+    return elapsed
+
+
+def raw_write(folder: Path, iterations: int, chunk: int, plain: bool = False) -> float:
+    """Seconds for raw executemany of ready tuples, one transaction per *chunk* iterations."""
+    path = fresh_db(folder, "raw.sqlite")
+    conn = store.connect(path, create=True)
+    if plain:
+        conn.execute("DROP TABLE log")
+        conn.execute(
+            "CREATE TABLE log (run_id TEXT, iteration INTEGER, key TEXT, value REAL, value_json TEXT)"
+        )
+    run_id = uuid.uuid4().hex
+    chunks = [
+        [
+            (run_id, i, key, i * 0.001 + j, None)
+            for i in range(s + 1, min(s + chunk, iterations) + 1)
+            for j, key in enumerate(KEYS)
+        ]
+        for s in range(0, iterations, chunk)
+    ]
+    start = time.perf_counter()
+    for rows in chunks:
+        conn.execute("BEGIN")
+        conn.executemany(INSERT, rows)
+        conn.execute("COMMIT")
+    elapsed = time.perf_counter() - start
+    conn.close()
+    return elapsed
+
+
+class NoOpModel:
+    def __init__(self) -> None:
+        self.outputs = {key[len("train.") :]: 0.5 for key in KEYS}
+
+    def train_step(self, batch: Any) -> Mapping[str, Any]:
+        return self.outputs
+
+    def eval_step(self, batch: Any) -> Mapping[str, Any]:
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        pass
+
+
+class Recorder:
+    """Writes the 10 outputs of every batch into the log row (what a monitor plugin does)."""
+
+    @hookimpl
+    def after_batch(self, loop: Any, outputs: Mapping[str, Any]) -> None:
+        row = loop.log.current_row
+        for key, value in outputs.items():
+            row["train." + key] = value
+
+
+def loop_seconds(folder: Path, batches: int, with_sqlite: bool) -> float:
+    plugins: dict[str, object] = {"recorder": Recorder()}
+    if with_sqlite:
+        plugins["sqlite_log"] = SQLiteLog(path=str(fresh_db(folder, "loop.sqlite")))
+    loop = Loop(NoOpModel(), {"train": [[0]] * batches}, plugins=plugins, max_epochs=1, handle_signals=False)
+    start = time.perf_counter()
+    loop.run()
+    return time.perf_counter() - start
+
+
+def after_batch_ns(folder: Path, calls: int) -> float:
+    loop = FakeLoop(0)
+    plugin = SQLiteLog(path=str(fresh_db(folder, "hook.sqlite")), flush_every=10**9)
+    plugin.before_training(loop)  # type: ignore[arg-type]
+    hook = plugin.after_batch
+    start = time.perf_counter()
+    for _ in range(calls):
+        hook(loop)  # type: ignore[arg-type]
+    elapsed = time.perf_counter() - start
+    plugin.close()
+    return elapsed / calls * 1e9
+
+
+def median_of(repeats: int, functions: Mapping[str, Callable[[], float]]) -> dict[str, float]:
+    samples: dict[str, list[float]] = {name: [] for name in functions}
+    for _ in range(repeats):
+        for name, function in functions.items():  # alternate, so drifts hit every variant alike
+            samples[name].append(function())
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rows and repeats")
+    args = parser.parse_args()
+    iterations, repeats, batches = (5_000, 3, 20_000) if args.quick else (20_000, 7, 100_000)
+    records = iterations * len(KEYS)
+    folder = Path(tempfile.mkdtemp(prefix="epochal-sqlite-bench-"))
+    try:
+        write = median_of(
+            repeats,
+            {
+                "raw, 1 transaction": lambda: raw_write(folder, iterations, iterations),
+                "plugin, 1 flush": lambda: plugin_write(folder, iterations, iterations),
+                "raw, commit every 1,000 iterations": lambda: raw_write(folder, iterations, 1000),
+                "plugin, flush every 1,000 iterations": lambda: plugin_write(folder, iterations, 1000),
+                "raw, plain table (no primary key), 1 transaction": lambda: raw_write(
+                    folder, iterations, iterations, plain=True
+                ),
+            },
+        )
+        loops = median_of(
+            repeats,
+            {
+                "no-op loop + 10-metric recorder": lambda: loop_seconds(folder, batches, False),
+                "... + sqlite_log": lambda: loop_seconds(folder, batches, True),
+            },
+        )
+        hook = median_of(repeats, {"after_batch, no flush due": lambda: after_batch_ns(folder, 200_000)})
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+    floor = records / write["raw, 1 transaction"]
+    print(f"epochal-sqlite write path: {iterations:,} iterations x {len(KEYS)} metrics = {records:,} rows")
+    print(f"  (medians of {repeats}, sqlite {sqlite3.sqlite_version}, {os.cpu_count()} CPUs)")
+    for name, seconds in write.items():
+        rate = records / seconds
+        print(f"  {name:<52} {rate / 1e3:8.0f} k rows/s  {rate / floor:5.2f}x floor")
+    chunked = write["raw, commit every 1,000 iterations"] / write["plugin, flush every 1,000 iterations"]
+    print(f"  plugin / raw at the same commit size (1,000 iterations): {chunked:.2f}x")
+    bare, with_sqlite = loops["no-op loop + 10-metric recorder"], loops["... + sqlite_log"]
+    print(f"per-batch overhead, no-op loop, 10 metrics per batch, {batches:,} batches:")
+    print(f"  loop + recorder          {bare / batches * 1e9:8.0f} ns/batch")
+    print(f"  loop + recorder + sqlite {with_sqlite / batches * 1e9:8.0f} ns/batch")
+    print(
+        f"  sqlite_log adds          {(with_sqlite - bare) / batches * 1e9:8.0f} ns/batch (writes included)"
+    )
+    print(f"  after_batch alone        {hook['after_batch, no flush due']:8.0f} ns/call (no flush due)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,339 @@
+"""``epochal log``: list, show, plot and compare the runs of an epochal-sqlite database.
+
+Which database: ``--db PATH``; else ``--config CONFIG.toml`` (its ``[plugins.sqlite_log]
+path``, else ``<[loop] run_dir>/epochal.sqlite``, the run directory defaulting to
+``runs/<config stem>`` as for ``epochal run``); else the environment variable
+``EPOCHAL_SQLITE_DB``; else the one ``epochal.sqlite`` or ``runs/*/epochal.sqlite`` under the
+working directory (an error if there are none or several).
+
+A RUN is a full run id, a unique prefix of one, or ``latest``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from epochal_sqlite import store
+
+ENV_DB = "EPOCHAL_SQLITE_DB"
+DEFAULT_MAXIMIZE = ("*acc*", "*accuracy*", "*auc*", "*f1*", "*precision*", "*recall*", "*score*", "*iou*")
+
+
+def find_db(db: str | None, config: str | None) -> Path:
+    """The database the command reads (see the module documentation)."""
+    import os
+
+    if db:
+        return Path(db)
+    if config:
+        from epochal.config import load_config
+
+        settings = load_config(config)
+        path = settings.get("plugins", {}).get("sqlite_log", {}).get("path")
+        if path:
+            return Path(path)
+        return Path(settings["loop"]["run_dir"]) / "epochal.sqlite"
+    if os.environ.get(ENV_DB):
+        return Path(os.environ[ENV_DB])
+    found = sorted({*Path().glob("epochal.sqlite"), *Path().glob("runs/*/epochal.sqlite")})
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise store.DatabaseNotFoundError(
+            "no epochal-sqlite database found (no ./epochal.sqlite or runs/*/epochal.sqlite here); "
+            "pass --db PATH or --config CONFIG.toml"
+        )
+    raise store.DatabaseNotFoundError(
+        f"{len(found)} databases found ({', '.join(map(str, found))}); choose one with --db PATH"
+    )
+
+
+def _db_options(function: Any) -> Any:
+    function = click.option(
+        "--config",
+        "config",
+        type=click.Path(dir_okay=False),
+        help="Find the database of this run config (its run_dir).",
+    )(function)
+    return click.option(
+        "--db",
+        "db",
+        type=click.Path(),
+        help=f"The database file (default: see `epochal log --help`; ${ENV_DB}).",
+    )(function)
+
+
+@click.group(name="log")
+def log_group() -> None:
+    """Query the training logs that the sqlite_log plugin wrote.
+
+    The database is --db PATH; else the one of --config CONFIG.toml ([plugins.sqlite_log]
+    path, else <run_dir>/epochal.sqlite); else $EPOCHAL_SQLITE_DB; else the only
+    ./epochal.sqlite or runs/*/epochal.sqlite under the working directory.
+    RUN is a run id, a unique prefix of one, or "latest".
+    """
+
+
+@log_group.command(name="runs")
+@_db_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (every column).")
+def runs_command(db: str | None, config: str | None, as_json: bool) -> None:
+    """List the runs: id, status, start, duration, epochs, iterations, resumed from."""
+    with store.Reader(find_db(db, config)) as reader:
+        runs = reader.runs()
+    if as_json:
+        click.echo(json.dumps([run.as_dict() for run in runs], indent=2))
+        return
+    if not runs:
+        click.echo("no runs")
+        return
+    header = ("run_id", "status", "started", "duration", "epochs", "iterations", "resumed_from", "reason")
+    rows = [
+        (
+            run.run_id,
+            run.status,
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.started)),
+            _duration((run.ended or run.updated or run.started) - run.started),
+            str(run.epochs_done),
+            str(run.iterations_done),
+            (run.resumed_from or "-")[:12],
+            run.error or run.finish_reason or "",
+        )
+        for run in runs
+    ]
+    _table(header, rows)
+
+
+@log_group.command(name="show")
+@click.argument("run")
+@_db_options
+@click.option("--keys", "keys", multiple=True, help="Keys to show (glob patterns; a,b or repeated).")
+@click.option("--csv", "as_csv", is_flag=True, help="Print CSV: iteration, run_id, one column per key.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: the run and its rows.")
+@click.option(
+    "--chain/--no-chain",
+    default=True,
+    help="Include the runs this one resumed from, as one timeline (default), or only this run's rows.",
+)
+def show_command(
+    run: str,
+    db: str | None,
+    config: str | None,
+    keys: tuple[str, ...],
+    as_csv: bool,
+    as_json: bool,
+    chain: bool,
+) -> None:
+    """Show the log of RUN: one row per iteration, one column per key."""
+    if as_csv and as_json:
+        raise click.UsageError("--csv and --json exclude each other")
+    patterns = _split(keys)
+    with store.Reader(find_db(db, config)) as reader:
+        target = reader.resolve(run)
+        runs = reader.chain(target) if chain else [target]
+        rows = reader.timeline(target, patterns, chain=chain)
+    columns = sorted({key for _, _, record in rows for key in record})
+    if patterns and not columns:
+        raise store.SQLiteLogError(f"run {target.run_id}: no key matches {', '.join(patterns)}")
+    if as_json:
+        payload = {
+            "run": target.as_dict(),
+            "chain": [r.run_id for r in runs],
+            "rows": [{"iteration": i, "run_id": owner, "values": record} for i, owner, record in rows],
+        }
+        click.echo(json.dumps(payload, indent=2, default=str))
+        return
+    if as_csv:
+        writer = csv.writer(sys.stdout, lineterminator="\n")
+        writer.writerow(["iteration", "run_id", *columns])
+        for iteration, owner, record in rows:
+            writer.writerow([iteration, owner, *(_csv_cell(record.get(c)) for c in columns)])
+        return
+    shown = [r.run_id[:8] for r in runs]
+    click.echo(
+        f"run {target.run_id} ({target.status})" + (f", chain: {' -> '.join(shown)}" if len(runs) > 1 else "")
+    )
+    if not rows:
+        click.echo("no records")
+        return
+    header = ("iteration", *(("run",) if len(runs) > 1 else ()), *columns)
+    table = [
+        (
+            str(iteration),
+            *((owner[:8],) if len(runs) > 1 else ()),
+            *(_cell(record[c]) if c in record else "" for c in columns),
+        )
+        for iteration, owner, record in rows
+    ]
+    _table(header, table)
+
+
+@log_group.command(name="plot")
+@click.argument("run")
+@_db_options
+@click.option("--key", "keys", multiple=True, required=True, help="A key to plot (repeat for more lines).")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False),
+    required=True,
+    help="The image file (.png, .svg, .pdf).",
+)
+@click.option("--chain/--no-chain", default=True, help="Plot the whole resume chain (default) or only RUN.")
+def plot_command(
+    run: str, db: str | None, config: str | None, keys: tuple[str, ...], output: str, chain: bool
+) -> None:
+    """Plot keys of RUN against the iteration into an image file."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise store.SQLiteLogError(
+            "epochal log plot needs matplotlib: pip install epochal-sqlite[plot]"
+        ) from None
+    wanted = _split(keys)
+    with store.Reader(find_db(db, config)) as reader:
+        target = reader.resolve(run)
+        runs = reader.chain(target) if chain else [target]
+        available = reader.keys(r.run_id for r in runs)
+        missing = [k for k in wanted if k not in available]
+        if missing:
+            raise store.SQLiteLogError(
+                f"run {target.run_id} has no key {', '.join(map(repr, missing))}; "
+                f"its keys: {', '.join(available) or 'none'}"
+            )
+        rows = reader.timeline(target, wanted, chain=chain)
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(8, 4.5), dpi=100)
+    for key in wanted:
+        points = [(i, store.finite(record[key])) for i, _, record in rows if key in record]
+        xs = [i for i, v in points if v is not None]
+        ys = [v for _, v in points if v is not None]
+        axes.plot(xs, ys, marker="o" if len(xs) < 50 else None, markersize=3, label=key)
+    for member in runs[1:]:
+        axes.axvline(member.start_iteration, color="grey", linestyle=":", linewidth=1)
+    axes.set_xlabel("iteration")
+    axes.set_title(f"run {target.run_id[:12]}" + (f" (resume chain of {len(runs)})" if len(runs) > 1 else ""))
+    axes.grid(True, alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    try:
+        figure.savefig(output)
+    except (OSError, ValueError) as error:
+        raise store.SQLiteLogError(f"cannot write plot {output}: {error}") from None
+    finally:
+        plt.close(figure)
+    click.echo(f"wrote {output}")
+
+
+@log_group.command(name="compare")
+@click.argument("runs", nargs=-1, required=True)
+@_db_options
+@click.option(
+    "--keys", "keys", multiple=True, help="Keys to compare (glob patterns; default: every common key)."
+)
+@click.option(
+    "--maximize",
+    multiple=True,
+    help=f"Glob patterns of keys where higher is better (default: {', '.join(DEFAULT_MAXIMIZE)}).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def compare_command(
+    runs: tuple[str, ...],
+    db: str | None,
+    config: str | None,
+    keys: tuple[str, ...],
+    maximize: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Compare the final and best values of the numeric keys RUNS have in common.
+
+    Best is the minimum, or the maximum for keys matching --maximize. Each run is read as its
+    whole resume chain.
+    """
+    if len(runs) < 2:
+        raise click.UsageError("compare needs at least two runs")
+    higher = store.key_matcher(_split(maximize) or DEFAULT_MAXIMIZE)
+    with store.Reader(find_db(db, config)) as reader:
+        targets = [reader.resolve(ref) for ref in runs]
+        series = []
+        for target in targets:
+            values: dict[str, list[float]] = {}
+            for _, _, record in reader.timeline(target, _split(keys)):
+                for key, value in record.items():
+                    number = store.finite(value)
+                    if number is not None:
+                        values.setdefault(key, []).append(number)
+            series.append(values)
+    common = sorted(set.intersection(*(set(s) for s in series)))
+    if not common:
+        raise store.SQLiteLogError(
+            f"runs {', '.join(t.run_id[:12] for t in targets)} have no numeric key in common"
+        )
+    result = {
+        key: [
+            {"final": s[key][-1], "best": max(s[key]) if higher(key) else min(s[key]), "n": len(s[key])}
+            for s in series
+        ]
+        for key in common
+    }
+    if as_json:
+        click.echo(json.dumps({"runs": [t.run_id for t in targets], "keys": result}, indent=2))
+        return
+    names = [t.run_id[:8] for t in targets]
+    header = ("key", "best is", *(f"{n} final" for n in names), *(f"{n} best" for n in names))
+    table = [
+        (
+            key,
+            "max" if higher(key) else "min",
+            *(_cell(v["final"]) for v in entries),
+            *(_cell(v["best"]) for v in entries),
+        )
+        for key, entries in result.items()
+    ]
+    _table(header, table)
+
+
+# -- formatting ---------------------------------------------------------------------------------
+
+
+def _split(values: Sequence[str]) -> list[str]:
+    return [item.strip() for value in values for item in value.split(",") if item.strip()]
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, default=str)
+
+
+def _csv_cell(value: Any) -> Any:
+    if value is None or isinstance(value, (int, float, str)):
+        return "" if value is None else value
+    return json.dumps(value, default=str)
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    widths = [max(len(str(row[c])) for row in [header, *rows]) for c in range(len(header))]
+    for row in [header, *rows]:
+        click.echo("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())

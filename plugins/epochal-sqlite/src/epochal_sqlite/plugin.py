@@ -1,0 +1,308 @@
+"""The ``sqlite_log`` plugin: writes the training log of every run into a SQLite file.
+
+The training log is a dict of rows keyed by iteration that the loop and the plugins fill
+(``loop.log.current_row[key] = value``); there is no callback per record. The plugin keeps a
+cursor: the iteration of the row it flushed last, and the records of that row it has written.
+At each flush (every ``flush_every`` rows, every ``flush_seconds``, at each epoch end, at the
+end of training, on an interrupt or an error) it writes the rows from the cursor to the current
+iteration — for the cursor row only the records that are new or were re-assigned since — in one
+transaction with ``executemany``, together with the run's status. ``after_batch`` only compares
+two counters (and reads the monotonic clock), so the cost per batch stays small.
+
+Records written later into a row *before* the cursor row (a plugin writing into
+``log[i - 100]``) are not picked up; every record written into the current row is.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sqlite3
+import time
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from epochal import hookimpl
+from epochal_sqlite import store
+
+if TYPE_CHECKING:
+    import click
+
+    from epochal.loop import Loop
+
+_INSERT = "INSERT OR REPLACE INTO log (run_id, iteration, key, value, value_json) VALUES (?, ?, ?, ?, ?)"
+
+
+class SQLiteLog:
+    """Persist every run's training log, status and configuration in a SQLite file.
+
+    :param path: the database file; default ``<run_dir>/epochal.sqlite`` (``epochal.sqlite`` in
+        the working directory when the loop has no run directory). Many runs share one file.
+    :param flush_every: write the buffered rows after this many training iterations (rows).
+    :param flush_seconds: ... or when this many seconds passed since the last write (0: never
+        by time). Rows are also written at every epoch end and when training ends.
+    :param keys: glob patterns of the keys to record (``["valid.*", "train.loss"]``); None or
+        empty: every key.
+    """
+
+    #: write after monitor, early stopping and checkpoint have logged the epoch's records.
+    run_after = ("monitor", "early_stopping", "checkpoint")
+
+    def __init__(
+        self,
+        path: str | None = None,
+        flush_every: int = 1000,
+        flush_seconds: float = 5.0,
+        keys: list[str] | None = None,
+    ) -> None:
+        if flush_every < 1:
+            raise ValueError(f"flush_every must be at least 1, not {flush_every!r}")
+        if flush_seconds < 0:
+            raise ValueError(f"flush_seconds must be >= 0, not {flush_seconds!r}")
+        self.path = path
+        self.flush_every = flush_every
+        self.flush_seconds = float(flush_seconds)
+        self.keys = list(keys or [])
+        self._conn: sqlite3.Connection | None = None
+        self._lock: store.RunLock | None = None
+        self.db_path: Path | None = None
+        self.run_id: str | None = None
+        self._cursor = 0  # the iteration of the row flushed last
+        self._written: dict[str, Any] = {}  # the records of the cursor row already written
+        self._deadline = float("inf")
+        self._status: dict[str, Any] = {}
+        self._keep: dict[str, bool] = {}
+        #: the number of records written by this run (for tests and benchmarks).
+        self.records_written = 0
+
+    # -- hooks --------------------------------------------------------------------------------
+
+    @hookimpl
+    def before_training(self, loop: Loop) -> None:
+        """Open (create, migrate) the database and insert the run as ``running``."""
+        self.close()
+        if self.path is not None:
+            db_path = Path(self.path)
+        elif loop.run_dir is not None:
+            db_path = Path(loop.run_dir) / "epochal.sqlite"
+        else:
+            db_path = Path("epochal.sqlite")
+        conn = store.connect(db_path, create=True)
+        lock = store.RunLock(db_path, loop.run_id)
+        try:
+            lock.acquire()
+            store.mark_killed(conn, db_path)  # earlier runs of this file that were killed
+            now = time.time()
+            status = dict(loop.log.status)
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(
+                "INSERT INTO runs (run_id, started, updated, status, epochs_done, iterations_done, "
+                "start_iteration, flushed_iteration, resumed_from, config, plugins, log_status, run_dir, "
+                "host, pid, epochal_version) VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    loop.run_id,
+                    now,
+                    now,
+                    loop.epoch,
+                    loop.iteration,
+                    loop.iteration,
+                    loop.iteration,
+                    loop.resumed_from,
+                    store.dumps(loop.config),
+                    store.dumps(_plugin_versions(loop)),
+                    store.dumps(status),
+                    None if loop.run_dir is None else str(loop.run_dir),
+                    socket.gethostname(),
+                    os.getpid(),
+                    _epochal_version(),
+                ),
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            conn.close()
+            lock.release()
+            raise
+        self._conn, self._lock, self.db_path, self.run_id = conn, lock, db_path, loop.run_id
+        self._status = status
+        self._keep = {}
+        self.records_written = 0
+        # A resumed run starts at the restored iteration; the restored row there was written by
+        # the run that saved the state, so only records added to it from now on are new.
+        self._cursor = loop.iteration
+        self._written = dict(loop.log[loop.iteration]) if loop.iteration in loop.log else {}
+        self._deadline = time.monotonic() + self.flush_seconds if self.flush_seconds else float("inf")
+
+    @hookimpl
+    def after_batch(self, loop: Loop) -> None:
+        """Flush when ``flush_every`` rows are buffered or ``flush_seconds`` have passed."""
+        if loop.iteration - self._cursor >= self.flush_every or time.monotonic() >= self._deadline:
+            self.flush(loop)
+
+    @hookimpl
+    def after_epoch(self, loop: Loop) -> None:
+        """Flush the epoch's rows, with the records of evaluation and earlier plugins."""
+        self.flush(loop)
+
+    @hookimpl
+    def on_interrupt(self, loop: Loop) -> None:
+        """Flush what was logged before the interrupt (``after_training`` follows)."""
+        self.flush(loop)
+
+    @hookimpl
+    def after_training(self, loop: Loop) -> None:
+        """Flush the last rows, record the final status and close the database."""
+        try:
+            self.flush(loop, final=True)
+        finally:
+            self.close()
+
+    @hookimpl
+    def on_error(self, loop: Loop, error: BaseException) -> None:
+        """Flush what was logged, record the run as failed with its error, close."""
+        if self._conn is None:
+            return
+        try:
+            self.flush(loop, final=True, error=error)
+        except Exception as secondary:
+            warnings.warn(
+                f"sqlite_log: could not record the failed run in {self.db_path}: {secondary}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        finally:
+            self.close()
+
+    @staticmethod
+    @hookimpl
+    def register_commands(cli: click.Group) -> None:
+        """Add ``epochal log runs|show|plot|compare``."""
+        from epochal_sqlite.commands import log_group
+
+        cli.add_command(log_group)
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def flush(self, loop: Loop, final: bool = False, error: BaseException | None = None) -> int:
+        """Write the new records since the last flush and the run's status; return their count.
+
+        One transaction: the records, the cursor (``flushed_iteration``) and the status are
+        committed together or not at all.
+        """
+        conn = self._conn
+        if conn is None:
+            return 0
+        records = self._collect(loop)
+        status = loop.log.status
+        now = time.time()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if records:
+                conn.executemany(_INSERT, records)
+            if final or status != self._status:
+                state = status.get("status", "running")
+                if error is not None and state not in ("failed", "interrupted"):
+                    state = "failed"
+                conn.execute(
+                    "UPDATE runs SET updated = ?, ended = ?, status = ?, finish_reason = ?, error = ?, "
+                    "error_plugin = ?, epochs_done = ?, iterations_done = ?, flushed_iteration = ?, "
+                    "log_status = ? WHERE run_id = ?",
+                    (
+                        now,
+                        now if final else None,
+                        state if final else "running",
+                        status.get("finish_reason"),
+                        status.get("error") or (f"{type(error).__name__}: {error}" if error else None),
+                        loop.error_plugin if error is not None else None,
+                        loop.epoch,
+                        loop.iteration,
+                        self._cursor,
+                        store.dumps(status),
+                        self.run_id,
+                    ),
+                )
+                self._status = dict(status)
+            else:
+                conn.execute(
+                    "UPDATE runs SET updated = ?, epochs_done = ?, iterations_done = ?, "
+                    "flushed_iteration = ? WHERE run_id = ?",
+                    (now, loop.epoch, loop.iteration, self._cursor, self.run_id),
+                )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        self.records_written += len(records)
+        if self.flush_seconds:
+            self._deadline = time.monotonic() + self.flush_seconds
+        return len(records)
+
+    def _collect(self, loop: Loop) -> list[tuple[str, int, str, float | None, str | None]]:
+        """The records from the cursor row to the current row, and move the cursor."""
+        log = loop.log
+        run_id = self.run_id
+        end = loop.iteration
+        keep = self._keep
+        patterns = self.keys
+        encode = store.encode
+        records: list[tuple[str, int, str, float | None, str | None]] = []
+        append = records.append
+        written = self._written
+        for iteration in range(self._cursor, end + 1):
+            if iteration not in log:
+                continue
+            row = log[iteration]
+            for key, value in row.items():
+                if iteration == self._cursor and written.get(key, _MISSING) is value:
+                    continue  # written by the last flush and not re-assigned since
+                kept = keep.get(key)
+                if kept is None:
+                    kept = keep[key] = _keep(key, patterns)
+                if not kept:
+                    continue
+                kind = type(value)
+                if kind is float and value == value:
+                    append((run_id, iteration, key, value, None))  # type: ignore[arg-type]
+                else:
+                    number, text = encode(value)
+                    append((run_id, iteration, key, number, text))  # type: ignore[arg-type]
+        self._cursor = end
+        self._written = dict(log[end]) if end in log else {}
+        return records
+
+    def close(self) -> None:
+        """Close the database and release the run's lock (the run stays as last flushed)."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+
+_MISSING = object()
+
+
+def _keep(key: str, patterns: list[str]) -> bool:
+    if not patterns:
+        return True
+    from fnmatch import fnmatchcase
+
+    return any(fnmatchcase(key, p) for p in patterns)
+
+
+def _plugin_versions(loop: Loop) -> dict[str, str | None]:
+    """``{plugin name: version}`` of the plugins of the run, in call order."""
+    infos = {info.name: info for info in loop.plugin_set.infos}
+    return {name: getattr(infos.get(name), "version", None) for name in loop.plugins}
+
+
+def _epochal_version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("epochal")
+    except PackageNotFoundError:  # pragma: no cover
+        return None

@@ -1,0 +1,315 @@
+"""The sqlite_log plugin in real loops (Python API): what it writes, when, and on resume/failure."""
+
+from __future__ import annotations
+
+import copy
+import math
+import sqlite3
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from epochal_sqlite import Reader, SQLiteLog
+
+from epochal import Loop, hookimpl
+
+
+class CountingModel:
+    """A model whose train_step returns ``k`` metrics derived from a step counter."""
+
+    def __init__(self, k: int = 3, fail_at: int | None = None) -> None:
+        self.k, self.step, self.fail_at = k, 0, fail_at
+
+    def train_step(self, batch: Any) -> Mapping[str, Any]:
+        self.step += 1
+        if self.fail_at is not None and self.step == self.fail_at:
+            raise RuntimeError(f"boom at step {self.step}")
+        return {f"m{j}": self.step + j / 10 for j in range(self.k)}
+
+    def eval_step(self, batch: Any) -> Mapping[str, Any]:
+        return {"loss": 1.0 / (1 + self.step)}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.step = int(state["step"])
+
+
+class Recorder:
+    """Writes every train_step output into the current row as ``train.<key>``."""
+
+    @hookimpl
+    def after_batch(self, loop: Any, outputs: Mapping[str, Any]) -> None:
+        row = loop.log.current_row
+        for key, value in outputs.items():
+            row[f"train.{key}"] = value
+
+
+def data(batches: int = 5, valid: bool = True) -> dict[str, Any]:
+    streams: dict[str, Any] = {"train": [[i] for i in range(batches)]}
+    if valid:
+        streams["valid"] = [[0], [1]]
+    return streams
+
+
+def rows_of(db: Path, run_id: str) -> dict[int, dict[str, Any]]:
+    with Reader(db) as reader:
+        run = reader.get(run_id)
+        assert run is not None
+        return {i: record for i, _, record in reader.timeline(run, chain=False)}
+
+
+def test_every_record_of_every_row_is_written_with_status_and_config(tmp_path: Path) -> None:
+    db = tmp_path / "log.sqlite"
+    plugin = SQLiteLog(path=str(db), flush_every=3)
+    loop = Loop(
+        CountingModel(),
+        data(),
+        plugins={"recorder": Recorder(), "sqlite_log": plugin},
+        max_epochs=2,
+        config={"loop": {"max_epochs": 2}, "model": {"factory": "x:y"}},
+        handle_signals=False,
+    )
+    log = loop.run()
+    expected = {i: dict(row) for i, row in log.rows()}
+    assert rows_of(db, loop.run_id) == expected
+    assert expected[5]["valid.loss"] == pytest.approx(1 / 6) and expected[10]["epochs_done"] == 2
+    with Reader(db) as reader:
+        (run,) = reader.runs()
+    assert run.run_id == loop.run_id
+    assert (run.status, run.finish_reason, run.epochs_done, run.iterations_done) == (
+        "finished",
+        "max_epochs=2 reached",
+        2,
+        10,
+    )
+    assert run.ended is not None and run.ended >= run.started
+    assert run.config == {"loop": {"max_epochs": 2}, "model": {"factory": "x:y"}}
+    assert list(run.plugins) == ["recorder", "sqlite_log"]
+    assert run.log_status["status"] == "finished" and run.resumed_from is None
+    assert plugin.records_written == sum(len(r) for r in expected.values())
+    assert not (tmp_path / "log.sqlite.locks").exists()  # the run's lock is gone
+
+
+def test_default_path_is_run_dir_and_many_runs_share_the_file(tmp_path: Path) -> None:
+    ids = []
+    for _ in range(3):
+        loop = Loop(
+            CountingModel(),
+            data(),
+            plugins={"sqlite_log": SQLiteLog()},
+            max_epochs=1,
+            run_dir=tmp_path / "runs" / "exp",
+            handle_signals=False,
+        )
+        loop.run()
+        ids.append(loop.run_id)
+    with Reader(tmp_path / "runs" / "exp" / "epochal.sqlite") as reader:
+        assert [r.run_id for r in reader.runs()] == ids
+        assert reader.resolve("latest").run_id == ids[-1]
+        assert reader.resolve(ids[1][:10]).run_id == ids[1]
+
+
+def test_records_written_later_into_the_current_row_are_picked_up(tmp_path: Path) -> None:
+    """Eval records at epoch end, records of plugins running after us, after_training records."""
+
+    class Late:
+        @hookimpl
+        def after_batch(self, loop: Any) -> None:
+            loop.log.current_row["late.batch"] = loop.iteration
+
+        @hookimpl
+        def after_epoch(self, loop: Any) -> None:
+            loop.log.current_row["late.epoch"] = loop.epoch
+
+        @hookimpl
+        def after_training(self, loop: Any) -> None:
+            loop.log.current_row["late.final"] = "done"
+
+    db = tmp_path / "log.sqlite"
+    late = Late()
+    # Late runs before sqlite_log in after_training (its record is flushed), after it per batch.
+    loop = Loop(
+        CountingModel(),
+        data(4),
+        plugins={"late": late, "sqlite_log": SQLiteLog(path=str(db), flush_every=1)},
+        max_epochs=2,
+        handle_signals=False,
+    )
+    log = loop.run()
+    rows = rows_of(db, loop.run_id)
+    assert rows == {i: dict(row) for i, row in log.rows()}
+    assert rows[8]["late.final"] == "done" and rows[8]["late.epoch"] == 2 and rows[4]["late.batch"] == 4
+
+
+def test_values_names_and_keys_filter(tmp_path: Path) -> None:
+    """Numbers as REAL, other JSON-able values as JSON; SQL-shaped names stored verbatim."""
+    import numpy as np
+
+    evil = "x'); DROP TABLE log; --"
+    quoted = 'y" OR 1=1; DELETE FROM runs; --'
+    values: dict[str, Any] = {
+        evil: 1.5,
+        quoted: 2,
+        "nan": float("nan"),
+        "inf": float("inf"),
+        "np.float32": np.float32(0.25),
+        "np.int64": np.int64(7),
+        "flag": True,
+        "text": "hello",
+        "list": [1, 2.5, "a"],
+        "dict": {"a": 1},
+        "array": np.arange(3),
+        "huge": 2**70,
+        "none": None,
+    }
+
+    class Writer:
+        @hookimpl
+        def after_batch(self, loop: Any) -> None:
+            loop.log.current_row.update(values)
+
+    db = tmp_path / "log.sqlite"
+    loop = Loop(
+        CountingModel(),
+        data(2, valid=False),
+        plugins={"writer": Writer(), "sqlite_log": SQLiteLog(path=str(db))},
+        max_epochs=1,
+        handle_signals=False,
+    )
+    loop.run()
+    stored = rows_of(db, loop.run_id)[2]
+    assert stored[evil] == 1.5 and stored[quoted] == 2.0
+    assert math.isnan(stored["nan"]) and stored["inf"] == math.inf
+    assert stored["np.float32"] == 0.25 and stored["np.int64"] == 7.0
+    assert stored["flag"] is True and stored["text"] == "hello" and stored["none"] is None
+    assert stored["list"] == [1, 2.5, "a"] and stored["dict"] == {"a": 1} and stored["array"] == [0, 1, 2]
+    assert stored["huge"] == 2**70
+    conn = sqlite3.connect(db)
+    tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert {"runs", "log", "meta"} <= tables
+    (kind,) = conn.execute("SELECT typeof(value) FROM log WHERE key = ?", (evil,)).fetchone()
+    assert kind == "real"
+    assert conn.execute("SELECT value_json FROM log WHERE key = 'text'").fetchone() == ('"hello"',)
+    conn.close()
+
+    # keys: an allow-list of glob patterns
+    db2 = tmp_path / "filtered.sqlite"
+    loop = Loop(
+        CountingModel(),
+        data(2, valid=True),
+        plugins={
+            "recorder": Recorder(),
+            "sqlite_log": SQLiteLog(path=str(db2), keys=["valid.*", "train.m1"]),
+        },
+        max_epochs=1,
+        handle_signals=False,
+    )
+    loop.run()
+    keys = {key for row in rows_of(db2, loop.run_id).values() for key in row}
+    assert keys == {"valid.loss", "train.m1"}
+
+
+def test_flushes_by_rows_and_at_epoch_end(tmp_path: Path) -> None:
+    db = tmp_path / "log.sqlite"
+    seen: list[int] = []
+
+    class Probe:
+        """Counts the rows committed so far, through a second connection, after every batch."""
+
+        @hookimpl
+        def after_batch(self, loop: Any) -> None:
+            conn = sqlite3.connect(db)
+            seen.append(conn.execute("SELECT count(DISTINCT iteration) FROM log").fetchone()[0])
+            conn.close()
+
+    loop = Loop(
+        CountingModel(),
+        data(7, valid=False),
+        plugins={
+            "recorder": Recorder(),
+            "sqlite_log": SQLiteLog(path=str(db), flush_every=3, flush_seconds=0),
+            "probe": Probe(),
+        },
+        max_epochs=2,
+        handle_signals=False,
+    )
+    loop.run()
+    # The probe runs after sqlite_log: a flush happens when 3 rows are buffered (after batches
+    # 3 and 6, writing rows up to the current one) and at the end of epoch 1 (iteration 7).
+    assert seen[:7] == [0, 0, 3, 3, 3, 6, 6]
+    assert seen[7] == 7  # epoch 1's rows were all flushed at its end
+    assert rows_of(db, loop.run_id)[14]["train.m0"] == 14
+
+
+def test_failed_run_is_recorded_with_its_error_and_rows(tmp_path: Path) -> None:
+    db = tmp_path / "log.sqlite"
+    loop = Loop(
+        CountingModel(fail_at=9),
+        data(5),
+        plugins={"recorder": Recorder(), "sqlite_log": SQLiteLog(path=str(db), flush_every=100)},
+        max_epochs=3,
+        handle_signals=False,
+    )
+    with pytest.raises(RuntimeError, match="boom"):
+        loop.run()
+    with Reader(db) as reader:
+        run = reader.resolve("latest")
+    assert run.status == "failed" and run.error == "RuntimeError: boom at step 9"
+    assert run.error_plugin is None and run.iterations_done == 8
+    assert sorted(rows_of(db, loop.run_id)) == list(range(1, 9))
+
+
+def test_resumed_run_is_a_new_run_and_the_chain_is_one_timeline(tmp_path: Path) -> None:
+    """Run A saves its state at epoch 2 and goes on to epoch 3; run B resumes from epoch 2."""
+    db = tmp_path / "log.sqlite"
+    saved: dict[str, Any] = {}
+
+    class Saver:
+        @hookimpl
+        def after_epoch(self, loop: Any) -> None:
+            if loop.epoch == 2:
+                saved.update(copy.deepcopy(loop.state_dict()))
+
+    class Resumer:
+        @hookimpl
+        def resume_state(self, loop: Any) -> Any:
+            return saved
+
+    first = Loop(
+        CountingModel(),
+        data(5),
+        plugins={
+            "recorder": Recorder(),
+            "saver": Saver(),
+            "sqlite_log": SQLiteLog(path=str(db), flush_every=2),
+        },
+        max_epochs=3,
+        handle_signals=False,
+    )
+    first.run()
+    second = Loop(
+        CountingModel(),
+        data(5),
+        plugins={"recorder": Recorder(), "resumer": Resumer(), "sqlite_log": SQLiteLog(path=str(db))},
+        max_epochs=4,
+        handle_signals=False,
+    )
+    second.run()
+    assert second.resumed_from == first.run_id
+    with Reader(db) as reader:
+        run = reader.resolve("latest")
+        assert run.run_id == second.run_id and run.resumed_from == first.run_id
+        assert run.start_iteration == 10
+        assert [r.run_id for r in reader.chain(run)] == [first.run_id, second.run_id]
+        timeline = reader.timeline(run)
+        alone = reader.timeline(run, chain=False)
+    owners = {i: owner for i, owner, _ in timeline}
+    assert [i for i, _, _ in timeline] == list(range(1, 21))
+    assert all(owners[i] == first.run_id for i in range(1, 11))
+    assert all(owners[i] == second.run_id for i in range(11, 21))
+    epochs = [record["epochs_done"] for _, _, record in timeline if "epochs_done" in record]
+    assert epochs == [1, 2, 3, 4]  # run A's epoch 3 (superseded by B's) is not in the timeline
+    assert [i for i, _, _ in alone] == list(range(11, 21))  # the restored row 10 is not re-written

@@ -1,0 +1,144 @@
+"""The database file: schema version and migrations, refusing files that are not ours, killed runs."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from epochal_sqlite import SQLiteLog, store
+
+from epochal import EpochalError, Loop
+
+
+class TinyModel:
+    def train_step(self, batch: Any) -> Mapping[str, Any]:
+        return {}
+
+    def eval_step(self, batch: Any) -> Mapping[str, Any]:
+        return {"loss": 0.5}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        pass
+
+
+def run_once(db: Path) -> str:
+    loop = Loop(
+        TinyModel(),
+        {"train": [[1], [2]], "valid": [[1]]},
+        plugins={"sqlite_log": SQLiteLog(path=str(db))},
+        max_epochs=2,
+        handle_signals=False,
+    )
+    loop.run()
+    return loop.run_id
+
+
+def test_new_file_has_current_schema_wal_and_our_application_id(tmp_path: Path) -> None:
+    db = tmp_path / "sub" / "dir" / "log.sqlite"
+    run_once(db)
+    conn = sqlite3.connect(db)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 1
+    assert conn.execute("PRAGMA application_id").fetchone()[0] == store.APPLICATION_ID
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    columns = [row[1] for row in conn.execute("PRAGMA table_info(log)")]
+    assert columns == ["run_id", "iteration", "key", "value", "value_json", "superseded"]
+    assert conn.execute("SELECT DISTINCT superseded FROM log").fetchall() == [(0,)]
+    assert dict(conn.execute("SELECT key, value FROM meta"))["schema_version"] == "1"
+    conn.close()
+
+
+def test_migration_steps_upgrade_an_older_file_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hypothetical version 2 adds a column: a version-1 file with runs is upgraded on open."""
+    db = tmp_path / "log.sqlite"
+    run_id = run_once(db)
+
+    def add_note_column(conn: sqlite3.Connection) -> None:
+        conn.execute("ALTER TABLE runs ADD COLUMN note TEXT DEFAULT 'from v1'")
+
+    monkeypatch.setattr(store, "MIGRATIONS", [*store.MIGRATIONS, add_note_column])
+    conn = store.connect(db, create=False)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert conn.execute("SELECT run_id, note FROM runs").fetchall() == [(run_id, "from v1")]
+    assert (
+        conn.execute("SELECT count(*) FROM log WHERE run_id = ?", (run_id,)).fetchone()[0] == 4
+    )  # 2 epochs x (epochs_done, valid.loss)
+    conn.close()
+    assert store.migrate(sqlite3.connect(db), db) == 2  # already current: nothing to do
+
+
+def test_a_file_from_a_newer_version_is_a_clear_error_for_reader_and_writer(tmp_path: Path) -> None:
+    db = tmp_path / "log.sqlite"
+    run_once(db)
+    conn = sqlite3.connect(db)
+    conn.execute("PRAGMA user_version = 7")
+    conn.close()
+    with pytest.raises(
+        store.SchemaVersionError, match=r"log schema version 7, newer .*upgrade epochal-sqlite"
+    ):
+        store.Reader(db)
+    with pytest.raises(store.SchemaVersionError, match=r"log\.sqlite"):
+        run_once(db)
+
+
+def test_writer_refuses_a_foreign_sqlite_file_and_leaves_it_alone(tmp_path: Path) -> None:
+    db = tmp_path / "app.db"
+    conn = sqlite3.connect(db)
+    conn.execute("CREATE TABLE users (name TEXT)")
+    conn.execute("INSERT INTO users VALUES ('ada')")
+    conn.commit()
+    conn.close()
+    before = db.read_bytes()
+    with pytest.raises(
+        store.ForeignDatabaseError, match=r"app.db is a SQLite database but not an epochal-sqlite"
+    ):
+        run_once(db)
+    assert db.read_bytes() == before
+    text = tmp_path / "notes.txt"
+    text.write_text("hello, not a database" * 100)
+    with pytest.raises(store.NotADatabaseError, match=r"notes\.txt is not a SQLite database"):
+        run_once(text)
+    assert issubclass(store.SQLiteLogError, EpochalError)
+
+
+def test_a_running_run_without_a_live_writer_is_marked_killed(tmp_path: Path) -> None:
+    db = tmp_path / "log.sqlite"
+    run_once(db)
+    conn = store.connect(db, create=False)
+    conn.execute(
+        "INSERT INTO runs (run_id, started, updated, status) VALUES ('alive', 1.0, 2.0, 'running'), "
+        "('gone', 1.0, 3.0, 'running')"
+    )
+    conn.close()
+    lock = store.RunLock(db, "alive")
+    lock.acquire()  # this process is the live writer of 'alive'
+    try:
+        with store.Reader(db) as reader:
+            status = {r.run_id: (r.status, r.ended) for r in reader.runs()}
+        assert status["alive"] == ("running", None)
+        assert status["gone"] == ("killed", 3.0)
+        assert reader.get  # the reader closed cleanly
+    finally:
+        lock.release()
+    with store.Reader(db) as reader:
+        killed = reader.get("alive")
+    assert (
+        killed is not None
+        and killed.status == "killed"
+        and "killed or crashed" in (killed.finish_reason or "")
+    )
+    assert not (tmp_path / "log.sqlite.locks").exists()
+
+
+def test_encode_decode_round_trip() -> None:
+    for value in [0.5, -3, 2**60, True, None, "s", [1, "a"], {"k": [1.5]}, float("inf")]:
+        assert store.decode(*store.encode(value)) == value
+    assert store.encode(1.25) == (1.25, None) and store.encode(3) == (3.0, None)
+    assert store.encode(float("nan")) == (None, "NaN")
