@@ -313,3 +313,14 @@ def test_resumed_run_is_a_new_run_and_the_chain_is_one_timeline(tmp_path: Path) 
     epochs = [record["epochs_done"] for _, _, record in timeline if "epochs_done" in record]
     assert epochs == [1, 2, 3, 4]  # run A's epoch 3 (superseded by B's) is not in the timeline
     assert [i for i, _, _ in alone] == list(range(11, 21))  # the restored row 10 is not re-written
+    with Reader(db) as reader:
+        # the rows run A wrote after iteration 10 are marked superseded: the model never saw them
+        marked = reader.conn.execute(
+            "SELECT DISTINCT iteration FROM log WHERE run_id = ? AND superseded = 1 ORDER BY iteration",
+            (first.run_id,),
+        ).fetchall()
+        first_alone = reader.timeline(reader.resolve(first.run_id), chain=False)
+        everything = reader.timeline(reader.resolve(first.run_id), chain=False, superseded=True)
+    assert [i for (i,) in marked] == list(range(11, 16))
+    assert [i for i, _, _ in first_alone] == list(range(1, 11))
+    assert [i for i, _, _ in everything] == list(range(1, 16))

@@ -119,6 +119,12 @@ def runs_command(db: str | None, config: str | None, as_json: bool) -> None:
 @click.option("--csv", "as_csv", is_flag=True, help="Print CSV: iteration, run_id, one column per key.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: the run and its rows.")
 @click.option(
+    "--superseded",
+    "with_superseded",
+    is_flag=True,
+    help="Also show rows a crashed run wrote after the point a later run resumed from.",
+)
+@click.option(
     "--chain/--no-chain",
     default=True,
     help="Include the runs this one resumed from, as one timeline (default), or only this run's rows.",
@@ -130,6 +136,7 @@ def show_command(
     keys: tuple[str, ...],
     as_csv: bool,
     as_json: bool,
+    with_superseded: bool,
     chain: bool,
 ) -> None:
     """Show the log of RUN: one row per iteration, one column per key."""
@@ -139,7 +146,7 @@ def show_command(
     with store.Reader(find_db(db, config)) as reader:
         target = reader.resolve(run)
         runs = reader.chain(target) if chain else [target]
-        rows = reader.timeline(target, patterns, chain=chain)
+        rows = reader.timeline(target, patterns, chain=chain, superseded=with_superseded)
     columns = sorted({key for _, _, record in rows for key in record})
     if patterns and not columns:
         raise store.SQLiteLogError(f"run {target.run_id}: no key matches {', '.join(patterns)}")

@@ -118,6 +118,14 @@ class SQLiteLog:
                     _epochal_version(),
                 ),
             )
+            if loop.resumed_from is not None:
+                # Rows the run that saved the restored state wrote after it are not part of the
+                # history of the model that was restored: mark them, so that every view of that
+                # run (not only the resumed chain) matches what training actually continued from.
+                conn.execute(
+                    "UPDATE log SET superseded = 1 WHERE run_id = ? AND iteration > ?",
+                    (loop.resumed_from, loop.iteration),
+                )
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:

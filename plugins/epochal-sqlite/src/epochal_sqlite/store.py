@@ -531,10 +531,16 @@ class Reader:
         return chain
 
     def records(
-        self, run_id: str, upto: int | None = None, keys: Sequence[str] = ()
+        self, run_id: str, upto: int | None = None, keys: Sequence[str] = (), superseded: bool = False
     ) -> Iterator[tuple[int, str, Any]]:
-        """``(iteration, key, value)`` of one run in iteration order, up to iteration *upto*."""
+        """``(iteration, key, value)`` of one run in iteration order, up to iteration *upto*.
+
+        Rows marked superseded (written after the point a later run resumed from) are left out
+        unless *superseded* is true.
+        """
         query = "SELECT iteration, key, value, value_json FROM log WHERE run_id = ?"
+        if not superseded:
+            query += " AND superseded = 0"
         params: list[Any] = [run_id]
         if upto is not None:
             query += " AND iteration <= ?"
@@ -546,7 +552,7 @@ class Reader:
                 yield iteration, key, decode(value, value_json)
 
     def timeline(
-        self, run: Run, keys: Sequence[str] = (), chain: bool = True
+        self, run: Run, keys: Sequence[str] = (), chain: bool = True, superseded: bool = False
     ) -> list[tuple[int, str, dict[str, Any]]]:
         """The run's log as ``(iteration, run_id, {key: value})`` rows in iteration order.
 
@@ -559,7 +565,7 @@ class Reader:
         rows: dict[int, tuple[str, dict[str, Any]]] = {}
         for index, member in enumerate(runs):
             upto = runs[index + 1].start_iteration if index + 1 < len(runs) else None
-            for iteration, key, value in self.records(member.run_id, upto, keys):
+            for iteration, key, value in self.records(member.run_id, upto, keys, superseded):
                 owner, record = rows.setdefault(iteration, (member.run_id, {}))
                 if owner != member.run_id:
                     rows[iteration] = (member.run_id, record)
