@@ -158,6 +158,11 @@ class Loop:
         return self._plugin_set
 
     @property
+    def in_epoch(self) -> bool:
+        """True between an epoch's ``before_epoch`` and its end (also when resumed mid-epoch)."""
+        return self._in_epoch
+
+    @property
     def batch_in_epoch(self) -> int:
         """Training batches completed in the current epoch."""
         return self._batch_in_epoch

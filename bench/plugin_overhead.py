@@ -1,0 +1,183 @@
+"""Overhead of the timing and progress plugins, measured side by side in one run.
+
+1. timing: the cost its wrapper adds to one hook call (a no-op implementation called directly
+   vs through ``epochal_timing.make_timer``), and the cost per batch of a whole run of a no-op
+   loop with 4 no-op plugins (before_batch + after_batch each) with and without ``timing``.
+2. progress: a no-op-step loop (train_step returns {"loss": 0.0}) with and without ``progress``
+   (force = true, bars drawn to /dev/null), against the issue's bound of 2x.
+
+Medians of interleaved repeats; prints a Markdown table. Run: ``python bench/plugin_overhead.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from epochal_progress import Progress
+from epochal_timing import Timing, make_timer
+
+from epochal import Loop, hookimpl
+
+BATCHES = int(os.environ.get("BENCH_BATCHES", "20000"))
+REPEATS = int(os.environ.get("BENCH_REPEATS", "9"))
+SHORT = 1000  # batches per epoch of the short-epoch case (the per-bar fixed cost shows)
+
+
+class NoOpModel:
+    """A model whose steps do nothing."""
+
+    def train_step(self, batch: Any) -> dict[str, float]:
+        return {"loss": 0.0}
+
+    def eval_step(self, batch: Any) -> dict[str, float]:
+        return {"loss": 0.0}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: Any) -> None:
+        pass
+
+
+class NoOpPlugin:
+    """A plugin with no-op batch hooks."""
+
+    @hookimpl
+    def before_batch(self, loop: Any, batch: Any) -> None:
+        pass
+
+    @hookimpl
+    def after_batch(self, loop: Any, batch: Any, outputs: Any) -> None:
+        pass
+
+
+def per_batch_ns(make_plugins: Callable[[], dict[str, object]], batches: list[np.ndarray]) -> float:
+    """Nanoseconds per training batch of one epoch of a no-op loop with *make_plugins*()."""
+    loop = Loop(NoOpModel(), {"train": batches}, plugins=make_plugins(), max_epochs=1, handle_signals=False)
+    gc.collect()
+    gc.disable()
+    try:
+        start = time.perf_counter_ns()
+        loop.run()
+        elapsed = time.perf_counter_ns() - start
+    finally:
+        gc.enable()
+    return elapsed / len(batches)
+
+
+def compare(cases: dict[str, Callable[[], dict[str, object]]], batches: list[np.ndarray]) -> dict[str, float]:
+    """Median ns/batch of every case, repeats interleaved so drifts hit all cases alike."""
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(REPEATS):
+        for name, make in cases.items():
+            samples[name].append(per_batch_ns(make, batches))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def wrapper_cost() -> tuple[float, float]:
+    """Median ns per call of a no-op hook function called directly and through the timer."""
+
+    def hook(loop: Any, batch: Any) -> None:
+        pass
+
+    timed = make_timer(hook, ("loop", "batch"), [0, 0])
+    n = 200_000
+    direct: list[float] = []
+    wrapped: list[float] = []
+    for _ in range(REPEATS):
+        for fn, out in ((hook, direct), (timed, wrapped)):
+            start = time.perf_counter_ns()
+            for _ in range(n):
+                fn(None, None)
+            out.append((time.perf_counter_ns() - start) / n)
+    return statistics.median(direct), statistics.median(wrapped)
+
+
+def main() -> None:
+    """Run both benchmarks and print the figures."""
+    batches = [np.zeros(1, np.float32) for _ in range(BATCHES)]
+    print(f"# plugin overhead (CPython {sys.version.split()[0]}, {BATCHES} batches, median of {REPEATS})\n")
+
+    direct, wrapped = wrapper_cost()
+    print("## timing: wrapper cost per hook call\n")
+    print("| call | ns/call |\n|---|---:|")
+    print(f"| no-op hook function, direct | {direct:.0f} |")
+    print(f"| same through timing's wrapper | {wrapped:.0f} |")
+    print(f"| **added per hook call** | **{wrapped - direct:.0f}** |\n")
+
+    k = 4
+    cases: dict[str, Callable[[], dict[str, object]]] = {
+        "4 no-op plugins": lambda: {f"p{i}": NoOpPlugin() for i in range(k)},
+        "4 no-op plugins + timing": lambda: {
+            **{f"p{i}": NoOpPlugin() for i in range(k)},
+            "timing": Timing(table=False),
+        },
+    }
+    result = compare(cases, batches)
+    base, timed = result["4 no-op plugins"], result["4 no-op plugins + timing"]
+    calls = 2 * k + 2  # the wrapped calls plus timing's own two batch hooks
+    print("## timing: whole loop, per batch (2 x 4 wrapped hook calls + timing's 2 hooks)\n")
+    print("| loop | ns/batch | ratio |\n|---|---:|---:|")
+    print(f"| 4 no-op plugins | {base:.0f} | 1.00 |")
+    print(f"| 4 no-op plugins + timing | {timed:.0f} | {timed / base:.2f} |")
+    print(f"| **added per hook call** ((with - without) / {calls}) | **{(timed - base) / calls:.0f}** | |\n")
+
+    with open(os.devnull, "w") as devnull, contextlib.redirect_stderr(devnull):
+        result = compare(
+            {
+                "no plugins": lambda: {},
+                "progress (force, default mininterval)": lambda: {"progress": Progress(force=True)},
+            },
+            batches,
+        )
+        short = compare(
+            {
+                "no plugins": lambda: {},
+                "progress (force, default mininterval)": lambda: {"progress": Progress(force=True)},
+            },
+            batches[:SHORT],
+        )
+        bare_loop, bare_tqdm = tqdm_reference(batches)
+    base, bars = result["no plugins"], result["progress (force, default mininterval)"]
+    print("## progress: no-op-step loop, per batch\n")
+    print("| loop | ns/batch | ratio |\n|---|---:|---:|")
+    print(f"| Loop, no-op step, no plugins | {base:.0f} | 1.00 |")
+    print(f"| same + progress (bars to /dev/null) | {bars:.0f} | **{bars / base:.2f}** (bound: 2.00) |")
+    short_base, short_bars = short["no plugins"], short["progress (force, default mininterval)"]
+    print(f"| {SHORT}-batch epochs: no plugins | {short_base:.0f} | 1.00 |")
+    print(
+        f"| {SHORT}-batch epochs: + progress (the fixed cost of a bar shows) "
+        f"| {short_bars:.0f} | {short_bars / short_base:.2f} |"
+    )
+    print(f"| reference: bare `for` over the list | {bare_loop:.0f} | |")
+    print(f"| reference: bare `for` over `tqdm(list)` | {bare_tqdm:.0f} | |")
+
+
+def tqdm_reference(batches: list[np.ndarray]) -> tuple[float, float]:
+    """Median ns per item of a bare for loop, and of the same loop over tqdm (to /dev/null)."""
+    from tqdm import tqdm
+
+    plain: list[float] = []
+    bar: list[float] = []
+    for _ in range(REPEATS):
+        start = time.perf_counter_ns()
+        for _batch in batches:
+            pass
+        plain.append((time.perf_counter_ns() - start) / len(batches))
+        start = time.perf_counter_ns()
+        for _batch in tqdm(batches, file=sys.stderr):
+            pass
+        bar.append((time.perf_counter_ns() - start) / len(batches))
+    return statistics.median(plain), statistics.median(bar)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,254 @@
+"""The ``monitor`` plugin: per-epoch aggregates of the train step's metrics as log records.
+
+Ancestors: Blocks' ``TrainingDataMonitoring`` and ``DataStreamMonitoring``. The core already
+evaluates the eval streams (``<stream>.<metric>`` records); this plugin aggregates what
+``train_step`` returns over each epoch into ``train.<metric>`` records, optionally writes running
+aggregates every *n* batches, sets the loop's evaluation schedule when asked, and reports
+non-finite values once per metric.
+
+Sums are kept in float64 and added in batch order; the accumulators of an unfinished epoch are part
+of :meth:`Monitor.state_dict`, so a run resumed in the middle of an epoch writes bitwise the same
+``train.*`` records as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from epochal import PluginError, hookimpl
+from epochal.triggers import every_n_batches as _every_n_batches
+
+Aggregation = Literal["mean", "sum", "min", "max", "last"]
+AGGREGATIONS: tuple[str, ...] = ("mean", "sum", "min", "max", "last")
+_MEAN, _SUM, _MIN, _MAX, _LAST = range(5)
+_NAN = float("nan")
+
+
+class NonFiniteMetricWarning(RuntimeWarning):
+    """A train or eval metric was NaN or infinite (reported once per metric)."""
+
+
+def _option_error(option: str, message: str) -> PluginError:
+    return PluginError(f"[plugins.monitor] {option}: {message}")
+
+
+def _non_negative(option: str, value: int | None) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise _option_error(option, f"must be a non-negative integer or unset, not {value!r}")
+    return value
+
+
+def _encode(value: float) -> float | str:
+    """A float as JSON-able data: finite floats as themselves, others as "nan"/"inf"/"-inf"."""
+    return value if math.isfinite(value) else repr(value)
+
+
+def _decode(value: Any) -> float:
+    return float(value)
+
+
+class Monitor:
+    """Aggregate the train step's outputs per epoch into ``train.<metric>`` log records.
+
+    :param every_n_epochs: set the loop's ``eval_every_n_epochs`` (evaluate every eval stream
+        after every n-th epoch; 0 = never). None keeps the loop's own setting.
+    :param at_start: set the loop's ``eval_at_start`` (evaluate before the first epoch, epoch 0).
+        None keeps the loop's own setting.
+    :param every_n_batches: also write ``train.<metric>.running`` every n training batches: the
+        aggregate of the batches since the previous running record. None or 0 = never.
+    :param aggregation: per-metric aggregation, ``{loss = "mean", grad_norm = "max"}``; one of
+        mean (weighted by batch size), sum, min, max, last.
+    :param default_aggregation: the aggregation of metrics not named in *aggregation*.
+    :param prefix: the prefix of the records (``train`` gives ``train.loss``).
+    """
+
+    run_before = ("early_stopping", "checkpoint", "sqlite_log")
+
+    def __init__(
+        self,
+        every_n_epochs: int | None = None,
+        at_start: bool | None = None,
+        every_n_batches: int | None = None,
+        aggregation: dict[str, str] | None = None,
+        default_aggregation: Aggregation = "mean",
+        prefix: str = "train",
+    ) -> None:
+        self.every_n_epochs = _non_negative("every_n_epochs", every_n_epochs)
+        self.at_start = at_start
+        self.every_n_batches = _non_negative("every_n_batches", every_n_batches) or 0
+        if default_aggregation not in AGGREGATIONS:
+            raise _option_error(
+                "default_aggregation", f"{default_aggregation!r} is not one of {', '.join(AGGREGATIONS)}"
+            )
+        self.aggregation: dict[str, str] = dict(aggregation or {})
+        for metric, how in self.aggregation.items():
+            if how not in AGGREGATIONS:
+                raise _option_error(
+                    "aggregation",
+                    f"{how!r} for metric {metric!r} is not one of {', '.join(AGGREGATIONS)}",
+                )
+        self.default_aggregation = default_aggregation
+        if not prefix or not isinstance(prefix, str):
+            raise _option_error("prefix", f"must be a non-empty string, not {prefix!r}")
+        self.prefix = prefix
+        self._running_due = _every_n_batches(self.every_n_batches)
+        #: metric → [kind, a, b] for the epoch in progress (see _update).
+        self._epoch: dict[str, list[Any]] = {}
+        #: the same since the last running record (only with every_n_batches).
+        self._window: dict[str, list[Any]] = {}
+        self._skip: set[str] = set()
+        self._batch_size: Any = None
+        self._warned: set[str] = set()
+
+    # -- accumulation -------------------------------------------------------------------------
+
+    def _kind(self, metric: str) -> int:
+        return AGGREGATIONS.index(self.aggregation.get(metric, self.default_aggregation))
+
+    @staticmethod
+    def _start(kind: int) -> list[Any]:
+        if kind == _MEAN:
+            return [kind, 0.0, 0]
+        if kind == _SUM:
+            return [kind, 0.0, 0]
+        return [kind, None, 0]
+
+    @staticmethod
+    def _update(acc: list[Any], value: float, size: int) -> None:
+        kind = acc[0]
+        if kind == _MEAN:
+            acc[1] += value * size
+            acc[2] += size
+        elif kind == _SUM:
+            acc[1] += value
+            acc[2] += 1
+        elif kind == _LAST:
+            acc[1] = value
+            acc[2] += 1
+        else:
+            current = acc[1]
+            # the first value, a NaN (NaN is sticky), or a better value than a non-NaN current
+            first_or_nan = current is None or value != value
+            if first_or_nan or (
+                current == current and (value < current if kind == _MIN else value > current)
+            ):
+                acc[1] = value
+            acc[2] += 1
+
+    @staticmethod
+    def _result(acc: list[Any]) -> float:
+        kind, a, b = acc
+        if kind == _MEAN:
+            return float(a / b) if b else _NAN
+        return float(a) if a is not None else _NAN
+
+    # -- hooks --------------------------------------------------------------------------------
+
+    @hookimpl
+    def before_training(self, loop: Any) -> None:
+        """Apply ``every_n_epochs``/``at_start`` to the loop's evaluation schedule."""
+        if self.every_n_epochs is not None:
+            loop.eval_every_n_epochs = self.every_n_epochs
+        if self.at_start is not None:
+            loop.eval_at_start = self.at_start
+        from epochal.data import batch_size  # imports numpy: only when a run starts
+
+        self._batch_size = batch_size
+
+    @hookimpl
+    def before_epoch(self) -> None:
+        """Start the epoch's accumulators afresh."""
+        self._epoch = {}
+
+    @hookimpl
+    def after_batch(self, loop: Any, batch: Any, outputs: Mapping[str, Any]) -> None:
+        """Add the batch's metrics to the accumulators (and write running records when due)."""
+        size = -1
+        epoch, window = self._epoch, self._window
+        running = self.every_n_batches
+        for key, raw in outputs.items():
+            if key in self._skip:
+                continue
+            try:
+                value = float(raw)
+            except (TypeError, ValueError):
+                self._skip.add(key)  # not a number: not aggregated
+                continue
+            if value - value != 0.0:  # NaN or infinite
+                self._non_finite(f"{self.prefix}.{key}", value, loop)
+            if size < 0:
+                size = self._batch_size(batch)
+            acc = epoch.get(key)
+            if acc is None:
+                acc = epoch[key] = self._start(self._kind(key))
+            self._update(acc, value, size)
+            if running:
+                acc = window.get(key)
+                if acc is None:
+                    acc = window[key] = self._start(self._kind(key))
+                self._update(acc, value, size)
+        if running and self._running_due(loop):
+            row = loop.log.current_row
+            prefix = self.prefix
+            for key, acc in window.items():
+                row[f"{prefix}.{key}.running"] = self._result(acc)
+            self._window = {}
+
+    @hookimpl
+    def after_evaluation(self, loop: Any, stream: str, metrics: Mapping[str, float]) -> None:
+        """Report a non-finite evaluation metric once."""
+        for key, value in metrics.items():
+            try:
+                if not math.isfinite(value):
+                    self._non_finite(f"{stream}.{key}", value, loop)
+            except TypeError:
+                continue
+
+    @hookimpl
+    def after_epoch(self, loop: Any) -> None:
+        """Write ``train.<metric>`` for the epoch that just ended."""
+        row = loop.log.current_row
+        prefix = self.prefix
+        for key, acc in self._epoch.items():
+            row[f"{prefix}.{key}"] = self._result(acc)
+        self._epoch = {}
+
+    def _non_finite(self, record: str, value: float, loop: Any) -> None:
+        if record in self._warned:
+            return
+        self._warned.add(record)
+        warnings.warn(
+            f"monitor: {record} is {value!r} in epoch {loop.epoch + 1} at iteration {loop.iteration}; "
+            "it is recorded as such (reported once per metric)",
+            NonFiniteMetricWarning,
+            stacklevel=2,
+        )
+
+    # -- state --------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The accumulators of the unfinished epoch and window, and the metrics already reported."""
+
+        def dump(accs: dict[str, list[Any]]) -> dict[str, Any]:
+            return {
+                key: [AGGREGATIONS[kind], None if a is None else _encode(a), b]
+                for key, (kind, a, b) in accs.items()
+            }
+
+        return {"epoch": dump(self._epoch), "window": dump(self._window), "warned": sorted(self._warned)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s accumulators (a run resumed mid-epoch continues them)."""
+
+        def load(accs: Mapping[str, Any]) -> dict[str, list[Any]]:
+            return {
+                key: [AGGREGATIONS.index(kind), None if a is None else _decode(a), b]
+                for key, (kind, a, b) in accs.items()
+            }
+
+        self._epoch = load(state.get("epoch", {}))
+        self._window = load(state.get("window", {}))
+        self._warned = set(state.get("warned", []))

@@ -1,0 +1,305 @@
+"""The ``progress`` plugin: a tqdm progress bar per training epoch and per evaluation stream.
+
+Ancestor: Blocks' ``ProgressBar``. Each bar knows its total when the stream has a ``len()``,
+shows the rate and ETA, and the chosen metrics in its postfix (the last batch's values while the
+epoch runs; the epoch's records, e.g. ``train.loss`` and ``valid.loss``, when it ends).
+
+Per-batch work is kept to a counter increment and a comparison: the clock is read only every
+``stride`` batches, a stride that doubles while ``mininterval`` has not passed and shrinks after
+each refresh, and the bar and its postfix are updated only when it is refreshed. While bars
+are shown, ``logging`` output and warnings are written through ``tqdm.write`` so they do not
+garble them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from epochal import PluginError, hookimpl
+
+
+def _option_error(option: str, message: str) -> PluginError:
+    return PluginError(f"[plugins.progress] {option}: {message}")
+
+
+def _format(value: Any) -> str | None:
+    try:
+        return f"{float(value):.4g}"
+    except (TypeError, ValueError):
+        return None
+
+
+def _length(stream: Any) -> int | None:
+    """The number of batches of *stream* when it has a ``len()``, else None."""
+    try:
+        return len(stream) if hasattr(stream, "__len__") else None
+    except TypeError:
+        return None
+
+
+class _Bar:
+    """A tqdm bar plus the throttling state of its updates."""
+
+    __slots__ = ("bar", "next_refresh", "pending", "stride")
+
+    def __init__(self, bar: Any) -> None:
+        self.bar = bar
+        self.pending = 0
+        self.stride = 1
+        self.next_refresh = 0.0
+
+
+class Progress:
+    """Show tqdm progress bars for training epochs and evaluation streams.
+
+    :param enabled: show bars at all.
+    :param force: show bars even when stdout is not a terminal (logs, CI).
+    :param metrics: the metrics shown in the postfix: a train step output of that name while
+        the epoch runs, and every record ``<anything>.<name>`` of the epoch's row at its end.
+    :param mininterval: the least number of seconds between two refreshes of a bar.
+    :param eval_bars: show a bar for every evaluation stream as well.
+    :param leave: keep each finished epoch's bar on screen (eval bars are always removed).
+    :param file: where bars are drawn: ``stderr`` or ``stdout``.
+    :param ncols: the bars' width in characters (None: the terminal's width).
+    """
+
+    run_after = ("monitor",)
+
+    def __init__(
+        self,
+        enabled: bool = True,
+        force: bool = False,
+        metrics: Sequence[str] = ("loss", "accuracy"),
+        mininterval: float = 0.1,
+        eval_bars: bool = True,
+        leave: bool = True,
+        file: Literal["stderr", "stdout"] = "stderr",
+        ncols: int | None = None,
+    ) -> None:
+        if isinstance(mininterval, bool) or not isinstance(mininterval, (int, float)) or mininterval < 0:
+            raise _option_error(
+                "mininterval", f"must be a non-negative number of seconds, not {mininterval!r}"
+            )
+        if file not in ("stderr", "stdout"):
+            raise _option_error("file", f"must be 'stderr' or 'stdout', not {file!r}")
+        if isinstance(metrics, str) or not all(isinstance(m, str) for m in metrics):
+            raise _option_error("metrics", f"must be a list of metric names, not {metrics!r}")
+        if ncols is not None and (isinstance(ncols, bool) or not isinstance(ncols, int) or ncols < 1):
+            raise _option_error("ncols", f"must be a positive integer, not {ncols!r}")
+        self.enabled = enabled
+        self.force = force
+        self.metrics = tuple(metrics)
+        self.mininterval = float(mininterval)
+        self.eval_bars = eval_bars
+        self.leave = leave
+        self.file = file
+        self.ncols = ncols
+        #: whether bars are shown in the current run (decided in before_training).
+        self.active = False
+        self._epoch: _Bar | None = None
+        self._eval: _Bar | None = None
+        self._stack: contextlib.ExitStack | None = None
+        self._clock = time.perf_counter
+        self._tqdm: Any = None
+
+    # -- bars ---------------------------------------------------------------------------------
+
+    def _stream(self) -> Any:
+        return sys.stdout if self.file == "stdout" else sys.stderr
+
+    def _open(self, desc: str, total: int | None, initial: int, leave: bool) -> _Bar:
+        bar = self._tqdm(
+            total=total,
+            initial=initial,
+            desc=desc,
+            unit="batch",
+            leave=leave,
+            file=self._stream(),
+            ncols=self.ncols,
+            dynamic_ncols=self.ncols is None,
+            mininterval=0,  # throttled here, see _tick
+            miniters=1,
+            delay=self.mininterval,  # no first frame for a bar done within mininterval
+        )
+        state = _Bar(bar)
+        state.next_refresh = self._clock() + self.mininterval
+        return state
+
+    def _tick(self, state: _Bar, outputs: Mapping[str, Any] | None) -> None:
+        """Called every ``state.stride`` batches: refresh the bar if ``mininterval`` passed.
+
+        Too early, the stride doubles (the clock is read a logarithmic number of times while
+        the interval runs); after a refresh it is cut to an eighth, about four clock reads per interval.
+        """
+        if self._clock() < state.next_refresh:
+            state.stride *= 2
+            return
+        self._flush(state, self._postfix_from(outputs) if outputs is not None and self.metrics else None)
+        state.stride = max(1, state.stride // 8)
+
+    def _flush(self, state: _Bar, postfix: Mapping[str, str] | None) -> None:
+        """Update *state*'s bar with its pending batches (and *postfix*) now."""
+        if postfix:
+            state.bar.set_postfix(postfix, refresh=False)
+        pending, state.pending = state.pending, 0
+        state.bar.update(pending)
+        state.next_refresh = self._clock() + self.mininterval
+
+    def _postfix_from(self, outputs: Mapping[str, Any]) -> dict[str, str]:
+        shown = {}
+        for name in self.metrics:
+            if name in outputs:
+                text = _format(outputs[name])
+                if text is not None:
+                    shown[name] = text
+        return shown
+
+    def _postfix_from_row(self, row: Mapping[str, Any]) -> dict[str, str]:
+        shown = {}
+        for key, value in row.items():
+            if key in self.metrics or key.rpartition(".")[2] in self.metrics:
+                if key.endswith((".best", ".best_so_far", ".running")):
+                    continue
+                text = _format(value)
+                if text is not None:
+                    shown[key] = text
+        return shown
+
+    def _close(self, state: _Bar | None, postfix: Mapping[str, str] | None = None) -> None:
+        if state is None:
+            return
+        bar = state.bar
+        try:
+            if state.pending or postfix:
+                if postfix:
+                    bar.set_postfix(postfix, refresh=False)
+                bar.n += state.pending  # drawn once, by close
+                state.pending = 0
+            if bar.leave:
+                bar.delay = 0  # a bar never drawn yet is drawn (once) when left on screen
+        finally:
+            bar.close()
+
+    def _close_all(self) -> None:
+        eval_bar, epoch_bar = self._eval, self._epoch
+        self._eval = self._epoch = None
+        try:
+            self._close(eval_bar)
+            self._close(epoch_bar)
+        finally:
+            if self._stack is not None:
+                self._stack.close()
+                self._stack = None
+
+    def _open_epoch(self, loop: Any, initial: int) -> None:
+        self._close(self._epoch)
+        total = _length(getattr(loop, "data", {}).get("train"))
+        limit = f"/{loop.max_epochs}" if loop.max_epochs else ""
+        self._epoch = self._open(f"epoch {loop.epoch + 1}{limit}", total, initial, self.leave)
+
+    # -- hooks --------------------------------------------------------------------------------
+
+    @hookimpl
+    def before_training(self, loop: Any) -> None:
+        """Decide whether bars are shown; route logging and warnings through ``tqdm.write``."""
+        self.active = self.enabled and (self.force or sys.stdout.isatty())
+        if not self.active:
+            return
+        from tqdm import tqdm
+        from tqdm.contrib.logging import logging_redirect_tqdm
+
+        self._tqdm = tqdm
+        stack = contextlib.ExitStack()
+        stack.enter_context(logging_redirect_tqdm())
+        previous = warnings.showwarning
+
+        def show(
+            message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None
+        ) -> None:
+            text = warnings.formatwarning(message, category, filename, lineno, line)
+            tqdm.write(text.rstrip("\n"), file=sys.stderr)
+
+        warnings.showwarning = show
+
+        def restore() -> None:
+            warnings.showwarning = previous
+
+        stack.callback(restore)
+        self._stack = stack
+
+    @hookimpl
+    def on_resumption(self, loop: Any) -> None:
+        """A run resumed in the middle of an epoch: its bar starts at ``loop.batch_in_epoch``."""
+        if self.active and loop.in_epoch:
+            self._open_epoch(loop, loop.batch_in_epoch)
+
+    @hookimpl
+    def before_epoch(self, loop: Any) -> None:
+        """Open the epoch's bar."""
+        if self.active:
+            self._open_epoch(loop, 0)
+
+    @hookimpl
+    def after_batch(self, outputs: Mapping[str, Any]) -> None:
+        """Count the batch; refresh the bar when due."""
+        state = self._epoch
+        if state is None:
+            return
+        state.pending += 1
+        if state.pending >= state.stride:
+            self._tick(state, outputs)
+
+    @hookimpl
+    def before_evaluation(self, loop: Any, stream: str) -> None:
+        """Bring the epoch's bar up to date and open the stream's bar."""
+        if not self.active:
+            return
+        if self._epoch is not None and self._epoch.pending:
+            self._flush(self._epoch, None)
+        if self.eval_bars:
+            self._close(self._eval)
+            total = _length(getattr(loop, "data", {}).get(stream))
+            self._eval = self._open(stream, total, 0, False)
+
+    @hookimpl
+    def after_eval_batch(self) -> None:
+        """Count an evaluation batch; refresh its bar when due."""
+        state = self._eval
+        if state is None:
+            return
+        state.pending += 1
+        if state.pending >= state.stride:
+            self._tick(state, None)
+
+    @hookimpl
+    def after_evaluation(self) -> None:
+        """Close the stream's bar."""
+        state, self._eval = self._eval, None
+        self._close(state)
+
+    @hookimpl
+    def after_epoch(self, loop: Any) -> None:
+        """Close the epoch's bar with the epoch's records in its postfix."""
+        state, self._epoch = self._epoch, None
+        if state is not None:
+            self._close(state, self._postfix_from_row(loop.log.current_row) if self.metrics else None)
+
+    @hookimpl
+    def on_interrupt(self) -> None:
+        """Close every bar."""
+        self._close_all()
+
+    @hookimpl
+    def after_training(self) -> None:
+        """Close every bar and restore logging and warnings."""
+        self._close_all()
+
+    @hookimpl
+    def on_error(self) -> None:
+        """Close every bar and restore logging and warnings."""
+        self._close_all()

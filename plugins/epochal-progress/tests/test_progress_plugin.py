@@ -1,0 +1,245 @@
+"""The ``progress`` plugin, installed as a distribution, through real runs of the digits example."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from epochal import Loop, hookimpl, load_plugins
+from epochal.examples.digits import make_data, make_model
+
+CONFIG = """
+[loop]
+max_epochs = {max_epochs}
+seed = 0
+run_dir = "{run_dir}"
+
+[model]
+factory = "epochal.examples.digits:make_model"
+
+[data]
+factory = "epochal.examples.digits:make_data"
+batch_size = 64
+"""
+
+
+@pytest.fixture(autouse=True)
+def _no_plugin_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EPOCHAL_PLUGINS", raising=False)
+    monkeypatch.delenv("EPOCHAL_DISABLE_PLUGIN_AUTOLOAD", raising=False)
+
+
+def cli(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the ``epochal`` command in a subprocess with cwd *tmp_path* (stdout is a pipe)."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
+    environ.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-c", "from epochal.cli import main; main()", *args],
+        cwd=tmp_path,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def write_config(tmp_path: Path, extra: str = "", max_epochs: int = 2) -> Path:
+    path = tmp_path / "run.toml"
+    path.write_text(CONFIG.format(max_epochs=max_epochs, run_dir=tmp_path / "run") + extra)
+    return path
+
+
+def make_loop(
+    options: dict[str, Any] | None = None,
+    extra: dict[str, object] | None = None,
+    order: tuple[str, ...] = ("monitor", "progress"),
+    data: Any = None,
+    **loop: Any,
+) -> Loop:
+    opts = {"progress": {"force": True, "mininterval": 0.0, **(options or {})}}
+    plugins = load_plugins(order=[*order, *(extra or {})], autoload=False, options=opts, extra=extra)
+    loop.setdefault("max_epochs", 2)
+    loop.setdefault("handle_signals", False)
+    return Loop(make_model(), data or make_data(), plugins=plugins, seed=0, **loop)
+
+
+class Resume:
+    """A test plugin handing the loop a saved state (what a checkpoint plugin does)."""
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        self.state = state
+
+    @hookimpl
+    def resume_state(self) -> dict[str, Any]:
+        return self.state
+
+
+def test_the_installed_distribution_provides_progress() -> None:
+    from importlib.metadata import distribution, requires
+
+    dist = distribution("epochal-progress")
+    names = {ep.name: ep.value for ep in dist.entry_points if ep.group == "epochal.plugins"}
+    assert names == {"progress": "epochal_progress.plugin:Progress"}
+    assert any(r.startswith("tqdm") for r in requires("epochal-progress") or [])
+
+
+def test_forced_bars_per_epoch_and_eval_stream_with_metrics(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    result = cli(
+        tmp_path,
+        "run",
+        str(config),
+        "--plugins",
+        "monitor,progress",
+        "--set",
+        "plugins.autoload=false",
+        "--set",
+        "plugins.progress.force=true",
+        "--set",
+        "plugins.progress.mininterval=0",
+    )
+    assert result.returncode == 0, result.stderr
+    err = result.stderr
+    assert re.search(r"epoch 1/2: 100%\|.*\| 23/23 \[", err)
+    assert re.search(r"epoch 2/2: 100%\|.*\| 23/23 \[", err)
+    assert re.search(r"valid: .*\| ?\d+/6 \[", err)
+    final = [line for line in err.replace("\r", "\n").splitlines() if line.startswith("epoch 2/2: 100%")][-1]
+    assert "train.loss=" in final and "valid.loss=" in final and "valid.accuracy=" in final
+    assert "valid.loss.best" not in final
+
+
+def test_off_when_stdout_is_not_a_terminal(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    result = cli(tmp_path, "run", str(config), "--plugins", "progress", "--set", "plugins.autoload=false")
+    assert result.returncode == 0, result.stderr
+    assert "epoch 1" not in result.stderr and "batch/s" not in result.stderr
+    disabled = cli(
+        tmp_path,
+        "run",
+        str(config),
+        "--plugins",
+        "progress",
+        "--set",
+        "plugins.autoload=false",
+        "--set",
+        "plugins.progress.force=true",
+        "--set",
+        "plugins.progress.enabled=false",
+    )
+    assert disabled.returncode == 0 and "batch/s" not in disabled.stderr
+
+
+def test_unknown_total_for_a_stream_without_len(capsys: pytest.CaptureFixture[str]) -> None:
+    streams = make_data()
+    train = streams["train"]
+
+    def unsized() -> Iterator[Any]:
+        return iter(list(train))
+
+    loop = make_loop(data={"train": unsized, "valid": streams["valid"]}, order=("progress",), max_epochs=1)
+    loop.run()
+    err = capsys.readouterr().err
+    assert re.search(r"epoch 1/1: 23batch \[", err)
+    assert "/23" not in err
+
+
+def test_resumed_mid_epoch_bar_starts_at_batch_in_epoch(capsys: pytest.CaptureFixture[str]) -> None:
+    first = make_loop(max_iterations=10, options={"enabled": False})
+    first.run()
+    state = copy.deepcopy(first.state_dict())
+    capsys.readouterr()
+    resumed = make_loop(extra={"resume": Resume(state)})
+    resumed.run()
+    err = capsys.readouterr().err
+    first_bar = err.replace("\r", "\n").split("\n")
+    epoch_one = [line for line in first_bar if line.startswith("epoch 1/2")]
+    assert " 10/23 " in epoch_one[0]
+    assert not any(re.search(r"\|\s+[0-9]/23 ", line) for line in epoch_one)
+    assert any(" 23/23 " in line for line in epoch_one)
+
+
+def test_logging_and_warnings_do_not_garble_the_bars(capsys: pytest.CaptureFixture[str]) -> None:
+    class Chatty:
+        @hookimpl
+        def after_batch(self, loop: Any) -> None:
+            if loop.iteration == 12:
+                logging.getLogger("chatty").warning("hello-from-logging")
+                warnings.warn("hello-from-warnings", UserWarning, stacklevel=1)
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            make_loop(extra={"chatty": Chatty()}, max_epochs=1).run()
+    finally:
+        root.removeHandler(handler)
+    err = capsys.readouterr().err
+    for text in ("hello-from-logging", "hello-from-warnings"):
+        assert text in err
+        start = err.index(text)
+        line_start = max(err.rfind("\n", 0, start), err.rfind("\r", 0, start))
+        assert "batch" not in err[line_start + 1 : start], f"{text} was written onto a bar"
+
+
+def test_bars_are_closed_and_output_restored_on_error(capsys: pytest.CaptureFixture[str]) -> None:
+    class Boom:
+        @hookimpl
+        def after_batch(self, loop: Any) -> None:
+            if loop.iteration == 7:
+                raise RuntimeError("boom")
+
+    show, handlers = warnings.showwarning, list(logging.getLogger().handlers)
+    loop = make_loop(extra={"boom": Boom()})
+    with pytest.raises(RuntimeError, match="boom"):
+        loop.run()
+    progress = loop.plugins["progress"]
+    assert progress._epoch is None and progress._eval is None  # type: ignore[attr-defined]
+    assert warnings.showwarning is show and logging.getLogger().handlers == handlers
+    assert re.search(r"epoch 1/2:\s+\d+%.*\| 6/23 ", capsys.readouterr().err.replace("\r", "\n"))
+
+
+def test_bars_are_closed_on_interrupt(capsys: pytest.CaptureFixture[str]) -> None:
+    class Terminate:
+        @hookimpl
+        def after_batch(self, loop: Any) -> None:
+            if loop.iteration == 9:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    loop = make_loop(extra={"terminate": Terminate()}, handle_signals=True)
+    loop.run()
+    assert loop.log.status["status"] == "interrupted"
+    assert loop.plugins["progress"]._epoch is None  # type: ignore[attr-defined]
+    err = capsys.readouterr().err.replace("\r", "\n")
+    assert re.search(r"epoch 1/2:\s+\d+%.*\| (9|10)/23 ", err)
+
+
+@pytest.mark.parametrize(
+    ("setting", "culprit"),
+    [
+        ("mininterval = -1", "mininterval"),
+        ('metrics = "loss"', "metrics"),
+        ('file = "stdin"', "file"),
+        ("force = 1", "force"),
+        ("colour = true", "colour"),
+    ],
+)
+def test_bad_options(tmp_path: Path, setting: str, culprit: str) -> None:
+    config = write_config(tmp_path, f"\n[plugins.progress]\n{setting}\n")
+    result = cli(tmp_path, "run", str(config), "--plugins", "progress", "--set", "plugins.autoload=false")
+    assert result.returncode == 2
+    assert culprit in result.stderr and "progress" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,247 @@
+"""The ``timing`` plugin, installed as a distribution, through real runs of the digits example."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from epochal import Loop, hookimpl, load_plugins
+from epochal.examples.digits import make_data, make_model
+
+CONFIG = """
+[loop]
+max_epochs = {max_epochs}
+seed = 0
+run_dir = "{run_dir}"
+
+[model]
+factory = "epochal.examples.digits:make_model"
+
+[data]
+factory = "epochal.examples.digits:make_data"
+batch_size = 64
+"""
+
+
+@pytest.fixture(autouse=True)
+def _no_plugin_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EPOCHAL_PLUGINS", raising=False)
+    monkeypatch.delenv("EPOCHAL_DISABLE_PLUGIN_AUTOLOAD", raising=False)
+
+
+def cli(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the ``epochal`` command in a subprocess with cwd *tmp_path*."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
+    environ.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-c", "from epochal.cli import main; main()", *args],
+        cwd=tmp_path,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def write_config(tmp_path: Path, extra: str = "", max_epochs: int = 2) -> Path:
+    path = tmp_path / "run.toml"
+    path.write_text(CONFIG.format(max_epochs=max_epochs, run_dir=tmp_path / "run") + extra)
+    return path
+
+
+class Slow:
+    """A test plugin that sleeps 1 ms in every before_batch and 5 ms in every after_epoch."""
+
+    @hookimpl
+    def before_batch(self) -> None:
+        time.sleep(0.001)
+
+    @hookimpl
+    def after_epoch(self) -> None:
+        time.sleep(0.005)
+
+
+class Boom:
+    """A test plugin that raises in the 5th after_batch."""
+
+    @hookimpl
+    def after_batch(self, loop: Any) -> None:
+        if loop.iteration == 5:
+            raise RuntimeError("boom")
+
+
+def make_loop(
+    order: list[str],
+    options: dict[str, Any] | None = None,
+    extra: dict[str, object] | None = None,
+    **loop: Any,
+) -> Loop:
+    plugins = load_plugins(order=[*order, *(extra or {})], autoload=False, options=options or {}, extra=extra)
+    loop.setdefault("max_epochs", 2)
+    return Loop(make_model(), make_data(), plugins=plugins, seed=0, handle_signals=False, **loop)
+
+
+def epoch_rows(loop: Loop) -> list[dict[str, Any]]:
+    return [row for _, row in loop.log.rows() if "epochs_done" in row]
+
+
+def test_the_installed_distribution_provides_timing() -> None:
+    from importlib.metadata import distribution
+
+    dist = distribution("epochal-timing")
+    names = {ep.name: ep.value for ep in dist.entry_points if ep.group == "epochal.plugins"}
+    assert names == {"timing": "epochal_timing.plugin:Timing"}
+
+
+def test_epoch_records_per_stage_hook_and_plugin(capsys: pytest.CaptureFixture[str]) -> None:
+    loop = make_loop(["timing", "monitor", "early_stopping"])
+    loop.run()
+    rows = epoch_rows(loop)
+    assert len(rows) == 2
+    for row in rows:
+        for key in (
+            "timing.epoch",
+            "timing.read_data",
+            "timing.train_step",
+            "timing.eval.valid",
+            "timing.hook.after_batch",
+            "timing.plugin.monitor.after_batch",
+            "timing.plugin.monitor.before_epoch",
+            "timing.plugin.early_stopping.after_evaluation",
+        ):
+            assert isinstance(row[key], float) and row[key] >= 0, key
+        parts = [v for k, v in row.items() if k.startswith(("timing.hook.", "timing.eval.")) and v]
+        parts += [row["timing.read_data"], row["timing.train_step"]]
+        assert sum(parts) <= row["timing.epoch"]  # the parts are disjoint slices of the interval
+        plugin_sum = sum(
+            v for k, v in row.items() if k.startswith("timing.plugin.") and k.endswith(".after_batch")
+        )
+        assert row["timing.hook.after_batch"] == pytest.approx(plugin_sum)
+    # other plugins' after_epoch time is counted in the next epoch's record
+    assert "timing.plugin.monitor.after_epoch" not in rows[0]
+    assert "timing.plugin.monitor.after_epoch" in rows[1]
+    assert not any(k.startswith("timing.plugin.timing") for row in rows for k in row)
+    summary = loop.log.status["timing"]
+    assert summary["train_step"]["calls"] == loop.iteration
+    assert summary["plugin.monitor.after_batch"]["calls"] == loop.iteration
+    assert summary["plugin.early_stopping.after_training"]["calls"] == 1
+    json.dumps(summary)
+    table = capsys.readouterr().err
+    assert "timing:" in table and "train_step" in table and "monitor.after_batch" in table
+
+
+def test_the_slow_plugin_is_named_first() -> None:
+    loop = make_loop(["timing", "monitor"], {"timing": {"table": False}}, extra={"slow": Slow()})
+    loop.run()
+    summary = loop.log.status["timing"]
+    assert summary["plugin.slow.before_batch"]["seconds"] >= 0.001 * loop.iteration
+    assert summary["plugin.slow.after_epoch"]["seconds"] >= 0.005 * 2
+    plugins = sorted((k for k in summary if k.startswith("plugin.")), key=lambda k: -summary[k]["seconds"])
+    assert plugins[0] == "plugin.slow.before_batch"
+    # the sleeps are the plugin's, not the train step's
+    assert summary["train_step"]["seconds"] < summary["plugin.slow.before_batch"]["seconds"]
+    lines = Timing_table(loop)
+    assert lines.index("  slow.before_batch") < lines.index("  monitor.after_batch")
+
+
+def Timing_table(loop: Loop) -> list[str]:  # noqa: N802 - reads like the table it returns
+    timing = loop.plugins["timing"]
+    return [line.split(" " * 3)[0].rstrip() for line in timing.format_table().splitlines()]  # type: ignore[attr-defined]
+
+
+def test_hooks_are_unwrapped_after_training_and_after_an_error() -> None:
+    def wrapped(loop: Loop) -> list[str]:
+        pm = loop.plugin_set.pm
+        return [
+            f"{impl.plugin_name}.{name}"
+            for name in ("after_batch", "after_epoch", "before_epoch")
+            for impl in getattr(pm.hook, name).get_hookimpls()
+            if hasattr(impl.function, "__wrapped__")
+        ]
+
+    loop = make_loop(["timing", "monitor"], {"timing": {"table": False}})
+    loop.run()
+    assert wrapped(loop) == []
+    failing = make_loop(["timing", "monitor"], {"timing": {"table": False}}, extra={"boom": Boom()})
+    with pytest.raises(RuntimeError, match="boom"):
+        failing.run()
+    assert wrapped(failing) == []
+    assert failing.log.status["timing"]["train_step"]["calls"] == 4  # the 5th never completed
+    assert failing.log.status["timing"]["plugin.boom.after_batch"]["calls"] == 5
+
+
+def test_per_plugin_false_wraps_nothing() -> None:
+    loop = make_loop(["timing", "monitor"], {"timing": {"per_plugin": False, "table": False}})
+    loop.run()
+    (row, _) = epoch_rows(loop)
+    assert "timing.train_step" in row and "timing.read_data" in row
+    assert not any(k.startswith(("timing.plugin.", "timing.hook.")) for k in row)
+
+
+def test_records_false_keeps_the_log_clean() -> None:
+    loop = make_loop(["timing"], {"timing": {"records": False, "table": False}})
+    loop.run()
+    assert not any(k.startswith("timing.") for _, row in loop.log.rows() for k in row)
+    assert loop.log.status["timing"]["train_step"]["calls"] == loop.iteration
+
+
+def test_cli_prints_the_table(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    result = cli(
+        tmp_path,
+        "run",
+        str(config),
+        "--plugins",
+        "timing,monitor,early_stopping",
+        "--set",
+        "plugins.autoload=false",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "stage / plugin.hook" in result.stderr
+    for name in (
+        "read_data",
+        "train_step",
+        "eval.valid",
+        "monitor.after_batch",
+        "early_stopping.after_epoch",
+    ):
+        assert name in result.stderr
+    quiet = cli(
+        tmp_path,
+        "run",
+        str(config),
+        "--plugins",
+        "timing",
+        "--set",
+        "plugins.autoload=false",
+        "--set",
+        "plugins.timing.table=false",
+    )
+    assert quiet.returncode == 0 and "stage / plugin.hook" not in quiet.stderr
+
+
+def test_order_timing_brackets_the_batch(tmp_path: Path) -> None:
+    result = cli(tmp_path, "plugins", "--order", "--json")
+    assert result.returncode == 0, result.stderr
+    order = json.loads(result.stdout)["order"]
+    assert order["before_batch"][0] == "timing"
+    assert order["after_batch"][-1] == "timing"
+    assert order["after_epoch"][0] == "timing"
+
+
+@pytest.mark.parametrize(
+    ("setting", "culprit"), [('table = "yes"', "table"), ("per_hook = true", "per_hook")]
+)
+def test_bad_options(tmp_path: Path, setting: str, culprit: str) -> None:
+    config = write_config(tmp_path, f"\n[plugins.timing]\n{setting}\n")
+    result = cli(tmp_path, "run", str(config), "--plugins", "timing", "--set", "plugins.autoload=false")
+    assert result.returncode == 2
+    assert culprit in result.stderr and "timing" in result.stderr
+    assert "Traceback" not in result.stderr
