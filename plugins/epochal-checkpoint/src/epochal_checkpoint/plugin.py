@@ -1,0 +1,475 @@
+"""The ``checkpoint`` and ``load`` plugins.
+
+``checkpoint`` saves ``loop.state_dict()`` on triggers (every n epochs/batches/seconds, at the
+end, on interrupt, on an error raised at a batch boundary), keeps the last and the best ones, and
+resumes a run from its newest complete checkpoint (``epochal run CONFIG --resume``).
+``load`` starts a run from a given checkpoint: the full state, or the model's arrays only.
+
+The format and the crash-safe write are in :mod:`epochal_checkpoint.storage`.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from epochal import hookimpl, triggers
+from epochal.errors import ConfigError
+from epochal_checkpoint import storage
+from epochal_checkpoint.errors import (
+    CheckpointNotFoundError,
+    CheckpointWriteError,
+    ForeignCheckpointError,
+    StateMismatchError,
+)
+
+if TYPE_CHECKING:
+    from epochal.loop import Loop
+
+#: the hooks that raise at a batch boundary: an error from another plugin's implementation of
+#: one of them leaves the model, the streams and the counters consistent, so it can be saved.
+BOUNDARY_HOOKS = frozenset({"after_batch", "after_epoch", "on_interrupt", "after_training"})
+
+
+def _plugin_name(loop: Loop, plugin: object, default: str) -> str:
+    return next((name for name, p in loop.plugins.items() if p is plugin), default)
+
+
+class Checkpoint:
+    """Save the loop's state atomically on triggers, keep the last/best, resume the newest.
+
+    :param dir: the checkpoint directory (default ``<[loop] run_dir>/checkpoints``).
+    :param every_n_epochs: save after every n-th epoch (0: never).
+    :param every_n_batches: save after every n-th training batch (0: never).
+    :param every_n_seconds: save after a batch when this much wall time passed since the last
+        such save (0: never).
+    :param save_at_end: save when training ends (unless that state was just saved).
+    :param save_on_interrupt: save when SIGINT/SIGTERM stopped training.
+    :param save_on_error: save when another plugin's ``after_batch``, ``after_epoch``,
+        ``on_interrupt`` or ``after_training`` raised (the state is at a batch boundary then);
+        never when the model or the data raised (mid-step).
+    :param keep_last: keep this many newest checkpoints of this run (None: keep all).
+    :param keep_best: also keep this many best checkpoints by ``monitor``.
+    :param monitor: the log key ranking checkpoints for ``keep_best`` (e.g. ``valid.loss``).
+    :param mode: ``min`` or ``max``: which values of ``monitor`` are best.
+    :param async_save: copy the state in memory and write it in a background thread.
+    """
+
+    run_after = ("monitor", "early_stopping", "finish_after")
+    state_version = 1
+
+    def __init__(
+        self,
+        dir: str | None = None,
+        every_n_epochs: int = 1,
+        every_n_batches: int = 0,
+        every_n_seconds: float = 0.0,
+        save_at_end: bool = True,
+        save_on_interrupt: bool = True,
+        save_on_error: bool = True,
+        keep_last: int | None = 3,
+        keep_best: int = 0,
+        monitor: str | None = None,
+        mode: Literal["min", "max"] = "min",
+        async_save: bool = False,
+    ) -> None:
+        where = "[plugins.checkpoint]"
+        if keep_last is not None and (isinstance(keep_last, bool) or keep_last < 0):
+            raise ConfigError(
+                f"{where} keep_last must be a non-negative integer or absent, not {keep_last!r}"
+            )
+        if isinstance(keep_best, bool) or keep_best < 0:
+            raise ConfigError(f"{where} keep_best must be a non-negative integer, not {keep_best!r}")
+        if keep_best and not monitor:
+            raise ConfigError(
+                f'{where} keep_best = {keep_best} needs monitor = "<log key>" (e.g. valid.loss)'
+            )
+        if mode not in ("min", "max"):
+            raise ConfigError(f"{where} mode must be 'min' or 'max', not {mode!r}")
+        try:
+            self._epoch_due = triggers.every_n_epochs(every_n_epochs)
+            self._batch_due = triggers.every_n_batches(every_n_batches)
+            self._seconds_due = triggers.every_n_seconds(every_n_seconds)
+        except ValueError as error:
+            raise ConfigError(f"{where} {error}") from None
+        self.dir = dir
+        self.every_n_epochs, self.every_n_batches, self.every_n_seconds = (
+            every_n_epochs,
+            every_n_batches,
+            every_n_seconds,
+        )
+        self.save_at_end, self.save_on_interrupt, self.save_on_error = (
+            save_at_end,
+            save_on_interrupt,
+            save_on_error,
+        )
+        self.keep_last, self.keep_best, self.monitor, self.mode = keep_last, keep_best, monitor, mode
+        self.async_save = async_save
+        #: run ids of this run and the runs it resumed from: only their checkpoints are pruned.
+        self._lineage: list[str] = []
+        self._directory: Path | None = None
+        self._known: list[storage.CheckpointInfo] = []
+        self._sequence = 0
+        self._last_key: tuple[int, int] | None = None
+        self._plugin_set: dict[str, dict[str, Any]] = {}
+        self._name = "checkpoint"
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._spare: list[Any] = []
+        #: the path of the newest checkpoint written by this run (None before the first).
+        self.last_saved: Path | None = None
+
+    # -- state kept across resumes --------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The run ids whose checkpoints this run may prune."""
+        return {"lineage": list(self._lineage)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore the lineage of a resumed run."""
+        self._lineage = [str(run_id) for run_id in state.get("lineage", [])]
+
+    # -- hooks ------------------------------------------------------------------------------------
+
+    @hookimpl
+    def resume_state(self, loop: Loop, resume: bool) -> dict[str, Any] | None:
+        """With ``--resume``: the state of the newest complete checkpoint that verifies."""
+        if not resume:
+            return None
+        directory = self.directory(loop)
+        if directory.is_dir():
+            storage.clean_temporaries(directory)
+        try:
+            state, info = storage.load_latest(directory)
+        except CheckpointNotFoundError as error:
+            raise CheckpointNotFoundError(f"cannot resume: {error}") from None
+        check_fits(loop, state, info.path)
+        return state
+
+    @hookimpl
+    def before_training(self, loop: Loop) -> None:
+        """Prepare the directory, clean leftovers, note the checkpoints already there."""
+        self._name = _plugin_name(loop, self, "checkpoint")
+        directory = self.directory(loop)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise CheckpointWriteError(
+                f"cannot create checkpoint directory {str(directory)!r}: {error.strerror or error}"
+            ) from None
+        storage.clean_temporaries(directory)
+        self._directory = directory
+        self._known, _ignored = storage.list_checkpoints(directory)
+        self._sequence = max((info.order[0] for info in self._known), default=0)
+        if not loop.resumed:
+            self._lineage = []
+            if self._known:
+                warnings.warn(
+                    f"checkpoint directory {str(directory)!r} already holds {len(self._known)} "
+                    f"checkpoint(s) of earlier runs (newest: {self._known[-1].name}); this fresh run "
+                    "keeps them and does not prune them (`epochal run --resume` continues the newest)",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        self._lineage = [*(r for r in self._lineage if r != loop.run_id), loop.run_id]
+        self._last_key = (loop.epoch, loop.iteration) if loop.resumed else None
+        self._plugin_set = {
+            info.name: {"distribution": info.distribution, "version": info.version}
+            for info in loop.plugin_set.infos
+            if info.status == "loaded"
+        }
+
+    @hookimpl
+    def after_batch(self, loop: Loop) -> None:
+        """Save every n batches / every n seconds."""
+        due = self._batch_due(loop)
+        due = self._seconds_due(loop) or due
+        if due:
+            self._save(loop, "batch")
+
+    @hookimpl
+    def after_epoch(self, loop: Loop) -> None:
+        """Save every n epochs."""
+        if self._epoch_due(loop):
+            self._save(loop, "epoch")
+
+    @hookimpl
+    def on_interrupt(self, loop: Loop) -> None:
+        """Save the state a signal stopped at; wait for the write."""
+        if self.save_on_interrupt:
+            self._save(loop, "interrupt")
+        self.wait()
+
+    @hookimpl
+    def after_training(self, loop: Loop) -> None:
+        """Save the final state (unless just saved); wait for any write in flight."""
+        if self.save_at_end:
+            self._save(loop, "end")
+        self.wait()
+        self._spare = []
+
+    @hookimpl
+    def on_error(self, loop: Loop, error: BaseException) -> None:
+        """Save if another plugin raised at a batch boundary; always wait for the write."""
+        try:
+            if self.save_on_error and self._directory is not None and self._at_boundary(loop, error):
+                self._save(loop, "error")
+        finally:
+            failed = self.wait(raise_error=False)
+            if failed is not None:
+                warnings.warn(f"epochal-checkpoint: {failed}", RuntimeWarning, stacklevel=2)
+
+    # -- saving -----------------------------------------------------------------------------------
+
+    def directory(self, loop: Loop) -> Path:
+        """The checkpoint directory of *loop*'s run."""
+        if self.dir:
+            return Path(self.dir).expanduser()
+        if loop.run_dir is None:
+            raise ConfigError(
+                "plugin 'checkpoint' has no directory: set [plugins.checkpoint] dir or [loop] run_dir "
+                "(or disable the plugin)"
+            )
+        return Path(loop.run_dir) / "checkpoints"
+
+    def _at_boundary(self, loop: Loop, error: BaseException) -> bool:
+        plugin = loop.error_plugin
+        hook = getattr(error, "epochal_hook", None)
+        return plugin is not None and plugin != self._name and hook in BOUNDARY_HOOKS
+
+    def _save(self, loop: Loop, reason: str) -> None:
+        key = (loop.epoch, loop.iteration)
+        if key == self._last_key or self._directory is None:
+            return
+        self.wait()
+        snapshot = storage.flatten(loop.state_dict(), copy_arrays=self.async_save, reuse=self._spare)
+        self._sequence += 1
+        metric = None
+        if self.monitor:
+            value = loop.log.last(self.monitor)
+            metric = float(value) if storage.is_finite_number(value) else None
+        manifest = {
+            "sequence": self._sequence,
+            "run_id": loop.run_id,
+            "resumed_from": loop.resumed_from,
+            "lineage": list(self._lineage),
+            "epoch": loop.epoch,
+            "iteration": loop.iteration,
+            "batch_in_epoch": loop.batch_in_epoch,
+            "reason": reason,
+            "monitor": self.monitor,
+            "metric": metric,
+            "plugins": self._plugin_set,
+        }
+        name = storage.checkpoint_name(*key)
+        self._last_key = key
+        if self.async_save:
+            self._spare = snapshot.arrays  # reused by the next save, once this write is done
+            self._thread = threading.Thread(
+                target=self._background_write,
+                args=(self._directory, name, snapshot, manifest),
+                name="epochal-checkpoint-writer",
+            )
+            self._thread.start()
+        else:
+            self._write(self._directory, name, snapshot, manifest)
+
+    def _background_write(
+        self, directory: Path, name: str, snapshot: storage.Snapshot, manifest: dict[str, Any]
+    ) -> None:
+        try:
+            self._write(directory, name, snapshot, manifest)
+        except BaseException as error:  # surfaces on the next save or at the end
+            self._error = error
+
+    def _write(
+        self, directory: Path, name: str, snapshot: storage.Snapshot, manifest: dict[str, Any]
+    ) -> None:
+        info = storage.write_checkpoint(directory, name, snapshot, manifest)
+        self.last_saved = info.path
+        self._known.append(info)
+        self._prune(directory)
+
+    def wait(self, raise_error: bool = True) -> BaseException | None:
+        """Wait for the write in flight; raise (or return) its error.
+
+        :raises CheckpointWriteError: when the asynchronous write failed and *raise_error*.
+        """
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
+        error, self._error = self._error, None
+        if error is None or not raise_error:
+            return error
+        if isinstance(error, CheckpointWriteError):
+            raise error
+        raise CheckpointWriteError(
+            f"the asynchronous checkpoint save failed: {type(error).__name__}: {error}"
+        ) from error
+
+    def _prune(self, directory: Path) -> None:
+        lineage = set(self._lineage)
+        mine = [info for info in self._known if info.manifest.get("run_id") in lineage]
+        if self.keep_last is None or not mine:
+            return
+        keep = {mine[-1].name}  # the newest is what --resume continues from
+        if self.keep_last:
+            keep.update(info.name for info in mine[-self.keep_last :])
+        if self.keep_best:
+            scored = [info for info in mine if storage.is_finite_number(info.manifest.get("metric"))]
+            scored.sort(key=lambda info: float(info.manifest["metric"]), reverse=self.mode == "max")
+            keep.update(info.name for info in scored[: self.keep_best])
+        doomed = [info for info in mine if info.name not in keep]
+        for info in doomed:
+            try:
+                storage.delete_checkpoint(info.path)
+            except FileNotFoundError:
+                pass
+            except OSError as error:
+                warnings.warn(
+                    f"cannot delete old checkpoint {str(info.path)!r}: {error.strerror or error}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                continue
+            self._known.remove(info)
+        if doomed:
+            storage.fsync_dir(directory)
+
+
+class Load:
+    """Start a run from a given checkpoint: its full state, or the model's arrays only.
+
+    :param path: a checkpoint directory, or a directory of checkpoints (its newest complete one
+        is used). None: do nothing.
+    :param weights_only: load only the model's arrays (fine-tuning): counters, log, RNG,
+        streams and plugin states start afresh.
+
+    A run started with ``--resume`` continues from its own newest checkpoint when the
+    ``checkpoint`` plugin is part of the run; ``load`` then does nothing.
+    """
+
+    def __init__(self, path: str | None = None, weights_only: bool = False) -> None:
+        self.path = path
+        self.weights_only = weights_only
+        #: the checkpoint that was loaded (None until then).
+        self.loaded: Path | None = None
+
+    @hookimpl
+    def resume_state(self, loop: Loop, resume: bool) -> dict[str, Any] | None:
+        """The full state of the checkpoint at ``path`` (None for weights_only)."""
+        if self.path is None or self.weights_only:
+            return None
+        if resume and any(isinstance(p, Checkpoint) for p in loop.plugins.values()):
+            return None
+        state, where = read_from(Path(self.path).expanduser())
+        check_fits(loop, state, where)
+        self.loaded = where
+        return state
+
+    @hookimpl
+    def before_training(self, loop: Loop) -> None:
+        """With weights_only: copy the checkpoint's model arrays into the model."""
+        if self.path is None or not self.weights_only or loop.resumed:
+            return
+        state, where = read_from(Path(self.path).expanduser(), model_only=True)
+        check_model(loop, state.get("model"), where)
+        self.loaded = where
+
+
+def read_from(path: Path, model_only: bool = False) -> tuple[dict[str, Any], Path]:
+    """Read the checkpoint at *path*: a checkpoint, its manifest or ``latest`` file, or a
+    directory of checkpoints (its newest complete one). Return ``(state, checkpoint path)``."""
+    if not path.exists():
+        raise CheckpointNotFoundError(f"no checkpoint at {str(path)!r} (the path does not exist)")
+    if path.is_file() and path.name == storage.MANIFEST:
+        path = path.parent
+    elif path.is_file() and path.name == storage.POINTER:
+        name = storage.read_pointer(path.parent)
+        if name is None:
+            raise CheckpointNotFoundError(f"{str(path)!r} names no checkpoint")
+        path = path.parent / name
+    if path.is_dir() and not (path / storage.MANIFEST).exists():
+        infos, _ = storage.list_checkpoints(path)
+        if not infos:
+            raise ForeignCheckpointError(
+                f"{str(path)!r} is neither an epochal checkpoint (no {storage.MANIFEST}) nor a "
+                "directory of checkpoints"
+            )
+        state, info = storage.load_latest(path, model_only=model_only)
+        return state, info.path
+    state, _ = storage.read_checkpoint(path, model_only=model_only)
+    return state, path
+
+
+def structure_mismatches(expected: Any, found: Any, where: str) -> list[str]:
+    """The differences in keys, array shapes and dtypes between two model states."""
+    import numpy as np
+
+    if isinstance(expected, Mapping):
+        if not isinstance(found, Mapping):
+            return [f"{where}: expected a dict, found {type(found).__name__}"]
+        problems = []
+        if missing := sorted(map(str, expected.keys() - found.keys())):
+            problems.append(f"missing keys {', '.join(f'{where}.{k}' for k in missing)}")
+        if unexpected := sorted(map(str, found.keys() - expected.keys())):
+            problems.append(f"unexpected keys {', '.join(f'{where}.{k}' for k in unexpected)}")
+        for key in sorted(expected.keys() & found.keys(), key=str):
+            problems += structure_mismatches(expected[key], found[key], f"{where}.{key}")
+        return problems
+    if isinstance(expected, np.ndarray):
+        if not isinstance(found, np.ndarray):
+            return [f"{where}: expected an array, found {type(found).__name__}"]
+        problems = []
+        if found.shape != expected.shape:
+            problems.append(f"{where}: shape {found.shape} != expected {expected.shape}")
+        if found.dtype != expected.dtype:
+            problems.append(f"{where}: dtype {found.dtype} != expected {expected.dtype}")
+        return problems
+    return []
+
+
+def check_model(loop: Loop, model_state: Any, where: Path) -> None:
+    """Load *model_state* into ``loop.model``, or raise one error naming the checkpoint.
+
+    :raises StateMismatchError: listing missing/unexpected keys and shape/dtype mismatches, or
+        carrying the model's own refusal.
+    """
+    problems = structure_mismatches(loop.model.state_dict(), model_state, "model")
+    if problems:
+        raise StateMismatchError(f"checkpoint {str(where)!r} does not fit the model: " + "; ".join(problems))
+    try:
+        loop.model.load_state_dict(model_state)
+    except Exception as error:
+        raise StateMismatchError(
+            f"checkpoint {str(where)!r} does not fit the model: {type(error).__name__}: {error}"
+        ) from error
+
+
+def check_fits(loop: Loop, state: Mapping[str, Any], where: Path) -> None:
+    """Check a full state against the loop's model and streams before the loop loads it.
+
+    The model and the streams load their parts here (the loop loads them again, with the same
+    result), so their own refusals become one :class:`StateMismatchError` naming the checkpoint.
+    """
+    from epochal.loop import STATE_FORMAT
+
+    if state.get("format") != STATE_FORMAT:
+        raise ForeignCheckpointError(
+            f"checkpoint {str(where)!r} holds loop state format {state.get('format')!r}; this "
+            f"epochal reads format {STATE_FORMAT}"
+        )
+    check_model(loop, state.get("model"), where)
+    for name, stream_state in (state.get("data") or {}).items():
+        stream = loop.data.get(name)
+        if stream is not None and callable(getattr(stream, "load_state_dict", None)):
+            try:
+                stream.load_state_dict(stream_state)
+            except Exception as error:
+                raise StateMismatchError(
+                    f"checkpoint {str(where)!r}: stream {name!r} cannot continue from the saved "
+                    f"position: {type(error).__name__}: {error}"
+                ) from error

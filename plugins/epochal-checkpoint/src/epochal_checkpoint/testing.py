@@ -1,0 +1,239 @@
+"""A synthetic numpy model and data for crash tests and benchmarks (no scikit-learn needed).
+
+``make_model(size=...)`` holds ``size`` float32 parameters updated deterministically by every
+batch; ``make_data(...)`` returns a seeded :class:`epochal.data.BatchStream`. Used by this
+distribution's torture test and ``bench/checkpoint_io.py``/``bench/torture_checkpoint.py``::
+
+    [model]
+    factory = "epochal_checkpoint.testing:make_model"
+    size = 1000000
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from epochal.data import BatchStream
+
+
+class SyntheticModel:
+    """``size`` float32 parameters in ``chunks`` arrays; each step adds a batch-derived value."""
+
+    def __init__(self, size: int = 1_000_000, chunks: int = 4, seed: int = 0) -> None:
+        rng = np.random.default_rng(seed)
+        per = max(1, size // chunks)
+        self.params = {f"p{i}": rng.standard_normal(per, dtype=np.float32) for i in range(chunks)}
+        self.steps = 0
+
+    def train_step(self, batch: Any) -> dict[str, float]:
+        """Move every parameter array by a batch-dependent amount; return a loss."""
+        value = np.float32(np.asarray(batch, dtype=np.float32).mean())
+        for array in self.params.values():
+            array *= np.float32(0.999)
+            array += value
+        self.steps += 1
+        return {"loss": float(value)}
+
+    def eval_step(self, batch: Any) -> dict[str, float]:
+        """A loss derived from the first parameters."""
+        return {"loss": float(next(iter(self.params.values()))[:16].mean())}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The parameter arrays themselves (not copies, as frameworks do) and the step count."""
+        return {**self.params, "steps": self.steps}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Copy a state from :meth:`state_dict` back in."""
+        for key, array in self.params.items():
+            np.copyto(array, state[key])
+        self.steps = int(state["steps"])
+
+
+def make_model(size: int = 1_000_000, chunks: int = 4, seed: int = 0) -> SyntheticModel:
+    """A :class:`SyntheticModel`."""
+    return SyntheticModel(size, chunks, seed)
+
+
+def make_data(examples: int = 256, batch_size: int = 16, seed: int = 0) -> dict[str, BatchStream]:
+    """A shuffled train stream and a small valid stream of random float32 rows."""
+    x = np.random.default_rng(seed).standard_normal((examples, 8), dtype=np.float32)
+    return {
+        "train": BatchStream(x, batch_size=batch_size, seed=seed),
+        "valid": BatchStream(x[:32], batch_size=batch_size, shuffle=False, seed=seed),
+    }
+
+
+# -- crash torture ------------------------------------------------------------------------------
+
+TORTURE_CONFIG = """\
+[loop]
+max_epochs = 1000000
+seed = 0
+run_dir = "run"
+
+[model]
+factory = "epochal_checkpoint.testing:make_model"
+size = {size}
+
+[data]
+factory = "epochal_checkpoint.testing:make_data"
+
+[plugins]
+order = ["checkpoint"]
+autoload = false
+
+[plugins.checkpoint]
+every_n_batches = {every}
+keep_last = 2
+async_save = {async_save}
+"""
+
+
+@dataclass
+class TortureReport:
+    """What :func:`torture` observed."""
+
+    kills: int = 0
+    partial_writes_seen: int = 0
+    checkpoints_verified: int = 0
+    resumes: int = 0
+    final_runs: int = 0
+    exact_matches: int = 0
+    failures: list[str] = field(default_factory=list)
+
+
+def _cli(args: list[str], cwd: Path, **kwargs: Any) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
+    return subprocess.Popen(
+        [sys.executable, "-c", "from epochal.cli import main; main()", *args], cwd=cwd, env=env, **kwargs
+    )
+
+
+def verify_directory(directory: Path) -> tuple[int, list[str]]:
+    """Check every checkpoint under a final name reads and verifies, and ``latest`` names one.
+
+    Returns ``(checkpoints verified, problems)``.
+    """
+    from epochal_checkpoint import storage
+
+    problems = []
+    infos, ignored = storage.list_checkpoints(directory)
+    problems += [f"{directory}/{name}: {why}" for name, why in ignored]
+    for info in infos:
+        try:
+            storage.read_checkpoint(info.path)
+        except Exception as error:
+            problems.append(f"{info.path}: {type(error).__name__}: {error}")
+    pointer = storage.read_pointer(directory)
+    if pointer is not None and pointer not in {info.name for info in infos}:
+        problems.append(f"{directory}/latest names {pointer!r}, which is not a complete checkpoint")
+    return len(infos), problems
+
+
+def _chain(
+    workdir: Path, kills: int, size: int, async_save: bool, rng: random.Random, report: TortureReport
+) -> None:
+    from epochal_checkpoint import storage
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "run.toml").write_text(
+        TORTURE_CONFIG.format(size=size, every=1, async_save=str(async_save).lower())
+    )
+    directory = workdir / "run" / "checkpoints"
+    for _ in range(kills):
+        resume = bool(storage.list_checkpoints(directory)[0])
+        with open(workdir / "stderr.txt", "wb") as err:
+            proc = _cli(
+                ["run", "run.toml", *(["--resume"] if resume else [])],
+                workdir,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
+            time.sleep(rng.uniform(0.1, 1.2))
+            if proc.poll() is not None:
+                report.failures.append(
+                    f"{workdir}: the run ended (status {proc.returncode}) before it was killed: "
+                    + (workdir / "stderr.txt").read_text(errors="replace")[-2000:]
+                )
+                continue
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        report.kills += 1
+        report.resumes += resume
+        if directory.is_dir() and any(storage.TMP_RE.search(p.name) for p in directory.iterdir()):
+            report.partial_writes_seen += 1
+        count, problems = verify_directory(directory) if directory.is_dir() else (0, [])
+        report.checkpoints_verified += count
+        report.failures += problems
+
+
+def _final(workdir: Path, size: int, report: TortureReport) -> None:
+    """Resume once more to a fixed iteration; compare with a straight in-process run."""
+    from epochal import Loop
+    from epochal_checkpoint import storage
+
+    directory = workdir / "run" / "checkpoints"
+    infos, _ = storage.list_checkpoints(directory)
+    target = (infos[-1].manifest["iteration"] if infos else 0) + 3
+    args = ["run", "run.toml", "--set", f"loop.max_iterations={target}", *(["--resume"] if infos else [])]
+    proc = _cli(args, workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _out, err = proc.communicate(timeout=300)
+    if proc.returncode != 0:
+        report.failures.append(
+            f"{workdir}: final --resume failed ({proc.returncode}): {err.decode()[-2000:]}"
+        )
+        return
+    report.final_runs += 1
+    state, info = storage.load_latest(directory)
+    if state["iteration"] != target:
+        report.failures.append(f"{workdir}: final checkpoint {info.name} is not at iteration {target}")
+        return
+    straight = Loop(make_model(size), make_data(), max_iterations=target, seed=0, handle_signals=False)
+    straight.run()
+    same = all(state["model"][k].tobytes() == v.tobytes() for k, v in straight.model.params.items())
+    same = same and state["model"]["steps"] == straight.model.steps
+    same = same and repr(state["log"]["rows"]) == repr(straight.log.state_dict()["rows"])
+    if same:
+        report.exact_matches += 1
+    else:
+        report.failures.append(
+            f"{workdir}: the resumed run differs from a straight run to iteration {target}"
+        )
+
+
+def torture(
+    workdir: Path, chains: int = 5, kills: int = 10, size: int = 1_000_000, parallel: int = 2, seed: int = 0
+) -> TortureReport:
+    """Kill ``epochal run`` with SIGKILL at random moments, *kills* times in each of *chains* runs.
+
+    Each chain restarts its run with ``--resume`` after every kill (once a checkpoint exists),
+    checkpointing after every batch (chains alternate sync and async saves). After every kill
+    every checkpoint under a final name must verify; at the end each chain resumes to a fixed
+    iteration and must match a straight run bitwise.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    report = TortureReport()
+    rngs = [random.Random(seed * 1000 + c) for c in range(chains)]
+    with ThreadPoolExecutor(parallel) as pool:
+        futures = [
+            pool.submit(_chain, Path(workdir) / f"chain{c}", kills, size, c % 2 == 1, rngs[c], report)
+            for c in range(chains)
+        ]
+        for future in futures:
+            future.result()
+        futures = [pool.submit(_final, Path(workdir) / f"chain{c}", size, report) for c in range(chains)]
+        for future in futures:
+            future.result()
+    return report

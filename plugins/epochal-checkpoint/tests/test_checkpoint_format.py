@@ -1,0 +1,232 @@
+"""The checkpoint format: exact round trips, refused values, pickle payloads, corruption, foreign data."""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import pickle
+import re
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from epochal_checkpoint import (
+    CorruptCheckpointError,
+    ForeignCheckpointError,
+    UnsafeCheckpointError,
+    UnsupportedStateError,
+    list_checkpoints,
+    load_latest,
+    read_checkpoint,
+)
+from epochal_checkpoint.storage import (
+    clean_temporaries,
+    flatten,
+    read_pointer,
+    write_checkpoint,
+)
+
+
+class Color(enum.IntEnum):
+    RED = 1
+
+
+def save(directory: Path, state: dict[str, Any], name: str = "ckpt-e0000-i000001", sequence: int = 1) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    return write_checkpoint(directory, name, flatten(state), {"sequence": sequence, "run_id": "r"}).path
+
+
+def tricky_state() -> dict[str, Any]:
+    return {
+        "ints": [0, -1, 2**63, -(2**64) - 1, 2**100, 3**9000, Color.RED],
+        "floats": [0.1, -0.0, math.inf, -math.inf, 1e-320, 1.7976931348623157e308],
+        "nan": math.nan,
+        "strings": ["", "ünïcode", "\ud800 lone surrogate", "null"],
+        "flags": [True, False, None],
+        "tuple": (1, (2, "three")),
+        "nested": {"a": {"b": {"c": []}}, "empty": {}},
+        "arrays": {
+            "f32": np.arange(12, dtype=np.float32).reshape(3, 4),
+            "fortran": np.asfortranarray(np.arange(6, dtype=np.int16).reshape(2, 3)),
+            "strided": np.arange(10, dtype=np.float64)[::3],
+            "zero_d": np.array(7, dtype=np.uint8),
+            "empty": np.zeros((0, 5), dtype=np.complex64),
+            "big_endian": np.arange(3, dtype=">i4"),
+            "structured": np.array([(1, 2.5)], dtype=[("a", "i4"), ("b", "f8")]),
+            "dates": np.array(["2024-01-01"], dtype="datetime64[D]"),
+            "bools": np.array([True, False]),
+        },
+        "scalars": [np.float32(1.5), np.int64(-3), np.bool_(True), np.float64(0.25)],
+        "list_of_arrays": [np.ones(2), {"deep": np.zeros(1, dtype=np.int8)}],
+    }
+
+
+def test_round_trip_is_exact_tuples_become_lists(tmp_path: Path) -> None:
+    state = tricky_state()
+    loaded, manifest = read_checkpoint(save(tmp_path, state))
+    assert manifest["sequence"] == 1 and set(manifest["files"]) == {"arrays.npy", "state.json"}
+    assert loaded["ints"] == [0, -1, 2**63, -(2**64) - 1, 2**100, 3**9000, 1]
+    assert [repr(f) for f in loaded["floats"]] == [repr(f) for f in state["floats"]]
+    assert math.isnan(loaded["nan"])
+    assert loaded["strings"] == state["strings"] and loaded["flags"] == state["flags"]
+    assert loaded["tuple"] == [1, [2, "three"]]
+    assert loaded["nested"] == state["nested"]
+    for key, array in state["arrays"].items():
+        got = loaded["arrays"][key]
+        assert type(got) is np.ndarray and got.dtype == array.dtype and got.shape == array.shape, key
+        assert got.tobytes() == np.ascontiguousarray(array).tobytes(), key
+    for want, got in zip(state["scalars"], loaded["scalars"], strict=True):
+        assert type(got) is type(want) and got == want
+    assert loaded["list_of_arrays"][1]["deep"].dtype == np.int8
+
+
+def test_arrays_file_is_a_sequence_of_npy_records(tmp_path: Path) -> None:
+    path = save(tmp_path, {"a": np.arange(3), "b": {"c": np.ones((2, 2), np.float32)}})
+    with open(path / "arrays.npy", "rb") as file:
+        first, second = np.load(file, allow_pickle=False), np.load(file, allow_pickle=False)
+    assert first.tolist() == [0, 1, 2] and second.shape == (2, 2)
+
+
+@pytest.mark.parametrize(
+    ("state", "where", "what"),
+    [
+        ({"plugins": {"monitor": {"state": {"foo": object()}}}}, "plugins.monitor.state.foo", "object"),
+        ({"log": {"rows": [1, 2, {3: "x"}]}}, "log.rows[2]", "dict key 3"),
+        ({"model": {"w": np.array([object()])}}, "model.w", "dtype object"),
+        ({"s": {1, 2}}, "s", "set"),
+        ({"m": np.ma.masked_array([1, 2], mask=[0, 1])}, "m", "masked"),
+    ],
+)
+def test_unsupported_values_are_refused_at_save_naming_the_key(state: Any, where: str, what: str) -> None:
+    with pytest.raises(UnsupportedStateError, match=re.escape(f"'{where}'") + f".*{what}"):
+        flatten(state)
+
+
+def test_a_reference_cycle_is_refused() -> None:
+    state: dict[str, Any] = {"a": []}
+    state["a"].append(state)
+    with pytest.raises(UnsupportedStateError, match=r"'a\[0\]'.*cycle"):
+        flatten(state)
+
+
+def test_snapshot_does_not_follow_later_changes_with_copy_arrays() -> None:
+    weights, rows = np.zeros(3), {"1": {"loss": 1.0}}
+    snapshot = flatten({"w": weights, "rows": rows}, copy_arrays=True)
+    weights += 1
+    rows["1"]["loss"] = 2.0
+    assert snapshot.arrays[0].tolist() == [0, 0, 0]
+    assert snapshot.tree["rows"]["1"]["loss"] == 1.0
+
+
+def forge_object_array_checkpoint(path: Path) -> None:
+    """Replace the arrays file with one holding a pickled object array, checksums fixed up."""
+    payload = np.array([{"evil": "payload"}], dtype=object)
+    with open(path / "arrays.npy", "wb") as file:
+        np.save(file, payload, allow_pickle=True)
+    state = json.loads((path / "state.json").read_text())
+    state["arrays"] = [{"path": ["w"], "kind": "array", "dtype": "|O", "shape": [1], "offset": 0}]
+    (path / "state.json").write_text(json.dumps(state))
+    manifest = json.loads((path / "manifest.json").read_text())
+    for name in ("arrays.npy", "state.json"):
+        data = (path / name).read_bytes()
+        manifest["files"][name] = {"size": len(data), "crc32": f"{zlib.crc32(data):08x}"}
+    (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_a_pickle_payload_is_refused(tmp_path: Path) -> None:
+    path = save(tmp_path, {"w": np.zeros(2)})
+    forge_object_array_checkpoint(path)
+    with pytest.raises(UnsafeCheckpointError, match=r"arrays.npy array 'w' holds a pickle payload"):
+        read_checkpoint(path)
+    with pytest.raises(UnsafeCheckpointError):  # never silently skipped for an older one
+        load_latest(tmp_path)
+
+
+def test_a_pickle_file_is_refused(tmp_path: Path) -> None:
+    file = tmp_path / "model.pt"
+    file.write_bytes(pickle.dumps({"w": [1, 2]}))
+    with pytest.raises(UnsafeCheckpointError, match=r"model.pt.*pickle file"):
+        read_checkpoint(file)
+
+
+@pytest.mark.parametrize("damage", ["flip a byte", "truncate", "delete state.json", "garble manifest"])
+def test_a_corrupt_latest_falls_back_to_the_previous_one_with_a_warning(tmp_path: Path, damage: str) -> None:
+    save(tmp_path, {"w": np.full(1000, 1.0)}, "ckpt-e0000-i000001", 1)
+    newest = save(tmp_path, {"w": np.full(1000, 2.0)}, "ckpt-e0000-i000002", 2)
+    if damage == "flip a byte":
+        data = bytearray((newest / "arrays.npy").read_bytes())
+        data[500] ^= 0xFF
+        (newest / "arrays.npy").write_bytes(data)
+    elif damage == "truncate":
+        with open(newest / "arrays.npy", "r+b") as file:
+            file.truncate(100)
+    elif damage == "delete state.json":
+        (newest / "state.json").unlink()
+    else:
+        (newest / "manifest.json").write_text("{not json")
+    with pytest.raises(CorruptCheckpointError, match="ckpt-e0000-i000002"):
+        read_checkpoint(newest)
+    if damage == "garble manifest":  # not even listed as a checkpoint, but reported
+        assert [name for name, _ in list_checkpoints(tmp_path)[1]] == ["ckpt-e0000-i000002"]
+    with pytest.warns(RuntimeWarning) as warned:
+        state, info = load_latest(tmp_path)
+    assert "ckpt-e0000-i000002" in str(warned[0].message)
+    assert info.name == "ckpt-e0000-i000001" and state["w"][0] == 1.0
+
+
+def test_every_checkpoint_corrupt_is_one_error_listing_them(tmp_path: Path) -> None:
+    for i in (1, 2):
+        path = save(tmp_path, {"w": np.zeros(10)}, f"ckpt-e0000-i00000{i}", i)
+        (path / "arrays.npy").write_bytes(b"\x93NUMPY garbage")
+    with (
+        pytest.warns(RuntimeWarning),
+        pytest.raises(CorruptCheckpointError, match=r"every checkpoint.*i000001"),
+    ):
+        load_latest(tmp_path)
+
+
+def test_foreign_directories_and_files_are_clear_errors(tmp_path: Path) -> None:
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(ForeignCheckpointError, match=r"plain.*no manifest.json"):
+        read_checkpoint(tmp_path / "plain")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "manifest.json").write_text('{"format": "orbax"}')
+    with pytest.raises(ForeignCheckpointError, match="another format"):
+        read_checkpoint(other)
+    newer = save(tmp_path / "newer", {"w": 1})
+    manifest = json.loads((newer / "manifest.json").read_text())
+    (newer / "manifest.json").write_text(json.dumps({**manifest, "version": 99}))
+    with pytest.raises(ForeignCheckpointError, match="format version 99"):
+        read_checkpoint(newer)
+    np.savez(tmp_path / "weights.npz", w=np.zeros(2))
+    with pytest.raises(ForeignCheckpointError, match="zip archive"):
+        read_checkpoint(tmp_path / "weights.npz")
+
+
+def test_names_are_never_overwritten_and_pointer_names_the_newest(tmp_path: Path) -> None:
+    first = save(tmp_path, {"w": 1}, "ckpt-e0001-i000010")
+    second = save(tmp_path, {"w": 2}, "ckpt-e0001-i000010", sequence=2)
+    assert (first.name, second.name) == ("ckpt-e0001-i000010", "ckpt-e0001-i000010-v2")
+    assert read_pointer(tmp_path) == "ckpt-e0001-i000010-v2"
+    assert read_checkpoint(first)[0]["w"] == 1 and load_latest(tmp_path)[0]["w"] == 2
+
+
+def test_cleanup_removes_only_our_temporary_names(tmp_path: Path) -> None:
+    ours = tmp_path / ("ckpt-e0000-i000001.epochal-tmp-" + "a" * 32)
+    ours.mkdir()
+    (ours / "arrays.npy").write_bytes(b"partial")
+    (tmp_path / ("latest.epochal-tmp-" + "b" * 32)).write_text("x")
+    keep = [
+        tmp_path / "ckpt-e0000-i000001.tmp-123",
+        tmp_path / "my-notes.tmp",
+        tmp_path / "ckpt-moved-by-user",
+    ]
+    for path in keep:
+        path.mkdir()
+    removed = clean_temporaries(tmp_path)
+    assert len(removed) == 2 and not ours.exists()
+    assert all(path.exists() for path in keep)
