@@ -67,7 +67,7 @@ def test_run_before_is_honoured_and_autoload_appends_sorted(epochal_cli, write_c
         "--set",
         "plugins.autoload=true",
         "--disable",
-        "tw_cycle_a,tw_cycle_b,tw_typo,tw_badarg,tw_needy,tw_rival",
+        "tw_cycle_a,tw_cycle_b,tw_typo,tw_badarg,tw_needy,tw_rival,tw_forgetful",
     )
     assert result.returncode == 0, result.stderr
     assert "tw_broken" in result.stderr  # an autoloaded plugin failing to import is a warning

@@ -108,7 +108,8 @@ class Checkpoint:
         )
         self.keep_last, self.keep_best, self.monitor, self.mode = keep_last, keep_best, monitor, mode
         self.async_save = async_save
-        #: run ids of this run and the runs it resumed from: only their checkpoints are pruned.
+        #: run ids of this run and the runs it resumed from (from the resumed checkpoint's
+        #: manifest): only their checkpoints are pruned.
         self._lineage: list[str] = []
         self._directory: Path | None = None
         self._known: list[storage.CheckpointInfo] = []
@@ -121,16 +122,6 @@ class Checkpoint:
         self._spare: list[Any] = []
         #: the path of the newest checkpoint written by this run (None before the first).
         self.last_saved: Path | None = None
-
-    # -- state kept across resumes --------------------------------------------------------------
-
-    def state_dict(self) -> dict[str, Any]:
-        """The run ids whose checkpoints this run may prune."""
-        return {"lineage": list(self._lineage)}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore the lineage of a resumed run."""
-        self._lineage = [str(run_id) for run_id in state.get("lineage", [])]
 
     # -- hooks ------------------------------------------------------------------------------------
 
@@ -147,6 +138,9 @@ class Checkpoint:
         except CheckpointNotFoundError as error:
             raise CheckpointNotFoundError(f"cannot resume: {error}") from None
         check_fits(loop, state, info.path)
+        # The lineage is bookkeeping of the runs, not training state: it comes from the manifest
+        # of the checkpoint resumed from, so the loop's state stays identical to a straight run's.
+        self._lineage = [str(run_id) for run_id in info.manifest.get("lineage", [])]
         return state
 
     @hookimpl

@@ -104,6 +104,13 @@ class Shy(Recorder):
     autoload = False
 
 
+class Forgetful(Recorder):
+    """Saves its state but does not restore it: a resumed run drifts from a straight one."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
 class Bundle(CompositePlugin):
     """Two recorders ordered and configured as one unit."""
 

@@ -1,0 +1,62 @@
+"""`epochal check-resume` on the example config and on a plugin that forgets its state."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("epochal_checkpoint")  # installed with every plugin by tox
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "digits.toml"
+
+
+def test_example_config_resumes_bitwise(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "epochal",
+            "check-resume",
+            str(EXAMPLE),
+            "--at",
+            "30",
+            "--set",
+            "loop.max_epochs=3",
+            "--disable",
+            "progress",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "ok: interrupted after batch 30 of 69 and resumed" in result.stdout
+    assert "left out (not deterministic): timing" in result.stdout
+    assert not (tmp_path / "runs").exists()  # every run used its own temporary run directory
+
+
+def test_a_plugin_that_forgets_its_state_is_named(epochal_cli, write_config):
+    config = write_config(["tw_forgetful", "checkpoint"])
+    result = epochal_cli("check-resume", str(config), "--at", "3")
+    assert result.returncode == 1, result.stderr
+    assert "MISMATCH after resuming at batch 3: plugins.tw_forgetful.count" in result.stderr
+    assert "straight run has 8, resumed run has 5" in result.stderr
+
+
+def test_at_out_of_range_is_a_clear_error(epochal_cli, write_config):
+    result = epochal_cli("check-resume", str(write_config(["checkpoint"])), "--at", "99")
+    assert result.returncode == 2
+    assert "Error: --at must be between 1 and 7" in result.stderr
+
+
+def test_needs_a_checkpoint_plugin(epochal_cli, write_config):
+    result = epochal_cli("check-resume", str(write_config(["tw_alpha"])))
+    assert result.returncode == 2
+    assert "needs a plugin that saves and restores checkpoints" in result.stderr
