@@ -35,7 +35,12 @@ def hooks_page() -> str:
 
 
 def cli_page() -> str:
-    lines = ["# CLI reference", "", "Generated from the `epochal` click commands, plugins' commands included.", ""]
+    lines = [
+        "# CLI reference",
+        "",
+        "Generated from the `epochal` click commands, plugins' commands included.",
+        "",
+    ]
     root = click.Context(cli, info_name="epochal")
     lines += ["## `epochal`", "", "```text", cli.get_help(root), "```", ""]
     for name in cli.list_commands(root):

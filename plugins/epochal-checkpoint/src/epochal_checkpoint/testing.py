@@ -199,10 +199,11 @@ def _final(workdir: Path, size: int, report: TortureReport) -> None:
     if state["iteration"] != target:
         report.failures.append(f"{workdir}: final checkpoint {info.name} is not at iteration {target}")
         return
-    straight = Loop(make_model(size), make_data(), max_iterations=target, seed=0, handle_signals=False)
+    model = make_model(size)
+    straight = Loop(model, make_data(), max_iterations=target, seed=0, handle_signals=False)
     straight.run()
-    same = all(state["model"][k].tobytes() == v.tobytes() for k, v in straight.model.params.items())
-    same = same and state["model"]["steps"] == straight.model.steps
+    same = all(state["model"][k].tobytes() == v.tobytes() for k, v in model.params.items())
+    same = same and state["model"]["steps"] == model.steps
     same = same and repr(state["log"]["rows"]) == repr(straight.log.state_dict()["rows"])
     if same:
         report.exact_matches += 1
