@@ -47,7 +47,7 @@ Run = Callable[..., subprocess.CompletedProcess[str]]
 
 
 @pytest.fixture
-def epochal_cli(throwaway_site: Path, tmp_path: Path) -> Run:
+def throwaway_cli(throwaway_site: Path, tmp_path: Path) -> Run:
     """Run ``python -m epochal ARGS`` in tmp_path with the throwaway plugins installed."""
 
     def run(

@@ -42,21 +42,21 @@ def test_example_config_resumes_bitwise(tmp_path):
     assert not (tmp_path / "runs").exists()  # every run used its own temporary run directory
 
 
-def test_a_plugin_that_forgets_its_state_is_named(epochal_cli, write_config):
+def test_a_plugin_that_forgets_its_state_is_named(throwaway_cli, write_config):
     config = write_config(["tw_forgetful", "checkpoint"])
-    result = epochal_cli("check-resume", str(config), "--at", "3")
+    result = throwaway_cli("check-resume", str(config), "--at", "3")
     assert result.returncode == 1, result.stderr
     assert "MISMATCH after resuming at batch 3: plugins.tw_forgetful.count" in result.stderr
     assert "straight run has 8, resumed run has 5" in result.stderr
 
 
-def test_at_out_of_range_is_a_clear_error(epochal_cli, write_config):
-    result = epochal_cli("check-resume", str(write_config(["checkpoint"])), "--at", "99")
+def test_at_out_of_range_is_a_clear_error(throwaway_cli, write_config):
+    result = throwaway_cli("check-resume", str(write_config(["checkpoint"])), "--at", "99")
     assert result.returncode == 2
     assert "Error: --at must be between 1 and 7" in result.stderr
 
 
-def test_needs_a_checkpoint_plugin(epochal_cli, write_config):
-    result = epochal_cli("check-resume", str(write_config(["tw_alpha"])))
+def test_needs_a_checkpoint_plugin(throwaway_cli, write_config):
+    result = throwaway_cli("check-resume", str(write_config(["tw_alpha"])))
     assert result.returncode == 2
     assert "needs a plugin that saves and restores checkpoints" in result.stderr

@@ -14,96 +14,96 @@ def assert_clean_error(result, *fragments):
         assert fragment in lines[0], lines[0]
 
 
-def test_plugin_that_fails_to_import_named_explicitly(epochal_cli, write_config):
-    result = epochal_cli("run", str(write_config(["tw_broken"])))
+def test_plugin_that_fails_to_import_named_explicitly(throwaway_cli, write_config):
+    result = throwaway_cli("run", str(write_config(["tw_broken"])))
     assert_clean_error(
         result, "tw_broken", "epochal_throwaway.broken:Plugin", "epochal-throwaway", "broken on purpose"
     )
 
 
-def test_misspelled_hook(epochal_cli, write_config):
-    result = epochal_cli("run", str(write_config(["tw_typo"])))
+def test_misspelled_hook(throwaway_cli, write_config):
+    result = throwaway_cli("run", str(write_config(["tw_typo"])))
     assert_clean_error(result, "'tw_typo'", "unknown hook 'after_bach'", "did you mean 'after_batch'")
 
 
-def test_misspelled_argument(epochal_cli, write_config):
-    result = epochal_cli("run", str(write_config(["tw_badarg"])))
+def test_misspelled_argument(throwaway_cli, write_config):
+    result = throwaway_cli("run", str(write_config(["tw_badarg"])))
     assert_clean_error(result, "'tw_badarg'", "'output'", "did you mean 'outputs'")
 
 
-def test_unknown_option(epochal_cli, write_config):
+def test_unknown_option(throwaway_cli, write_config):
     config = write_config(["tw_alpha"], extra="[plugins.tw_alpha]\nslep = 1.0\n")
     assert_clean_error(
-        epochal_cli("run", str(config)), "[plugins.tw_alpha]", "'slep'", "did you mean 'sleep'", "fail_in"
+        throwaway_cli("run", str(config)), "[plugins.tw_alpha]", "'slep'", "did you mean 'sleep'", "fail_in"
     )
 
 
-def test_option_of_the_wrong_type(epochal_cli, write_config):
+def test_option_of_the_wrong_type(throwaway_cli, write_config):
     config = write_config(["tw_alpha"], extra='[plugins.tw_alpha]\nsleep = "fast"\n')
-    assert_clean_error(epochal_cli("run", str(config)), "'sleep'", "must be float", "'fast'")
+    assert_clean_error(throwaway_cli("run", str(config)), "'sleep'", "must be float", "'fast'")
 
 
-def test_ordering_cycle(epochal_cli, write_config):
-    result = epochal_cli("run", str(write_config(["tw_cycle_a", "tw_cycle_b"])))
+def test_ordering_cycle(throwaway_cli, write_config):
+    result = throwaway_cli("run", str(write_config(["tw_cycle_a", "tw_cycle_b"])))
     assert_clean_error(result, "tw_cycle_a", "tw_cycle_b", "cycle")
 
 
-def test_order_contradicting_a_declared_constraint(epochal_cli, write_config):
-    result = epochal_cli("run", str(write_config(["tw_alpha", "tw_first"])))
+def test_order_contradicting_a_declared_constraint(throwaway_cli, write_config):
+    result = throwaway_cli("run", str(write_config(["tw_alpha", "tw_first"])))
     assert_clean_error(
         result, "'tw_first' declares run_before 'tw_alpha'", "lists 'tw_alpha' before 'tw_first'"
     )
 
 
 @pytest.mark.parametrize("where", ["order", "disable", "plugins"])
-def test_unknown_plugin_name_suggests_the_closest(epochal_cli, write_config, where):
+def test_unknown_plugin_name_suggests_the_closest(throwaway_cli, write_config, where):
     config = write_config(["tw_alpha"])
     args = {
         "order": ["--plugins", "tw_alpah"],
         "disable": ["--disable", "tw_alpah"],
         "plugins": ["--set", "plugins.tw_alpah.sleep=1.0"],
     }[where]
-    assert_clean_error(epochal_cli("run", str(config), *args), "'tw_alpah'", "did you mean 'tw_alpha'")
+    assert_clean_error(throwaway_cli("run", str(config), *args), "'tw_alpah'", "did you mean 'tw_alpha'")
 
 
-def test_malformed_toml(epochal_cli, tmp_path):
+def test_malformed_toml(throwaway_cli, tmp_path):
     (tmp_path / "bad.toml").write_text("[loop]\nmax_epochs = = 3\n")
-    assert_clean_error(epochal_cli("run", "bad.toml"), "bad.toml", "invalid TOML", "line 2")
+    assert_clean_error(throwaway_cli("run", "bad.toml"), "bad.toml", "invalid TOML", "line 2")
 
 
-def test_missing_config_file(epochal_cli):
-    assert_clean_error(epochal_cli("run", "nowhere.toml"), "nowhere.toml")
+def test_missing_config_file(throwaway_cli):
+    assert_clean_error(throwaway_cli("run", "nowhere.toml"), "nowhere.toml")
 
 
-def test_missing_factory(epochal_cli, write_config, tmp_path):
+def test_missing_factory(throwaway_cli, write_config, tmp_path):
     text = write_config(["tw_alpha"]).read_text().replace("make_model", "make_modle")
     (tmp_path / "f.toml").write_text(text)
-    assert_clean_error(epochal_cli("run", "f.toml"), "[model]", "make_modle", "did you mean 'make_model'")
+    assert_clean_error(throwaway_cli("run", "f.toml"), "[model]", "make_modle", "did you mean 'make_model'")
 
 
-def test_unknown_loop_key_and_bad_value(epochal_cli, write_config):
+def test_unknown_loop_key_and_bad_value(throwaway_cli, write_config):
     config = write_config(["tw_alpha"])
     assert_clean_error(
-        epochal_cli("run", str(config), "--set", "loop.max_epoch=3"), "[loop]", "did you mean 'max_epochs'"
+        throwaway_cli("run", str(config), "--set", "loop.max_epoch=3"), "[loop]", "did you mean 'max_epochs'"
     )
     assert_clean_error(
-        epochal_cli("run", str(config), "--set", "loop.on_empty_batch=explode"), "on_empty_batch"
+        throwaway_cli("run", str(config), "--set", "loop.on_empty_batch=explode"), "on_empty_batch"
     )
 
 
-def test_bad_set_syntax(epochal_cli, write_config):
+def test_bad_set_syntax(throwaway_cli, write_config):
     assert_clean_error(
-        epochal_cli("run", str(write_config()), "--set", "max_epochs"), "--set", "section.key=value"
+        throwaway_cli("run", str(write_config()), "--set", "max_epochs"), "--set", "section.key=value"
     )
 
 
-def test_resume_without_a_checkpoint_plugin(epochal_cli, write_config):
+def test_resume_without_a_checkpoint_plugin(throwaway_cli, write_config):
     assert_clean_error(
-        epochal_cli("run", str(write_config(["tw_alpha"])), "--resume"), "--resume", "epochal-checkpoint"
+        throwaway_cli("run", str(write_config(["tw_alpha"])), "--resume"), "--resume", "epochal-checkpoint"
     )
 
 
-def test_traceback_flag_shows_the_traceback(epochal_cli, write_config):
-    result = epochal_cli("--traceback", "run", str(write_config(["tw_typo"])))
+def test_traceback_flag_shows_the_traceback(throwaway_cli, write_config):
+    result = throwaway_cli("--traceback", "run", str(write_config(["tw_typo"])))
     assert result.returncode != 0
     assert "Traceback" in result.stderr and "PluginError" in result.stderr

@@ -9,8 +9,8 @@ def hooks_of(events, hook):
     return [e["plugin"] for e in events() if e["hook"] == hook]
 
 
-def test_plugins_json_lists_the_installed_distribution(epochal_cli):
-    result = epochal_cli("plugins", "--json", "--disable", "tw_cycle_a")
+def test_plugins_json_lists_the_installed_distribution(throwaway_cli):
+    result = throwaway_cli("plugins", "--json", "--disable", "tw_cycle_a")
     assert result.returncode == 0, result.stderr
     listing = {p["name"]: p for p in json.loads(result.stdout)}
     alpha = listing["tw_alpha"]
@@ -31,20 +31,20 @@ def test_plugins_json_lists_the_installed_distribution(epochal_cli):
     assert sorted(positions) == list(range(len(positions)))
 
 
-def test_plugins_table_and_order(epochal_cli):
-    table = epochal_cli("plugins", "--plugins", "tw_beta,tw_alpha", "--disable", "tw_cycle_a")
+def test_plugins_table_and_order(throwaway_cli):
+    table = throwaway_cli("plugins", "--plugins", "tw_beta,tw_alpha", "--disable", "tw_cycle_a")
     assert table.returncode == 0, table.stderr
     assert "tw_alpha" in table.stdout and "epochal-throwaway 1.2.3" in table.stdout
-    order = epochal_cli(
+    order = throwaway_cli(
         "plugins", "--order", "--json", "--plugins", "tw_beta,tw_alpha", "--disable", "tw_cycle_a"
     )
     after_batch = json.loads(order.stdout)["order"]["after_batch"]
     assert after_batch.index("tw_beta") < after_batch.index("tw_alpha")
 
 
-def test_run_calls_plugins_in_the_configured_order(epochal_cli, write_config, events):
+def test_run_calls_plugins_in_the_configured_order(throwaway_cli, write_config, events):
     config = write_config(["tw_beta", "tw_alpha"])
-    result = epochal_cli("run", str(config))
+    result = throwaway_cli("run", str(config))
     assert result.returncode == 0, result.stderr
     calls = hooks_of(events, "after_batch")
     assert calls[:4] == ["tw_beta", "tw_alpha", "tw_beta", "tw_alpha"]
@@ -52,16 +52,16 @@ def test_run_calls_plugins_in_the_configured_order(epochal_cli, write_config, ev
     assert "finished" in result.stdout
 
 
-def test_plugins_option_reorders_per_run(epochal_cli, write_config, events):
+def test_plugins_option_reorders_per_run(throwaway_cli, write_config, events):
     config = write_config(["tw_beta", "tw_alpha"])
-    result = epochal_cli("run", str(config), "--plugins", "tw_alpha,tw_beta")
+    result = throwaway_cli("run", str(config), "--plugins", "tw_alpha,tw_beta")
     assert result.returncode == 0, result.stderr
     assert hooks_of(events, "before_training") == ["tw_alpha", "tw_beta"]
 
 
-def test_run_before_is_honoured_and_autoload_appends_sorted(epochal_cli, write_config, events):
+def test_run_before_is_honoured_and_autoload_appends_sorted(throwaway_cli, write_config, events):
     config = write_config([], extra="")
-    result = epochal_cli(
+    result = throwaway_cli(
         "run",
         str(config),
         "--set",
@@ -74,25 +74,25 @@ def test_run_before_is_honoured_and_autoload_appends_sorted(epochal_cli, write_c
     order = hooks_of(events, "before_training")
     # sorted by name, except tw_first which declares run_before tw_alpha; tw_shy only loads when named
     assert order == ["tw_first", "tw_alpha", "tw_beta", "tw_bundle/one", "tw_bundle/two"]
-    named = epochal_cli(
+    named = throwaway_cli(
         "plugins", "--json", "--plugins", "tw_shy", "--disable", "tw_cycle_a,tw_cycle_b,tw_needy,tw_rival"
     )
     statuses = {p["name"]: p["status"] for p in json.loads(named.stdout)}
     assert statuses["tw_shy"] == "loaded"
-    unnamed = epochal_cli("plugins", "--json", "--disable", "tw_cycle_a,tw_cycle_b,tw_needy,tw_rival")
+    unnamed = throwaway_cli("plugins", "--json", "--disable", "tw_cycle_a,tw_cycle_b,tw_needy,tw_rival")
     assert {p["name"]: p["status"] for p in json.loads(unnamed.stdout)}["tw_shy"] == "available"
 
 
-def test_disable_per_run_and_composite_child(epochal_cli, write_config, events):
+def test_disable_per_run_and_composite_child(throwaway_cli, write_config, events):
     config = write_config(["tw_alpha", "tw_bundle", "tw_beta"])
-    result = epochal_cli("run", str(config), "--disable", "tw_beta,tw_bundle/two")
+    result = throwaway_cli("run", str(config), "--disable", "tw_beta,tw_bundle/two")
     assert result.returncode == 0, result.stderr
     assert hooks_of(events, "before_training") == ["tw_alpha", "tw_bundle/one"]
 
 
-def test_environment_selects_plugins(epochal_cli, write_config, events):
+def test_environment_selects_plugins(throwaway_cli, write_config, events):
     config = write_config([], extra="")
-    result = epochal_cli(
+    result = throwaway_cli(
         "run",
         str(config),
         "--set",
@@ -103,19 +103,19 @@ def test_environment_selects_plugins(epochal_cli, write_config, events):
     assert hooks_of(events, "before_training") == ["tw_beta", "tw_alpha"]
 
 
-def test_register_commands_adds_a_subcommand(epochal_cli):
-    result = epochal_cli("tw-hello", "tester")
+def test_register_commands_adds_a_subcommand(throwaway_cli):
+    result = throwaway_cli("tw-hello", "tester")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "hello tester from epochal-throwaway"
-    assert "tw-hello" in epochal_cli("--help").stdout
+    assert "tw-hello" in throwaway_cli("--help").stdout
 
 
-def test_on_error_reaches_every_plugin_and_the_error_is_reraised(epochal_cli, write_config, events):
+def test_on_error_reaches_every_plugin_and_the_error_is_reraised(throwaway_cli, write_config, events):
     config = write_config(
         ["tw_alpha", "tw_beta"],
         extra='[plugins.tw_alpha]\nfail_in = "after_batch"\nfail_on_error = true\n',
     )
-    result = epochal_cli("run", str(config))
+    result = throwaway_cli("run", str(config))
     assert result.returncode == 1
     assert "tw_alpha fails in after_batch as asked" in result.stderr
     assert "raised in hook 'after_batch' of plugin 'tw_alpha'" in result.stderr
@@ -126,12 +126,12 @@ def test_on_error_reaches_every_plugin_and_the_error_is_reraised(epochal_cli, wr
     assert "after_training" not in [e["hook"] for e in events()]
 
 
-def test_isolated_plugin_is_unregistered_and_the_run_goes_on(epochal_cli, write_config, events):
+def test_isolated_plugin_is_unregistered_and_the_run_goes_on(throwaway_cli, write_config, events):
     config = write_config(
         ["tw_alpha", "tw_beta"],
         extra='[plugins.tw_alpha]\nfail_in = "after_batch"\non_failure = "isolate"\n',
     )
-    result = epochal_cli("run", str(config))
+    result = throwaway_cli("run", str(config))
     assert result.returncode == 0, result.stderr
     assert "plugin 'tw_alpha' raised in hook 'after_batch'" in result.stderr
     assert "isolate" in result.stderr
@@ -141,47 +141,47 @@ def test_isolated_plugin_is_unregistered_and_the_run_goes_on(epochal_cli, write_
     assert "finished" in result.stdout
 
 
-def test_bad_failure_policy_is_a_clear_error(epochal_cli, write_config):
+def test_bad_failure_policy_is_a_clear_error(throwaway_cli, write_config):
     config = write_config(["tw_alpha"], extra='[plugins.tw_alpha]\non_failure = "ignore"\n')
-    result = epochal_cli("run", str(config))
+    result = throwaway_cli("run", str(config))
     assert result.returncode == 2
     assert "Error: [plugins.tw_alpha]: on_failure must be one of fatal, isolate" in result.stderr
 
 
-def test_trace_plugins_to_stderr_and_to_a_json_file(epochal_cli, write_config, tmp_path):
+def test_trace_plugins_to_stderr_and_to_a_json_file(throwaway_cli, write_config, tmp_path):
     config = write_config(["tw_beta", "tw_alpha"])
-    result = epochal_cli("run", str(config), "--trace-plugins")
+    result = throwaway_cli("run", str(config), "--trace-plugins")
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.startswith("[epochal trace] after_batch")]
     assert len(lines) == 8
     assert "tw_beta" in lines[0] and lines[0].index("tw_beta") < lines[0].index("tw_alpha")
-    result = epochal_cli("run", str(config), "--trace-plugins=trace.jsonl")
+    result = throwaway_cli("run", str(config), "--trace-plugins=trace.jsonl")
     assert result.returncode == 0, result.stderr
     records = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
     batches = [r for r in records if r["hook"] == "after_batch"]
     assert [c["plugin"] for c in batches[0]["calls"]] == ["tw_beta", "tw_alpha"]
     assert all(c["seconds"] >= 0 for r in records for c in r["calls"])
     assert [r["iteration"] for r in batches] == list(range(1, 9))
-    quiet = epochal_cli("run", str(config))
+    quiet = throwaway_cli("run", str(config))
     assert "[epochal trace]" not in quiet.stderr
-    via_env = epochal_cli("run", str(config), env={"EPOCHAL_TRACE_PLUGINS": "1"})
+    via_env = throwaway_cli("run", str(config), env={"EPOCHAL_TRACE_PLUGINS": "1"})
     assert "[epochal trace] before_training" in via_env.stderr
 
 
-def test_requires_and_conflicts_are_checked_before_training(epochal_cli, write_config, events):
+def test_requires_and_conflicts_are_checked_before_training(throwaway_cli, write_config, events):
     needy = write_config(["tw_needy"])
-    result = epochal_cli("run", str(needy))
+    result = throwaway_cli("run", str(needy))
     assert result.returncode == 2
     assert "plugin 'tw_needy' requires plugin 'tw_alpha'" in result.stderr
     assert events() == []  # nothing ran
-    check = epochal_cli("plugins", "--check", str(needy))
+    check = throwaway_cli("plugins", "--check", str(needy))
     assert check.returncode == 2 and "requires plugin 'tw_alpha'" in check.stderr
     rival = write_config(["tw_rival", "tw_beta"], name="rival.toml")
-    result = epochal_cli("plugins", "--check", str(rival))
+    result = throwaway_cli("plugins", "--check", str(rival))
     assert result.returncode == 2
     assert "plugin 'tw_rival' conflicts with plugin 'tw_beta'" in result.stderr
     good = write_config(["tw_needy", "tw_alpha"], name="good.toml")
-    result = epochal_cli("plugins", "--check", str(good))
+    result = throwaway_cli("plugins", "--check", str(good))
     assert result.returncode == 0, result.stderr
     assert "ok:" in result.stdout and "tw_needy, tw_alpha" in result.stdout
     assert events() == []

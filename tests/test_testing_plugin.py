@@ -42,3 +42,16 @@ def test_errors_can_be_captured(epochal_run):
     assert isinstance(result.error, KeyError)
     assert result.hooks()[-1] == "on_error"
     assert result.loop.error_plugin == "boom"
+
+
+def test_cli_fixture_and_digits_config(epochal_cli, tmp_path, monkeypatch):
+    from epochal.testing import digits_config
+
+    config = digits_config(tmp_path / "run.toml", [], max_epochs=1)
+    monkeypatch.setenv("EPOCHAL_PLUGINS", "does_not_exist")  # must not leak into the subprocess
+    result = epochal_cli("run", str(config))
+    assert result.returncode == 0, result.stderr
+    assert "finished after 1 epoch(s)" in result.stdout
+    assert "valid: loss=" in result.stdout
+    leaked = epochal_cli("run", str(config), env={"EPOCHAL_PLUGINS": "does_not_exist"})
+    assert leaked.returncode == 2 and "'does_not_exist'" in leaked.stderr

@@ -10,6 +10,11 @@ Opt in from a test module or conftest.py::
         assert result.count("after_epoch") == 0
         assert result.calls[-1].hook == "after_training"
 
+Fixtures: ``epochal_run`` (below), ``epochal_cli`` (runs ``python -m epochal ARGS`` in
+``tmp_path`` with no ``EPOCHAL_*`` variable of the calling environment leaking in) and
+``no_epochal_env`` (removes those variables from the test process). :func:`digits_config`
+writes a run configuration of the digits example for the plugins a test names.
+
 ``epochal_run(plugins, **loop_options)`` takes plugin objects by name (in call order) or the
 names of installed plugins (``epochal_run(["monitor"], options={"monitor": {...}})``), runs a
 deterministic numpy regression (:class:`TinyModel` on :func:`tiny_data`, or your own ``model``
@@ -19,6 +24,10 @@ and every hook call in order (pytester-style).
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -178,3 +187,78 @@ def epochal_run(tmp_path: Path) -> Callable[..., RunResult]:
         return run_loop(plugins, **kwargs)
 
     return run
+
+
+def epochal_command(
+    *args: str, cwd: str | Path, env: Mapping[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m epochal ARGS`` in *cwd*; ``EPOCHAL_*`` variables come only from *env*."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
+    environ.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "epochal", *args],
+        cwd=cwd,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture
+def epochal_cli(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run the ``epochal`` command in ``tmp_path``: ``epochal_cli("run", "run.toml", env={...})``."""
+
+    def run(
+        *args: str, env: Mapping[str, str] | None = None, timeout: float = 300
+    ) -> subprocess.CompletedProcess[str]:
+        return epochal_command(*args, cwd=tmp_path, env=env, timeout=timeout)
+
+    return run
+
+
+@pytest.fixture
+def no_epochal_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Remove every ``EPOCHAL_*`` environment variable for the test."""
+    for name in list(os.environ):
+        if name.startswith("EPOCHAL_"):
+            monkeypatch.delenv(name)
+
+
+def digits_config(
+    path: str | Path,
+    plugins: Sequence[str] = (),
+    *,
+    max_epochs: int = 2,
+    run_dir: str | Path | None = None,
+    batch_size: int = 64,
+    extra: str = "",
+) -> Path:
+    """Write a run configuration of the digits example to *path* and return it.
+
+    Only the named *plugins* run, in that order (``autoload = false``); *extra* is appended TOML
+    (``[plugins.NAME]`` tables, say). The run directory defaults to ``run`` beside the file.
+    """
+    path = Path(path)
+    run_dir = Path(run_dir) if run_dir is not None else path.parent / "run"
+    path.write_text(
+        f"""[loop]
+max_epochs = {max_epochs}
+seed = 0
+run_dir = {json.dumps(str(run_dir))}
+
+[model]
+factory = "epochal.examples.digits:make_model"
+
+[data]
+factory = "epochal.examples.digits:make_data"
+batch_size = {batch_size}
+
+[plugins]
+order = {json.dumps(list(plugins))}
+autoload = false
+"""
+        + extra,
+        encoding="utf-8",
+    )
+    return path
