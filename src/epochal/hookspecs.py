@@ -209,7 +209,8 @@ def on_error(loop: Loop, error: BaseException) -> None:
 
     Every plugin's implementation is called, each on its own: one that raises is reported and
     the others still run. The original exception is re-raised afterwards. ``loop.error_plugin``
-    names the plugin whose hook raised (None when the model or data raised).
+    names the plugin whose hook raised (None when the model or data raised); an exception raised
+    by a hook also carries the attributes ``epochal_plugin`` and ``epochal_hook``.
 
     :param loop: the training loop; its state may be inconsistent (mid-batch).
     :param error: the exception that ended the run.
