@@ -338,7 +338,8 @@ def load_plugins(
         try:
             plugin = build(name, objects[name], plugin_options)
             policies[name] = failure_policy(name, plugin, options.get(name, {}))
-            for member, member_plugin in _unit(name, plugin, {name: PluginInfo(name)}, disabled).members:
+            unit = _unit(name, plugin, infos, disabled)
+            for member, member_plugin in unit.members:
                 validate(member, member_plugin)
         except PluginError as error:
             if named:
@@ -351,7 +352,7 @@ def load_plugins(
                 raise PluginError(message) from error
             _fail(infos[name], message)
             continue
-        units.append(_unit(name, plugin, infos, disabled))
+        units.append(unit)
 
     for name in disabled:
         if "/" in name and name not in infos:
