@@ -114,8 +114,8 @@ def run(
     for stream, metrics in loop.last_metrics.items():
         shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items())
         click.echo(f"epochal: {stream}: {shown}")
-    if status["status"] == "interrupted" and loop._signum is not None:
-        sys.exit(128 + loop._signum)
+    if status["status"] == "interrupted" and loop.signal_received is not None:
+        sys.exit(128 + loop.signal_received)
 
 
 @cli.command(name="plugins")

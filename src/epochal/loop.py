@@ -173,6 +173,11 @@ class Loop:
             self._stop_reason = reason
 
     @property
+    def signal_received(self) -> int | None:
+        """The number of the last SIGINT/SIGTERM received while running (None if none)."""
+        return self._signum
+
+    @property
     def stop_requested(self) -> str | None:
         """The reason given to the first :meth:`request_stop` (None if none)."""
         return self._stop_reason
