@@ -11,15 +11,25 @@ Opt in from a test module or conftest.py::
         assert result.calls[-1].hook == "after_training"
 
 Fixtures: ``epochal_run`` (below), ``epochal_cli`` (runs ``python -m epochal ARGS`` in
-``tmp_path`` with no ``EPOCHAL_*`` variable of the calling environment leaking in) and
+``tmp_path`` with no ``EPOCHAL_*`` variable of the calling environment leaking in; annotate it
+:data:`EpochalCli`; :func:`epochal_command` does the same in any directory) and
 ``no_epochal_env`` (removes those variables from the test process). :func:`digits_config`
 writes a run configuration of the digits example for the plugins a test names.
+:class:`ResumeFrom` is a plugin handing the loop a saved ``loop.state_dict()`` (what a checkpoint
+plugin does), to test that your plugin's state survives a resume::
+
+    first = epochal_run({"mine": Mine()}, max_iterations=5)
+    resumed = epochal_run({"mine": Mine(), "resume": ResumeFrom(first.loop.state_dict())})
+    assert resumed.loop.resumed and resumed.calls_of("before_batch")[0].iteration == 5
 
 ``epochal_run(plugins, **loop_options)`` takes plugin objects by name (in call order) or the
 names of installed plugins (``epochal_run(["monitor"], options={"monitor": {...}})``), runs a
 deterministic numpy regression (:class:`TinyModel` on :func:`tiny_data`, or your own ``model``
 and ``data``) in a temporary run directory, and returns a :class:`RunResult` holding the loop
 and every hook call in order (pytester-style).
+
+A test module may import these helpers and opt in too: this module holds no assertions for
+pytest to rewrite (PYTEST_DONT_REWRITE), so importing it first raises no warning.
 """
 
 from __future__ import annotations
@@ -43,6 +53,9 @@ from epochal.loop import Loop
 from epochal.plugins import PluginSet, compose, load_plugins
 
 RECORDER = "epochal.testing.recorder"
+
+EpochalCli = Callable[..., subprocess.CompletedProcess[str]]
+"""The type of the ``epochal_cli`` fixture, to annotate a test's argument."""
 
 
 class TinyModel:
@@ -114,6 +127,17 @@ def _recording(hook: str) -> Callable[..., None]:
 for _hook in HOOK_ARGS:
     if _hook not in ("register_commands", "resume_state"):
         setattr(_Recorder, _hook, _recording(_hook))
+
+
+class ResumeFrom:
+    """A plugin handing the loop *state*, a saved ``loop.state_dict()``, to resume from."""
+
+    def __init__(self, state: Mapping[str, Any]) -> None:
+        self.state = state
+
+    @hookimpl
+    def resume_state(self) -> Mapping[str, Any]:
+        return self.state
 
 
 @dataclass
@@ -206,7 +230,7 @@ def epochal_command(
 
 
 @pytest.fixture
-def epochal_cli(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+def epochal_cli(tmp_path: Path) -> EpochalCli:
     """Run the ``epochal`` command in ``tmp_path``: ``epochal_cli("run", "run.toml", env={...})``."""
 
     def run(

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
+
+from epochal.testing import EpochalCli
+
+pytest_plugins = ["epochal.testing"]
 
 CONFIG = """
 [loop]
@@ -33,21 +34,9 @@ dir = "ckpt"
 """
 
 
-def epochal(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
-    return subprocess.run(
-        [sys.executable, "-m", "epochal", *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
-def test_children_are_listed_and_ordered_as_one_unit(tmp_path: Path) -> None:
+def test_children_are_listed_and_ordered_as_one_unit(tmp_path: Path, epochal_cli: EpochalCli) -> None:
     (tmp_path / "run.toml").write_text(CONFIG)
-    result = epochal(tmp_path, "plugins", "--json", "--config", "run.toml")
+    result = epochal_cli("plugins", "--json", "--config", "run.toml")
     assert result.returncode == 0, result.stderr
     loaded = {p["name"]: p for p in json.loads(result.stdout) if p["status"] == "loaded"}
     assert list(loaded) == ["guarded/monitor", "guarded/stop", "guarded/save"]
@@ -55,23 +44,23 @@ def test_children_are_listed_and_ordered_as_one_unit(tmp_path: Path) -> None:
     assert all(p["distribution"] == "epochal-guarded" for p in loaded.values())
 
 
-def test_shared_options_configure_every_child(tmp_path: Path) -> None:
+def test_shared_options_configure_every_child(tmp_path: Path, epochal_cli: EpochalCli) -> None:
     (tmp_path / "run.toml").write_text(CONFIG)
-    result = epochal(tmp_path, "run", "run.toml")
+    result = epochal_cli("run", "run.toml")
     assert result.returncode == 0, result.stderr
     assert "early_stopping: valid.accuracy" in result.stdout  # stopped by guarded/stop on the shared metric
     manifests = sorted((tmp_path / "ckpt").glob("*/manifest.json"))
     assert manifests, "guarded/save wrote no checkpoint"
 
 
-def test_a_child_can_be_disabled_alone(tmp_path: Path) -> None:
+def test_a_child_can_be_disabled_alone(tmp_path: Path, epochal_cli: EpochalCli) -> None:
     (tmp_path / "run.toml").write_text(CONFIG.replace("max_epochs = 30", "max_epochs = 2"))
-    result = epochal(tmp_path, "run", "run.toml", "--disable", "guarded/save")
+    result = epochal_cli("run", "run.toml", "--disable", "guarded/save")
     assert result.returncode == 0, result.stderr
     assert not (tmp_path / "ckpt").exists()
 
 
-def test_it_is_not_autoloaded(tmp_path: Path) -> None:
-    result = epochal(tmp_path, "plugins", "--json")
+def test_it_is_not_autoloaded(epochal_cli: EpochalCli) -> None:
+    result = epochal_cli("plugins", "--json")
     statuses = {p["name"]: p["status"] for p in json.loads(result.stdout)}
     assert statuses["guarded"] == "available"

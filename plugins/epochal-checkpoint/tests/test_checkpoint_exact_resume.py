@@ -11,11 +11,7 @@ Rows and parameters are compared bitwise (``repr`` of floats, ``tobytes`` of arr
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +21,7 @@ from epochal_checkpoint import Checkpoint, load_latest
 
 from epochal import Loop, hookimpl
 from epochal.examples.digits import make_data, make_model
+from epochal.testing import digits_config, epochal_command
 
 BATCHES_PER_EPOCH = 23  # 1438 training examples in batches of 64
 
@@ -148,40 +145,22 @@ def test_resume_twice_with_async_saves_is_bitwise_exact(
     ]
 
 
-def write_config(path: Path, **checkpoint: Any) -> Path:
-    options = "\n".join(f"{k} = {json.dumps(v)}" for k, v in checkpoint.items())
-    path.write_text(
-        '[loop]\nmax_epochs = 3\nseed = 0\nrun_dir = "run"\n'
-        '[model]\nfactory = "epochal.examples.digits:make_model"\n'
-        '[data]\nfactory = "epochal.examples.digits:make_data"\nbatch_size = 64\n'
-        '[plugins]\norder = ["checkpoint"]\nautoload = false\n'
-        f"[plugins.checkpoint]\n{options}\n"
-    )
-    return path
-
-
-def epochal(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
-    return subprocess.run(
-        [sys.executable, "-c", "from epochal.cli import main; main()", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 def test_cli_run_interrupted_by_max_iterations_then_resume_matches_straight_run(tmp_path: Path) -> None:
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     for d in ("a", "b"):
-        write_config(tmp_path / d / "run.toml", every_n_batches=1)
-    done = epochal(tmp_path / "a", "run", "run.toml")
+        digits_config(
+            tmp_path / d / "run.toml",
+            ["checkpoint"],
+            max_epochs=3,
+            run_dir="run",
+            extra="[plugins.checkpoint]\nevery_n_batches = 1\n",
+        )
+    done = epochal_command("run", "run.toml", cwd=tmp_path / "a")
     assert done.returncode == 0, done.stderr
-    cut = epochal(tmp_path / "b", "run", "run.toml", "--set", "loop.max_iterations=30")
+    cut = epochal_command("run", "run.toml", "--set", "loop.max_iterations=30", cwd=tmp_path / "b")
     assert cut.returncode == 0 and "max_iterations=30" in cut.stdout, cut.stderr
-    again = epochal(tmp_path / "b", "run", "run.toml", "--resume")
+    again = epochal_command("run", "run.toml", "--resume", cwd=tmp_path / "b")
     assert again.returncode == 0, again.stderr
     assert "finished after 3 epoch(s), 69 batch(es)" in again.stdout
     (a, info_a), (b, info_b) = (load_latest(tmp_path / d / "run" / "checkpoints") for d in ("a", "b"))

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import subprocess
-import sys
 import threading
 import zlib
 from pathlib import Path
@@ -27,6 +25,7 @@ from epochal_checkpoint import (
 from epochal_checkpoint.testing import TORTURE_CONFIG, make_data, make_model
 
 from epochal import ConfigError, Loop, hookimpl
+from epochal.testing import epochal_command
 
 BATCHES = 16  # make_data(): 256 examples in batches of 16
 
@@ -262,18 +261,6 @@ def test_resume_takes_precedence_over_load(tmp_path: Path) -> None:
 # -- the command line: one clear line, exit status 2 -------------------------------------------
 
 
-def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
-    return subprocess.run(
-        [sys.executable, "-c", "from epochal.cli import main; main()", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 def assert_clear_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
@@ -290,21 +277,23 @@ def project(tmp_path: Path) -> Path:
 
 
 def test_cli_resume_without_checkpoints_names_the_directory(project: Path) -> None:
-    assert_clear_error(cli(project, "run", "run.toml", "--resume"), "cannot resume", "run/checkpoints")
+    assert_clear_error(
+        epochal_command("run", "run.toml", "--resume", cwd=project), "cannot resume", "run/checkpoints"
+    )
 
 
 def test_cli_resume_into_another_model_names_the_checkpoint_and_mismatches(project: Path) -> None:
-    done = cli(project, "run", "run.toml", "--set", "loop.max_iterations=3")
+    done = epochal_command("run", "run.toml", "--set", "loop.max_iterations=3", cwd=project)
     assert done.returncode == 0, done.stderr
     assert_clear_error(
-        cli(project, "run", "run.toml", "--resume", "--set", "model.size=2000"),
+        epochal_command("run", "run.toml", "--resume", "--set", "model.size=2000", cwd=project),
         "ckpt-e0000-i000003' does not fit the model",
         "model.p0: shape (250,) != expected (500,)",
     )
 
 
 def test_cli_resume_refuses_a_pickle_payload(project: Path) -> None:
-    done = cli(project, "run", "run.toml", "--set", "loop.max_iterations=3")
+    done = epochal_command("run", "run.toml", "--set", "loop.max_iterations=3", cwd=project)
     assert done.returncode == 0, done.stderr
     path = project / "run" / "checkpoints" / "ckpt-e0000-i000003"
     with open(path / "arrays.npy", "wb") as file:  # an object array: np.save pickles it
@@ -317,33 +306,35 @@ def test_cli_resume_refuses_a_pickle_payload(project: Path) -> None:
         data = (path / name).read_bytes()
         manifest["files"][name] = {"size": len(data), "crc32": f"{zlib.crc32(data):08x}"}
     (path / "manifest.json").write_text(json.dumps(manifest))
-    assert_clear_error(cli(project, "run", "run.toml", "--resume"), "ckpt-e0000-i000003", "pickle payload")
+    assert_clear_error(
+        epochal_command("run", "run.toml", "--resume", cwd=project), "ckpt-e0000-i000003", "pickle payload"
+    )
 
 
 def test_cli_unwritable_directory_is_a_clear_error(project: Path) -> None:
     (project / "afile").write_text("not a directory")
     assert_clear_error(
-        cli(project, "run", "run.toml", "--set", "plugins.checkpoint.dir=afile/checkpoints"),
+        epochal_command("run", "run.toml", "--set", "plugins.checkpoint.dir=afile/checkpoints", cwd=project),
         "cannot create checkpoint directory 'afile/checkpoints'",
     )
 
 
 def test_cli_corrupt_latest_warns_and_resumes_from_the_previous(project: Path) -> None:
-    done = cli(
-        project,
+    done = epochal_command(
         "run",
         "run.toml",
         "--set",
         "loop.max_iterations=20",
         "--set",
         "plugins.checkpoint.every_n_batches=5",
+        cwd=project,
     )
     assert done.returncode == 0, done.stderr
     directory = project / "run" / "checkpoints"
     newest = directory / storage.read_pointer(directory)  # type: ignore[operator]
     with open(newest / "arrays.npy", "r+b") as file:
         file.truncate(10)
-    resumed = cli(project, "run", "run.toml", "--resume", "--set", "loop.max_iterations=22")
+    resumed = epochal_command("run", "run.toml", "--resume", "--set", "loop.max_iterations=22", cwd=project)
     assert resumed.returncode == 0, resumed.stderr
     assert f"{newest.name}" in resumed.stderr and "truncated" in resumed.stderr
     assert "22 batch(es)" in resumed.stdout

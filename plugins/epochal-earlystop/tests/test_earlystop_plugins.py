@@ -6,9 +6,6 @@ import copy
 import itertools
 import json
 import math
-import os
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -18,57 +15,10 @@ import pytest
 
 from epochal import Loop, hookimpl, load_plugins
 from epochal.examples.digits import make_data, make_model
+from epochal.testing import EpochalCli, ResumeFrom, digits_config
 
-CONFIG = """
-[loop]
-max_epochs = {max_epochs}
-seed = 0
-run_dir = "{run_dir}"
-
-[model]
-factory = "epochal.examples.digits:make_model"
-
-[data]
-factory = "epochal.examples.digits:make_data"
-batch_size = 64
-"""
-
-
-@pytest.fixture(autouse=True)
-def _no_plugin_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("EPOCHAL_PLUGINS", raising=False)
-    monkeypatch.delenv("EPOCHAL_DISABLE_PLUGIN_AUTOLOAD", raising=False)
-
-
-def cli(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run the ``epochal`` command in a subprocess with cwd *tmp_path*."""
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
-    environ.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-c", "from epochal.cli import main; main()", *args],
-        cwd=tmp_path,
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
-def write_config(tmp_path: Path, extra: str = "", max_epochs: int = 20) -> Path:
-    path = tmp_path / "run.toml"
-    path.write_text(CONFIG.format(max_epochs=max_epochs, run_dir=tmp_path / "run") + extra)
-    return path
-
-
-class Resume:
-    """A test plugin handing the loop a saved state (what a checkpoint plugin does)."""
-
-    def __init__(self, state: dict[str, Any]) -> None:
-        self.state = state
-
-    @hookimpl
-    def resume_state(self) -> dict[str, Any]:
-        return self.state
+pytest_plugins = ["epochal.testing"]
+pytestmark = pytest.mark.usefixtures("no_epochal_env")
 
 
 class StopAt:
@@ -249,18 +199,17 @@ def test_state_across_resume_continues_patience_and_best() -> None:
     assert set(saved["best_state"]) == {"W1", "b1", "W2", "b2"}
     plugins_json = {k: v for k, v in saved.items() if k != "best_state"}
     json.dumps(plugins_json, allow_nan=False)
-    resumed = run(["early_stopping"], options, extra={"resume": Resume(state)})
+    resumed = run(["early_stopping"], options, extra={"resume": ResumeFrom(state)})
     assert resumed.resumed
     assert resumed.epoch == full.epoch
     assert resumed.log.status["finish_reason"] == full.log.status["finish_reason"]
     np.testing.assert_array_equal(resumed.model.state_dict()["W1"], full.model.state_dict()["W1"])
 
 
-def test_cli_stop_reason(tmp_path: Path) -> None:
-    config = write_config(tmp_path, "\n[plugins.early_stopping]\npatience = 1\nmin_delta = 0.05\n")
-    result = cli(
-        tmp_path, "run", str(config), "--plugins", "monitor,early_stopping", "--set", "plugins.autoload=false"
-    )
+def test_cli_stop_reason(tmp_path: Path, epochal_cli: EpochalCli) -> None:
+    extra = "\n[plugins.early_stopping]\npatience = 1\nmin_delta = 0.05\n"
+    config = digits_config(tmp_path / "run.toml", extra=extra, max_epochs=20)
+    result = epochal_cli("run", str(config), "--plugins", "monitor,early_stopping")
     assert result.returncode == 0, result.stderr
     assert "early_stopping: valid.loss did not decrease by more than 0.05 for 1 check(s)" in result.stdout
 
@@ -276,29 +225,27 @@ def test_cli_stop_reason(tmp_path: Path) -> None:
         ("restore = true", "restore"),
     ],
 )
-def test_early_stopping_bad_options(tmp_path: Path, setting: str, culprit: str) -> None:
-    config = write_config(tmp_path, f"\n[plugins.early_stopping]\n{setting}\n")
-    result = cli(
-        tmp_path, "run", str(config), "--plugins", "early_stopping", "--set", "plugins.autoload=false"
+def test_early_stopping_bad_options(
+    tmp_path: Path, epochal_cli: EpochalCli, setting: str, culprit: str
+) -> None:
+    config = digits_config(
+        tmp_path / "run.toml", extra=f"\n[plugins.early_stopping]\n{setting}\n", max_epochs=20
     )
+    result = epochal_cli("run", str(config), "--plugins", "early_stopping")
     assert result.returncode == 2
     assert culprit in result.stderr and "early_stopping" in result.stderr
     assert "Traceback" not in result.stderr
 
 
-def test_order_early_stopping_between_monitor_and_checkpoint(tmp_path: Path) -> None:
-    result = cli(tmp_path, "plugins", "--order", "--json")
+def test_order_early_stopping_between_monitor_and_checkpoint(epochal_cli: EpochalCli) -> None:
+    result = epochal_cli("plugins", "--order", "--json")
     assert result.returncode == 0, result.stderr
     after_epoch = json.loads(result.stdout)["order"]["after_epoch"]
     assert after_epoch.index("monitor") < after_epoch.index("early_stopping")
     if "checkpoint" in after_epoch:
         assert after_epoch.index("early_stopping") < after_epoch.index("checkpoint")
-    contradiction = cli(
-        tmp_path,
-        "plugins",
-        "--plugins",
-        "early_stopping,monitor",
-        env={"EPOCHAL_DISABLE_PLUGIN_AUTOLOAD": "1"},
+    contradiction = epochal_cli(
+        "plugins", "--plugins", "early_stopping,monitor", env={"EPOCHAL_DISABLE_PLUGIN_AUTOLOAD": "1"}
     )
     assert contradiction.returncode == 2
     assert "monitor" in contradiction.stderr and "early_stopping" in contradiction.stderr
@@ -336,11 +283,11 @@ def test_finish_after_seconds_counts_across_resume() -> None:
     assert elapsed > 0
     # a resumed run continues the count: a limit already used up stops it at once
     used_up = FinishAfter(seconds=elapsed / 2)
-    resumed = run([], extra={"finish_after": used_up, "resume": Resume(copy.deepcopy(state))})
+    resumed = run([], extra={"finish_after": used_up, "resume": ResumeFrom(copy.deepcopy(state))})
     assert resumed.resumed and resumed.iteration == 5
     assert resumed.log.status["finish_reason"].startswith(f"finish_after: seconds={elapsed / 2:g} reached")
     longer = FinishAfter(batches=8, seconds=1e6)
-    resumed = run([], extra={"finish_after": longer, "resume": Resume(state)})
+    resumed = run([], extra={"finish_after": longer, "resume": ResumeFrom(state)})
     assert resumed.iteration == 8
     assert longer.elapsed > elapsed
 
@@ -348,15 +295,17 @@ def test_finish_after_seconds_counts_across_resume() -> None:
 def test_finish_after_epochs_already_reached_on_resume() -> None:
     first = run(["finish_after"], {"finish_after": {"epochs": 2}})
     resumed = run(
-        ["finish_after"], {"finish_after": {"epochs": 2}}, extra={"resume": Resume(first.state_dict())}
+        ["finish_after"], {"finish_after": {"epochs": 2}}, extra={"resume": ResumeFrom(first.state_dict())}
     )
     assert resumed.epoch == 2 and resumed.iteration == first.iteration
     assert resumed.log.status["finish_reason"] == "finish_after: epochs=2 reached"
 
 
-def test_finish_after_cli_reason(tmp_path: Path) -> None:
-    config = write_config(tmp_path, "\n[plugins.finish_after]\nbatches = 10\n")
-    result = cli(tmp_path, "run", str(config), "--plugins", "finish_after", "--set", "plugins.autoload=false")
+def test_finish_after_cli_reason(tmp_path: Path, epochal_cli: EpochalCli) -> None:
+    config = digits_config(
+        tmp_path / "run.toml", extra="\n[plugins.finish_after]\nbatches = 10\n", max_epochs=20
+    )
+    result = epochal_cli("run", str(config), "--plugins", "finish_after")
     assert result.returncode == 0, result.stderr
     assert "after 0 epoch(s), 10 batch(es): finish_after: batches=10 reached" in result.stdout
 
@@ -372,20 +321,29 @@ def test_finish_after_cli_reason(tmp_path: Path) -> None:
         ("minutes = 3", "minutes"),
     ],
 )
-def test_finish_after_bad_options(tmp_path: Path, setting: str, culprit: str) -> None:
-    config = write_config(tmp_path, f"\n[plugins.finish_after]\n{setting}\n")
-    result = cli(tmp_path, "run", str(config), "--plugins", "finish_after", "--set", "plugins.autoload=false")
+def test_finish_after_bad_options(
+    tmp_path: Path, epochal_cli: EpochalCli, setting: str, culprit: str
+) -> None:
+    config = digits_config(
+        tmp_path / "run.toml", extra=f"\n[plugins.finish_after]\n{setting}\n", max_epochs=20
+    )
+    result = epochal_cli("run", str(config), "--plugins", "finish_after")
     assert result.returncode == 2
     assert culprit in result.stderr and "finish_after" in result.stderr
     assert "Traceback" not in result.stderr
 
 
-def test_finish_after_without_limits_is_an_error_when_named_and_inert_when_autoloaded(tmp_path: Path) -> None:
-    config = write_config(tmp_path, max_epochs=1)
-    named = cli(tmp_path, "run", str(config), "--plugins", "finish_after", "--set", "plugins.autoload=false")
+def test_finish_after_without_limits_is_an_error_when_named_and_inert_when_autoloaded(
+    tmp_path: Path, epochal_cli: EpochalCli
+) -> None:
+    config = digits_config(tmp_path / "run.toml", max_epochs=1)  # autoload = false
+    named = epochal_cli("run", str(config), "--plugins", "finish_after")
     assert named.returncode == 2 and "[plugins.finish_after]" in named.stderr
-    named_with_autoload = cli(tmp_path, "run", str(config), "--plugins", "finish_after")
+    autoload = ("--set", "plugins.autoload=true")
+    named_with_autoload = epochal_cli("run", str(config), "--plugins", "finish_after", *autoload)
     assert named_with_autoload.returncode == 2 and "set at least one of" in named_with_autoload.stderr
-    autoloaded = cli(tmp_path, "run", str(config), "--plugins", "monitor", "--disable", "progress,timing")
+    autoloaded = epochal_cli(
+        "run", str(config), "--plugins", "monitor", "--disable", "progress,timing", *autoload
+    )
     assert "finish_after" not in autoloaded.stderr
     assert "finished after 1 epoch(s)" in autoloaded.stdout

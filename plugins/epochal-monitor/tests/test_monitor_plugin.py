@@ -5,9 +5,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -16,46 +13,10 @@ import pytest
 
 from epochal import Loop, hookimpl, load_plugins
 from epochal.examples.digits import make_data, make_model
+from epochal.testing import EpochalCli, ResumeFrom, digits_config
 
-CONFIG = """
-[loop]
-max_epochs = {max_epochs}
-seed = 0
-run_dir = "{run_dir}"
-
-[model]
-factory = "epochal.examples.digits:make_model"
-
-[data]
-factory = "epochal.examples.digits:make_data"
-batch_size = 64
-"""
-
-
-@pytest.fixture(autouse=True)
-def _no_plugin_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("EPOCHAL_PLUGINS", raising=False)
-    monkeypatch.delenv("EPOCHAL_DISABLE_PLUGIN_AUTOLOAD", raising=False)
-
-
-def cli(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run the ``epochal`` command in a subprocess with cwd *tmp_path*."""
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
-    environ.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-c", "from epochal.cli import main; main()", *args],
-        cwd=tmp_path,
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
-def write_config(tmp_path: Path, extra: str = "", max_epochs: int = 2) -> Path:
-    path = tmp_path / "run.toml"
-    path.write_text(CONFIG.format(max_epochs=max_epochs, run_dir=tmp_path / "run") + extra)
-    return path
+pytest_plugins = ["epochal.testing"]
+pytestmark = pytest.mark.usefixtures("no_epochal_env")
 
 
 class Recorder:
@@ -71,17 +32,6 @@ class Recorder:
     @hookimpl
     def after_epoch(self) -> None:
         self.epochs.append([])
-
-
-class Resume:
-    """A test plugin handing the loop a saved state (what a checkpoint plugin does)."""
-
-    def __init__(self, state: dict[str, Any]) -> None:
-        self.state = state
-
-    @hookimpl
-    def resume_state(self) -> dict[str, Any]:
-        return self.state
 
 
 def run(options: dict[str, Any] | None = None, extra: dict[str, object] | None = None, **loop: Any) -> Loop:
@@ -224,7 +174,7 @@ def test_resume_mid_epoch_gives_bitwise_equal_records() -> None:
         order=["monitor", "resume"],
         autoload=False,
         options={"monitor": options},
-        extra={"resume": Resume(copy.deepcopy(state))},
+        extra={"resume": ResumeFrom(copy.deepcopy(state))},
     )
     resumed = Loop(make_model(), make_data(), plugins=plugins, max_epochs=3, handle_signals=False)
     resumed.run()
@@ -245,9 +195,11 @@ def test_non_finite_accumulators_survive_a_json_state() -> None:
     assert math.isnan(other._epoch["accuracy"][1])
 
 
-def test_cli_run_with_monitor(tmp_path: Path) -> None:
-    config = write_config(tmp_path, "\n[plugins.monitor]\nevery_n_epochs = 2\n", max_epochs=2)
-    result = cli(tmp_path, "run", str(config), "--plugins", "monitor", "--set", "plugins.autoload=false")
+def test_cli_run_with_monitor(tmp_path: Path, epochal_cli: EpochalCli) -> None:
+    config = digits_config(
+        tmp_path / "run.toml", extra="\n[plugins.monitor]\nevery_n_epochs = 2\n", max_epochs=2
+    )
+    result = epochal_cli("run", str(config), "--plugins", "monitor")
     assert result.returncode == 0, result.stderr
     assert "finished after 2 epoch(s)" in result.stdout
     assert "valid: loss=" in result.stdout
@@ -263,16 +215,18 @@ def test_cli_run_with_monitor(tmp_path: Path) -> None:
         ("evry_n_epochs = 2", "evry_n_epochs"),
     ],
 )
-def test_bad_options_exit_2_naming_the_option(tmp_path: Path, setting: str, culprit: str) -> None:
-    config = write_config(tmp_path, f"\n[plugins.monitor]\n{setting}\n")
-    result = cli(tmp_path, "run", str(config), "--plugins", "monitor", "--set", "plugins.autoload=false")
+def test_bad_options_exit_2_naming_the_option(
+    tmp_path: Path, epochal_cli: EpochalCli, setting: str, culprit: str
+) -> None:
+    config = digits_config(tmp_path / "run.toml", extra=f"\n[plugins.monitor]\n{setting}\n")
+    result = epochal_cli("run", str(config), "--plugins", "monitor")
     assert result.returncode == 2
     assert culprit in result.stderr and "monitor" in result.stderr
     assert "Traceback" not in result.stderr
 
 
-def test_order_monitor_runs_before_early_stopping(tmp_path: Path) -> None:
-    result = cli(tmp_path, "plugins", "--order", "--json")
+def test_order_monitor_runs_before_early_stopping(epochal_cli: EpochalCli) -> None:
+    result = epochal_cli("plugins", "--order", "--json")
     assert result.returncode == 0, result.stderr
     order = json.loads(result.stdout)["order"]
     after_epoch = order["after_epoch"]

@@ -7,7 +7,6 @@ import logging
 import os
 import re
 import signal
-import subprocess
 import sys
 import warnings
 from collections.abc import Iterator
@@ -18,46 +17,10 @@ import pytest
 
 from epochal import Loop, hookimpl, load_plugins
 from epochal.examples.digits import make_data, make_model
+from epochal.testing import EpochalCli, ResumeFrom, digits_config
 
-CONFIG = """
-[loop]
-max_epochs = {max_epochs}
-seed = 0
-run_dir = "{run_dir}"
-
-[model]
-factory = "epochal.examples.digits:make_model"
-
-[data]
-factory = "epochal.examples.digits:make_data"
-batch_size = 64
-"""
-
-
-@pytest.fixture(autouse=True)
-def _no_plugin_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("EPOCHAL_PLUGINS", raising=False)
-    monkeypatch.delenv("EPOCHAL_DISABLE_PLUGIN_AUTOLOAD", raising=False)
-
-
-def cli(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run the ``epochal`` command in a subprocess with cwd *tmp_path* (stdout is a pipe)."""
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
-    environ.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-c", "from epochal.cli import main; main()", *args],
-        cwd=tmp_path,
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
-def write_config(tmp_path: Path, extra: str = "", max_epochs: int = 2) -> Path:
-    path = tmp_path / "run.toml"
-    path.write_text(CONFIG.format(max_epochs=max_epochs, run_dir=tmp_path / "run") + extra)
-    return path
+pytest_plugins = ["epochal.testing"]
+pytestmark = pytest.mark.usefixtures("no_epochal_env")
 
 
 def make_loop(
@@ -74,17 +37,6 @@ def make_loop(
     return Loop(make_model(), data or make_data(), plugins=plugins, seed=0, **loop)
 
 
-class Resume:
-    """A test plugin handing the loop a saved state (what a checkpoint plugin does)."""
-
-    def __init__(self, state: dict[str, Any]) -> None:
-        self.state = state
-
-    @hookimpl
-    def resume_state(self) -> dict[str, Any]:
-        return self.state
-
-
 def test_the_installed_distribution_provides_progress() -> None:
     from importlib.metadata import distribution, requires
 
@@ -94,16 +46,13 @@ def test_the_installed_distribution_provides_progress() -> None:
     assert any(r.startswith("tqdm") for r in requires("epochal-progress") or [])
 
 
-def test_forced_bars_per_epoch_and_eval_stream_with_metrics(tmp_path: Path) -> None:
-    config = write_config(tmp_path)
-    result = cli(
-        tmp_path,
+def test_forced_bars_per_epoch_and_eval_stream_with_metrics(tmp_path: Path, epochal_cli: EpochalCli) -> None:
+    config = digits_config(tmp_path / "run.toml")
+    result = epochal_cli(
         "run",
         str(config),
         "--plugins",
         "monitor,progress",
-        "--set",
-        "plugins.autoload=false",
         "--set",
         "plugins.progress.force=true",
         "--set",
@@ -119,19 +68,16 @@ def test_forced_bars_per_epoch_and_eval_stream_with_metrics(tmp_path: Path) -> N
     assert "valid.loss.best" not in final
 
 
-def test_off_when_stdout_is_not_a_terminal(tmp_path: Path) -> None:
-    config = write_config(tmp_path)
-    result = cli(tmp_path, "run", str(config), "--plugins", "progress", "--set", "plugins.autoload=false")
+def test_off_when_stdout_is_not_a_terminal(tmp_path: Path, epochal_cli: EpochalCli) -> None:
+    config = digits_config(tmp_path / "run.toml")
+    result = epochal_cli("run", str(config), "--plugins", "progress")  # stdout is a pipe
     assert result.returncode == 0, result.stderr
     assert "epoch 1" not in result.stderr and "batch/s" not in result.stderr
-    disabled = cli(
-        tmp_path,
+    disabled = epochal_cli(
         "run",
         str(config),
         "--plugins",
         "progress",
-        "--set",
-        "plugins.autoload=false",
         "--set",
         "plugins.progress.force=true",
         "--set",
@@ -159,7 +105,7 @@ def test_resumed_mid_epoch_bar_starts_at_batch_in_epoch(capsys: pytest.CaptureFi
     first.run()
     state = copy.deepcopy(first.state_dict())
     capsys.readouterr()
-    resumed = make_loop(extra={"resume": Resume(state)})
+    resumed = make_loop(extra={"resume": ResumeFrom(state)})
     resumed.run()
     err = capsys.readouterr().err
     first_bar = err.replace("\r", "\n").split("\n")
@@ -237,9 +183,9 @@ def test_bars_are_closed_on_interrupt(capsys: pytest.CaptureFixture[str]) -> Non
         ("colour = true", "colour"),
     ],
 )
-def test_bad_options(tmp_path: Path, setting: str, culprit: str) -> None:
-    config = write_config(tmp_path, f"\n[plugins.progress]\n{setting}\n")
-    result = cli(tmp_path, "run", str(config), "--plugins", "progress", "--set", "plugins.autoload=false")
+def test_bad_options(tmp_path: Path, epochal_cli: EpochalCli, setting: str, culprit: str) -> None:
+    config = digits_config(tmp_path / "run.toml", extra=f"\n[plugins.progress]\n{setting}\n")
+    result = epochal_cli("run", str(config), "--plugins", "progress")
     assert result.returncode == 2
     assert culprit in result.stderr and "progress" in result.stderr
     assert "Traceback" not in result.stderr

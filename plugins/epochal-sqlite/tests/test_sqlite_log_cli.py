@@ -5,13 +5,13 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from epochal.testing import epochal_command
 
 CONFIG = """
 [loop]
@@ -27,22 +27,14 @@ batch_size = 256
 """
 
 
-def env() -> dict[str, str]:
-    """Only sqlite_log is loaded, whatever else is installed."""
-    return {**os.environ, "EPOCHAL_DISABLE_PLUGIN_AUTOLOAD": "1", "EPOCHAL_PLUGINS": "sqlite_log"}
+ONLY_SQLITE_LOG = {"EPOCHAL_DISABLE_PLUGIN_AUTOLOAD": "1", "EPOCHAL_PLUGINS": "sqlite_log"}
 
 
 def epochal(
     cwd: Path, *args: str, extra_env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", "from epochal.cli import main; main()", *args],
-        cwd=cwd,
-        env={**env(), **(extra_env or {})},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    """``epochal ARGS`` in *cwd* with only sqlite_log loaded, whatever else is installed."""
+    return epochal_command(*args, cwd=cwd, env={**ONLY_SQLITE_LOG, **(extra_env or {})})
 
 
 def run(cwd: Path, *sets: str) -> str:

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -14,46 +11,10 @@ import pytest
 
 from epochal import Loop, hookimpl, load_plugins
 from epochal.examples.digits import make_data, make_model
+from epochal.testing import EpochalCli, digits_config
 
-CONFIG = """
-[loop]
-max_epochs = {max_epochs}
-seed = 0
-run_dir = "{run_dir}"
-
-[model]
-factory = "epochal.examples.digits:make_model"
-
-[data]
-factory = "epochal.examples.digits:make_data"
-batch_size = 64
-"""
-
-
-@pytest.fixture(autouse=True)
-def _no_plugin_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("EPOCHAL_PLUGINS", raising=False)
-    monkeypatch.delenv("EPOCHAL_DISABLE_PLUGIN_AUTOLOAD", raising=False)
-
-
-def cli(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run the ``epochal`` command in a subprocess with cwd *tmp_path*."""
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
-    environ.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-c", "from epochal.cli import main; main()", *args],
-        cwd=tmp_path,
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
-def write_config(tmp_path: Path, extra: str = "", max_epochs: int = 2) -> Path:
-    path = tmp_path / "run.toml"
-    path.write_text(CONFIG.format(max_epochs=max_epochs, run_dir=tmp_path / "run") + extra)
-    return path
+pytest_plugins = ["epochal.testing"]
+pytestmark = pytest.mark.usefixtures("no_epochal_env")
 
 
 class Slow:
@@ -192,17 +153,9 @@ def test_records_false_keeps_the_log_clean() -> None:
     assert loop.log.status["timing"]["train_step"]["calls"] == loop.iteration
 
 
-def test_cli_prints_the_table(tmp_path: Path) -> None:
-    config = write_config(tmp_path)
-    result = cli(
-        tmp_path,
-        "run",
-        str(config),
-        "--plugins",
-        "timing,monitor,early_stopping",
-        "--set",
-        "plugins.autoload=false",
-    )
+def test_cli_prints_the_table(tmp_path: Path, epochal_cli: EpochalCli) -> None:
+    config = digits_config(tmp_path / "run.toml")
+    result = epochal_cli("run", str(config), "--plugins", "timing,monitor,early_stopping")
     assert result.returncode == 0, result.stderr
     assert "stage / plugin.hook" in result.stderr
     for name in (
@@ -213,22 +166,12 @@ def test_cli_prints_the_table(tmp_path: Path) -> None:
         "early_stopping.after_epoch",
     ):
         assert name in result.stderr
-    quiet = cli(
-        tmp_path,
-        "run",
-        str(config),
-        "--plugins",
-        "timing",
-        "--set",
-        "plugins.autoload=false",
-        "--set",
-        "plugins.timing.table=false",
-    )
+    quiet = epochal_cli("run", str(config), "--plugins", "timing", "--set", "plugins.timing.table=false")
     assert quiet.returncode == 0 and "stage / plugin.hook" not in quiet.stderr
 
 
-def test_order_timing_brackets_the_batch(tmp_path: Path) -> None:
-    result = cli(tmp_path, "plugins", "--order", "--json")
+def test_order_timing_brackets_the_batch(epochal_cli: EpochalCli) -> None:
+    result = epochal_cli("plugins", "--order", "--json")
     assert result.returncode == 0, result.stderr
     order = json.loads(result.stdout)["order"]
     assert order["before_batch"][0] == "timing"
@@ -239,9 +182,9 @@ def test_order_timing_brackets_the_batch(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("setting", "culprit"), [('table = "yes"', "table"), ("per_hook = true", "per_hook")]
 )
-def test_bad_options(tmp_path: Path, setting: str, culprit: str) -> None:
-    config = write_config(tmp_path, f"\n[plugins.timing]\n{setting}\n")
-    result = cli(tmp_path, "run", str(config), "--plugins", "timing", "--set", "plugins.autoload=false")
+def test_bad_options(tmp_path: Path, epochal_cli: EpochalCli, setting: str, culprit: str) -> None:
+    config = digits_config(tmp_path / "run.toml", extra=f"\n[plugins.timing]\n{setting}\n")
+    result = epochal_cli("run", str(config), "--plugins", "timing")
     assert result.returncode == 2
     assert culprit in result.stderr and "timing" in result.stderr
     assert "Traceback" not in result.stderr
