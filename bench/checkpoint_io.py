@@ -11,6 +11,16 @@ Run: ``python bench/checkpoint_io.py [--dir DIR] [--quick]`` (needs epochal-chec
    ``after_batch`` when it saves 64 MB, with ``async_save`` off and on, against an in-memory
    copy of the same arrays.
 
+3. Save cost against the length of the training log: a loop whose log holds 1k / 10k / 50k
+   rows of 10 records, 1,000 of them added since the previous save (an epoch with a record
+   every batch). Each repeat is a fresh run: a first save (untimed) writes every row, 1,000
+   rows are added, then the saves are timed. "whole log" is the method before log segments
+   (``flatten(loop.state_dict())`` with every row, written into ``state.json``); "segments" is
+   the ``checkpoint`` plugin's save (the rows compared with the previous save's, the new rows
+   into one new segment, the previous segments hard-linked); "no new row": the same save
+   again with nothing added (the comparison, the links and the fixed cost). Interleaved,
+   medians; a small model (4 KB) so the log dominates.
+
 Targets (issue #3): save >= 0.8x raw throughput; async stall <= 2x the in-memory copy.
 Files go to a temporary directory (default: under the current directory, so on the disk the
 checkpoints would use) which is deleted at the end.
@@ -163,13 +173,63 @@ def stall(directory: Path, size_mb: int, saves: int, every: int) -> dict[str, An
     return results
 
 
+def _fill(loop: Loop, rows: int) -> None:
+    """Append *rows* rows of 10 records to the loop's log and advance its counter past them."""
+    start = loop.iteration
+    for i in range(start + 1, start + rows + 1):
+        loop.log[i].update({f"metric{k}": 1.0 / (i + k + 1) for k in range(10)})
+    loop.iteration = start + rows
+
+
+def log_length(directory: Path, sizes: list[int], reps: int) -> list[dict[str, Any]]:
+    """Per size: *reps* times a fresh loop whose log reaches *size* rows with the last 1,000 rows
+    added after a first (untimed) save; then timed: the whole-log save, the plugin's save, and a
+    save with no new row."""
+    rows_out = []
+    for size in sizes:
+        times: dict[str, list[float]] = {"whole": [], "segments": [], "unchanged": []}
+        count = 0
+        for rep in range(reps):
+            plugin = Checkpoint(dir=str(directory / "segments"), keep_last=1, every_n_epochs=0)
+            loop = Loop(make_model(size=1000), make_data(), plugins={"checkpoint": plugin}, seed=0,
+                        handle_signals=False)  # fmt: skip
+            plugin.before_training(loop)
+            _fill(loop, size - 1000)
+            plugin._save(loop, "batch")  # the first save of a run writes every row
+            _fill(loop, 1000)
+            whole_dir = directory / "whole"
+            whole_dir.mkdir()
+            started = time.perf_counter()
+            write_checkpoint(whole_dir, f"ckpt-e0000-i{loop.iteration:06d}", flatten(loop.state_dict()),
+                             {"sequence": rep + 1, "run_id": "bench"})  # fmt: skip
+            times["whole"].append(time.perf_counter() - started)
+            shutil.rmtree(whole_dir)
+            started = time.perf_counter()
+            plugin._save(loop, "batch")
+            times["segments"].append(time.perf_counter() - started)
+            loop.iteration += 1  # a save with no new row: the comparison and the links only
+            started = time.perf_counter()
+            plugin._save(loop, "batch")
+            times["unchanged"].append(time.perf_counter() - started)
+            count = len(plugin._known[-1].manifest.get("log_segments", []))
+            shutil.rmtree(directory / "segments")
+        medians = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+        rows_out.append({"rows": size, "reps": reps, "files": count, **medians,
+                         "ratio": medians["whole"] / medians["segments"]})  # fmt: skip
+    return rows_out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir under the cwd)")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument("--log-only", action="store_true", help="only the save cost against the log length")
     args = parser.parse_args()
     directory = Path(tempfile.mkdtemp(prefix=".bench-checkpoint-", dir=args.dir or os.getcwd()))
     try:
+        if args.log_only:
+            print_log_length(directory, args.quick)
+            return
         reps = {8: 5, 64: 5, 256: 3} if args.quick else {8: 15, 64: 9, 256: 5}
         rows = throughput(directory, [8, 64, 256], reps)
         print("## Checkpoint save throughput (float32 state in 4 arrays; medians)\n")
@@ -194,8 +254,25 @@ def main() -> None:
             f"| {result['async_over_copy']:.2f}x | {result['sync_over_copy']:.2f}x "
             f"| {result['async_wall_s']:.2f} s vs {result['sync_wall_s']:.2f} s |"
         )
+        print_log_length(directory, args.quick)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def print_log_length(directory: Path, quick: bool) -> None:
+    rows = log_length(directory, [1_000, 10_000, 50_000], 5 if quick else 9)
+    print(
+        "\n## Save cost against the log length (10 records per row, 1,000 of them new since the previous "
+        "save; medians)\n"
+    )
+    print("| rows in the log | reps | whole log (before) | segments (now) | whole / segments "
+          "| no new row | segments in the checkpoint |")  # fmt: skip
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(
+            f"| {r['rows']:,} | {r['reps']} | {r['whole']:.2f} ms | {r['segments']:.2f} ms "
+            f"| {r['ratio']:.1f}x | {r['unchanged']:.2f} ms | {r['files']} |"
+        )
 
 
 if __name__ == "__main__":

@@ -3,7 +3,10 @@
 Run: ``python bench/torture_checkpoint.py [--chains 4] [--kills 50] [--size 4000000] [--dir DIR]``.
 
 Each chain is an ``epochal run`` of a synthetic numpy model (``--size`` float32 parameters)
-saving a checkpoint after every batch (odd chains with ``async_save``), killed with SIGKILL at
+with a plugin writing a log record every batch and now and then into an older row
+(``epochal_checkpoint.testing.BatchRecorder``: every save links the previous checkpoint's log
+segments and adds one), saving a checkpoint after every batch (odd chains with
+``async_save``), killed with SIGKILL at
 a random moment, then restarted with ``--resume``, ``--kills`` times. After every kill every
 checkpoint under a final name must verify and ``latest`` must name one; at the end every chain
 resumes to a fixed iteration and must equal a straight run bitwise. The test suite runs 50

@@ -9,7 +9,8 @@ empty on first access; ``log.current_row`` is the row of the loop's current iter
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from types import MappingProxyType
 from typing import Any
 
 
@@ -26,6 +27,8 @@ class TrainingLog:
             "finish_reason": None,
             "resumed_from": None,
         }
+        #: how many times :meth:`load_state_dict` replaced every row (see :attr:`row_map`).
+        self.load_count = 0
 
     def __getitem__(self, iteration: int) -> dict[str, Any]:
         row = self._rows.get(iteration)
@@ -58,6 +61,19 @@ class TrainingLog:
             if row:
                 yield iteration, row
 
+    @property
+    def row_map(self) -> Mapping[int, dict[str, Any]]:
+        """Every row by iteration, empty ones included, as a read-only view (no copy, O(1)).
+
+        The view is in the order the rows were created (loaded rows first, in the loaded order).
+        Rows are never removed, so the rows created after some moment are the ones past the
+        view's length at that moment, until :meth:`load_state_dict` replaces them all (it
+        increments :attr:`load_count`). The row dicts are the live rows: read them, don't change them
+        through this view. Meant for savers that scan the whole log at C speed (``map``,
+        ``itertools``) instead of rebuilding it, e.g. the checkpoint plugin's incremental save.
+        """
+        return MappingProxyType(self._rows)
+
     def last(self, key: str, default: Any = None) -> Any:
         """The most recent value recorded under *key*, or *default*."""
         for iteration in sorted(self._rows, reverse=True):
@@ -70,17 +86,25 @@ class TrainingLog:
         """Every ``(iteration, value)`` recorded under *key*, in order."""
         return [(i, row[key]) for i, row in self.rows() if key in row]
 
-    def state_dict(self) -> dict[str, Any]:
-        """The log as JSON-able data (numpy scalars become Python numbers)."""
-        return {
-            "rows": {str(i): {k: _plain(v) for k, v in row.items()} for i, row in self.rows()},
-            "status": {k: _plain(v) for k, v in self.status.items()},
-        }
+    def state_dict(self, rows: bool = True) -> dict[str, Any]:
+        """The log as JSON-able data (numpy scalars become Python numbers).
+
+        With ``rows=False`` the ``"rows"`` mapping is left empty: for a saver that writes the
+        rows itself, incrementally, reading :attr:`row_map`, instead of rebuilding them all.
+        """
+        saved = {str(i): plain_row(row) for i, row in self.rows()} if rows else {}
+        return {"rows": saved, "status": plain_row(self.status)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replace the log's contents with *state* from :meth:`state_dict`."""
         self._rows = {int(i): dict(row) for i, row in state["rows"].items()}
         self.status = copy.deepcopy(dict(state["status"]))
+        self.load_count += 1
+
+
+def plain_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of *row*, numpy scalars and arrays made Python values (as :meth:`TrainingLog.state_dict`)."""
+    return {k: _plain(v) for k, v in row.items()}
 
 
 def _plain(value: Any) -> Any:

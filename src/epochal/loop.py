@@ -423,10 +423,12 @@ class Loop:
 
     # -- state --------------------------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, log_rows: bool = True) -> dict[str, Any]:
         """Everything a resumed run needs: counters, log, model, RNG, streams, plugin states.
 
         Leaves are numpy arrays, numbers, strings, None, lists and dicts (no pickle needed).
+        ``log_rows=False`` leaves the log's rows out, for a saver that writes them incrementally
+        from ``loop.log.row_map``.
         """
         plugins: dict[str, Any] = {}
         infos = {info.name: info for info in self._plugin_set.infos}
@@ -449,7 +451,7 @@ class Loop:
             "iteration": self.iteration,
             "in_epoch": self._in_epoch,
             "batch_in_epoch": self._batch_in_epoch,
-            "log": self.log.state_dict(),
+            "log": self.log.state_dict(rows=log_rows),
             "model": self.model.state_dict(),
             "rng": _rng.capture(),
             "data": {

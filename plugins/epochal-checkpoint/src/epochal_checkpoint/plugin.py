@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from epochal import hookimpl, triggers
 from epochal.errors import ConfigError
-from epochal_checkpoint import storage
+from epochal_checkpoint import incremental, storage
 from epochal_checkpoint.errors import (
     CheckpointNotFoundError,
     CheckpointWriteError,
@@ -120,6 +120,9 @@ class Checkpoint:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._spare: list[Any] = []
+        #: the log as the newest complete checkpoint of this run holds it (None: save it whole).
+        self._base: incremental.LogBase | None = None
+        self._resumed: tuple[storage.CheckpointInfo, dict[str, Any]] | None = None
         #: the path of the newest checkpoint written by this run (None before the first).
         self.last_saved: Path | None = None
 
@@ -141,6 +144,7 @@ class Checkpoint:
         # The lineage is bookkeeping of the runs, not training state: it comes from the manifest
         # of the checkpoint resumed from, so the loop's state stays identical to a straight run's.
         self._lineage = [str(run_id) for run_id in info.manifest.get("lineage", [])]
+        self._resumed = (info, state["log"]["rows"])
         return state
 
     @hookimpl
@@ -170,6 +174,10 @@ class Checkpoint:
                 )
         self._lineage = [*(r for r in self._lineage if r != loop.run_id), loop.run_id]
         self._last_key = (loop.epoch, loop.iteration) if loop.resumed else None
+        resumed, self._resumed = self._resumed, None
+        self._base = None
+        if loop.resumed and resumed is not None:  # its segments are linked by the next save
+            self._base = incremental.resumed_base(loop.log, *resumed)
         self._plugin_set = {
             info.name: {"distribution": info.distribution, "version": info.version}
             for info in loop.plugin_set.infos
@@ -239,8 +247,14 @@ class Checkpoint:
         if key == self._last_key or self._directory is None:
             return
         self.wait()
-        snapshot = storage.flatten(loop.state_dict(), copy_arrays=self.async_save, reuse=self._spare)
         self._sequence += 1
+        state = loop.state_dict(log_rows=False)  # the rows go into segments: only what changed
+        # plan() updates the base in place: until this write completes there is none, so a save
+        # that fails (or never starts) makes the next one write every row
+        base, self._base = self._base, None
+        log_save = incremental.plan(loop.log, base, self._sequence)
+        state["log"]["rows"] = log_save.inline
+        snapshot = storage.flatten(state, copy_arrays=self.async_save, reuse=self._spare)
         metric = None
         if self.monitor:
             value = loop.log.last(self.monitor)
@@ -264,25 +278,37 @@ class Checkpoint:
             self._spare = snapshot.arrays  # reused by the next save, once this write is done
             self._thread = threading.Thread(
                 target=self._background_write,
-                args=(self._directory, name, snapshot, manifest),
+                args=(self._directory, name, snapshot, manifest, log_save),
                 name="epochal-checkpoint-writer",
             )
             self._thread.start()
         else:
-            self._write(self._directory, name, snapshot, manifest)
+            self._write(self._directory, name, snapshot, manifest, log_save)
 
     def _background_write(
-        self, directory: Path, name: str, snapshot: storage.Snapshot, manifest: dict[str, Any]
+        self,
+        directory: Path,
+        name: str,
+        snapshot: storage.Snapshot,
+        manifest: dict[str, Any],
+        log_save: incremental.LogSave,
     ) -> None:
         try:
-            self._write(directory, name, snapshot, manifest)
+            self._write(directory, name, snapshot, manifest, log_save)
         except BaseException as error:  # surfaces on the next save or at the end
             self._error = error
 
     def _write(
-        self, directory: Path, name: str, snapshot: storage.Snapshot, manifest: dict[str, Any]
+        self,
+        directory: Path,
+        name: str,
+        snapshot: storage.Snapshot,
+        manifest: dict[str, Any],
+        log_save: incremental.LogSave,
     ) -> None:
-        info = storage.write_checkpoint(directory, name, snapshot, manifest)
+        info = storage.write_checkpoint(directory, name, snapshot, manifest, segments=log_save.sources())
+        log_save.base.path, log_save.base.segments = info.path, list(info.segments or [])
+        self._base = log_save.base
         self.last_saved = info.path
         self._known.append(info)
         self._prune(directory)

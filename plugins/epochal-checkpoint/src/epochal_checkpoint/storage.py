@@ -1,7 +1,7 @@
 """The on-disk checkpoint format: atomic writes, checksums, no pickle.
 
 A checkpoint is a directory ``ckpt-e<epoch>-i<iteration>`` (``-v2``, ``-v3``... when the name is
-taken) holding three files:
+taken) holding three files, plus the training log's segments:
 
 ``arrays.npy``
     every numpy array of the state, one ``.npy`` record after another (numpy's own format:
@@ -10,9 +10,18 @@ taken) holding three files:
 ``state.json``
     everything else as JSON, with ``null`` where an array sits, and an index giving each
     array's key path, offset, dtype and shape.
+``log-<sequence>-i<first>-<last>.json``
+    the training log's rows (``state["log"]["rows"]``), in segments: JSON ``{"<iteration>":
+    {key: value}}``, read in the manifest's ``log_segments`` order, a later segment's row
+    replacing an earlier one's (``{}``: the row was emptied). A segment is immutable: the next
+    checkpoint of the run hard-links the previous one's segments (a copy when linking fails) and
+    writes one new segment with only the rows new or changed since, so a save costs what
+    changed, not the whole history; each checkpoint directory still holds every byte it needs.
+    Rows that cannot be written as plain JSON (nested numpy values, huge ints) stay in
+    ``state.json``, which is read last.
 ``manifest.json``
     written last: format, run id, lineage, epoch, iteration, time, plugin set, the monitored
-    metric, and the size and CRC-32 of the two other files.
+    metric, the segment order, and the size and CRC-32 of every other file.
 
 Writing: the files go into a temporary directory beside the target (``<name>.epochal-tmp-<hex>``),
 each is fsynced, the directory is renamed into place and its parent fsynced. A reader therefore
@@ -53,7 +62,12 @@ if TYPE_CHECKING:
     import numpy as np
 
 FORMAT = "epochal-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: the format versions this module reads (1: no log segments).
+READ_VERSIONS = (1, 2)
+LOG_FORMAT = f"{FORMAT}-log"
+SEGMENTS = "log_segments"
+SEGMENT_RE = re.compile(r"^log-\d+-i\d+-\d+\.json$")
 MANIFEST = "manifest.json"
 STATE = "state.json"
 ARRAYS = "arrays.npy"
@@ -79,6 +93,12 @@ def checkpoint_name(epoch: int, iteration: int) -> str:
 def temp_name(name: str) -> str:
     """A fresh temporary name for *name* carrying the suffix only this plugin uses."""
     return f"{name}{TMP_MARK}{uuid.uuid4().hex}"
+
+
+def segment_name(sequence: int, rows: Iterable[int]) -> str:
+    """The file name of a log segment written by save *sequence* holding rows *rows*."""
+    ids = list(rows)
+    return f"log-{sequence:06d}-i{min(ids, default=0):06d}-{max(ids, default=0):06d}.json"
 
 
 def key_path(path: Sequence[PathKey]) -> str:
@@ -198,6 +218,38 @@ def flatten(state: Any, copy_arrays: bool = False, reuse: Sequence[np.ndarray] =
     return snapshot
 
 
+@dataclass
+class Segment:
+    """A log segment file of a checkpoint: name, size, CRC-32 and the iterations of its rows."""
+
+    name: str
+    size: int
+    crc32: str
+    rows: list[int]
+
+
+@dataclass
+class NewSegment:
+    """A log segment to write: its name and the rows (a JSON-able tree from :func:`flatten`)."""
+
+    name: str
+    rows: dict[str, Any]
+
+
+@dataclass
+class LinkedSegment:
+    """A segment of the checkpoint *source* to hard-link (or copy) into a new checkpoint."""
+
+    source: Path
+    segment: Segment
+
+
+def encode_segment(rows: Mapping[str, Any]) -> bytes:
+    """The bytes of a log segment holding *rows* (``{"<iteration>": {key: value}}``)."""
+    document = {"format": LOG_FORMAT, "version": 1, "rows": rows}
+    return json.dumps(document, separators=(",", ":"), allow_nan=True).encode("ascii")
+
+
 def _set_path(tree: Any, path: Sequence[PathKey], value: Any) -> Any:
     if not path:
         return value
@@ -310,8 +362,39 @@ def encode(snapshot: Snapshot) -> tuple[list[memoryview | bytes], bytes]:
     return pieces, text.encode("ascii")
 
 
+def _add_segment(tmp: Path, source: LinkedSegment | NewSegment) -> Segment:
+    """Put a log segment into the temporary checkpoint directory *tmp*; return what it is."""
+    if isinstance(source, NewSegment):
+        rows = [int(i) for i in source.rows]
+        written = _write_file(tmp / source.name, [encode_segment(source.rows)], False)
+        return Segment(source.name, written["size"], written["crc32"], rows)
+    segment, origin, target = source.segment, source.source / source.segment.name, tmp / source.segment.name
+    try:
+        os.link(origin, target)  # its bytes were fsynced when first written; the checksum is reused
+    except FileNotFoundError:
+        raise
+    except OSError:  # no hard links here (or too many): copy it, verifying it on the way
+        try:
+            data = _read_verified(source.source, segment.name, {"size": segment.size, "crc32": segment.crc32})
+        except CorruptCheckpointError as error:
+            raise CheckpointWriteError(f"cannot reuse a log segment: {error}") from None
+        _write_file(target, [data], False)
+        return segment
+    size = os.stat(target).st_size
+    if size != segment.size:
+        raise CheckpointWriteError(
+            f"cannot reuse log segment {str(origin)!r}: it has {size} bytes, {segment.size} were written"
+        )
+    return segment
+
+
 def write_checkpoint(
-    directory: Path, name: str, snapshot: Snapshot, manifest: Mapping[str, Any], pointer: bool = True
+    directory: Path,
+    name: str,
+    snapshot: Snapshot,
+    manifest: Mapping[str, Any],
+    pointer: bool = True,
+    segments: Sequence[LinkedSegment | NewSegment] = (),
 ) -> CheckpointInfo:
     """Write *snapshot* atomically as checkpoint *name* in *directory*; return where and what.
 
@@ -320,12 +403,16 @@ def write_checkpoint(
     replaced atomically to name the new checkpoint, in the same directory sync as its rename.
 
     The arrays file is written (and fsynced) in a second thread while this one writes the JSON
-    state and the pointer's temporary file, so the small files' syncs overlap the big one.
+    state, the log *segments* (in this order: linked from an earlier checkpoint, or new) and the
+    pointer's temporary file, so the small files' syncs overlap the big one.
 
     :raises CheckpointWriteError: naming the path, when the disk is full, permission is denied
         or any other OS error occurs; the temporary directory is removed and every earlier
         checkpoint is left as it was.
     """
+    names = [s.segment.name if isinstance(s, LinkedSegment) else s.name for s in segments]
+    if len(set(names)) != len(names) or not all(SEGMENT_RE.match(n) for n in names):
+        raise ValueError(f"log segment names must be unique and match {SEGMENT_RE.pattern}: {names}")
     tmp = directory / temp_name(name)
     pointer_tmp = directory / temp_name(POINTER) if pointer else None
     current = tmp
@@ -350,6 +437,9 @@ def write_checkpoint(
         else:
             write_arrays()
         files[STATE] = _write_file(tmp / STATE, [state_bytes], False)
+        written = [_add_segment(tmp, source) for source in segments]
+        for segment in written:
+            files[segment.name] = {"size": segment.size, "crc32": segment.crc32}
         if pointer_tmp is not None:
             current = pointer_tmp
             _write_file(pointer_tmp, [(final_name + "\n").encode("utf-8")], False)
@@ -366,7 +456,8 @@ def write_checkpoint(
             **manifest,
             "saved_at": datetime.datetime.fromtimestamp(now / 1e9, datetime.UTC).isoformat(),
             "saved_at_ns": now,
-            "files": {ARRAYS: files[ARRAYS], STATE: files[STATE]},
+            **({SEGMENTS: [segment.name for segment in written]} if written else {}),
+            "files": {ARRAYS: files[ARRAYS], STATE: files[STATE], **{s.name: files[s.name] for s in written}},
         }
         current = tmp / MANIFEST
         _write_file(current, [json.dumps(document, indent=1).encode("ascii")], False)
@@ -380,7 +471,7 @@ def write_checkpoint(
             os.replace(pointer_tmp, current)
         current = directory
         fsync_dir(directory)
-        return CheckpointInfo(final, document)
+        return CheckpointInfo(final, document, written)
     except BaseException as error:
         if worker is not None:
             worker.join()
@@ -460,6 +551,10 @@ class CheckpointInfo:
 
     path: Path
     manifest: dict[str, Any]
+    #: its log segments, once written or read (None: not read yet).
+    segments: list[Segment] | None = None
+    #: the log rows kept in ``state.json`` rather than in segments, once read.
+    inline_rows: list[int] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -497,16 +592,25 @@ def read_manifest(path: Path) -> dict[str, Any]:
         raise ForeignCheckpointError(
             f"{str(path)!r} is not an epochal checkpoint ({MANIFEST} of another format)"
         )
-    if manifest.get("version") != FORMAT_VERSION:
+    if manifest.get("version") not in READ_VERSIONS:
         raise ForeignCheckpointError(
             f"checkpoint {str(path)!r} has format version {manifest.get('version')!r}; this "
-            f"epochal-checkpoint reads version {FORMAT_VERSION} (upgrade epochal-checkpoint)"
+            f"epochal-checkpoint reads versions {', '.join(map(str, READ_VERSIONS))} "
+            "(upgrade epochal-checkpoint)"
         )
     files = manifest.get("files")
-    if not isinstance(files, dict) or set(files) != set(DATA_FILES):
+    segments = manifest.get(SEGMENTS, [])
+    if (
+        not isinstance(segments, list)
+        or not all(isinstance(n, str) and SEGMENT_RE.match(n) for n in segments)
+        or len(set(segments)) != len(segments)
+    ):
+        raise CorruptCheckpointError(f"checkpoint {str(path)!r}: {MANIFEST} has a bad {SEGMENTS} list")
+    expected = {*DATA_FILES, *segments}
+    if not isinstance(files, dict) or set(files) != expected:
         listed = sorted(files) if isinstance(files, dict) else files
         raise CorruptCheckpointError(
-            f"checkpoint {str(path)!r}: {MANIFEST} lists files {listed!r}, expected {sorted(DATA_FILES)}"
+            f"checkpoint {str(path)!r}: {MANIFEST} lists files {listed!r}, expected {sorted(expected)}"
         )
     return manifest
 
@@ -565,7 +669,68 @@ def read_checkpoint(path: Path, model_only: bool = False) -> tuple[dict[str, Any
 
     Every file is checked against the manifest's size and CRC-32 before it is parsed; arrays
     are read with ``allow_pickle=False``. With *model_only* only ``state["model"]`` is built
-    (the other arrays are skipped).
+    (the other arrays and the log segments are skipped).
+
+    :raises ForeignCheckpointError: *path* is not an epochal checkpoint.
+    :raises CorruptCheckpointError: a file is missing, truncated, or fails its checksum.
+    :raises UnsafeCheckpointError: an array holds a pickle payload (object dtype).
+    """
+    info = read_checkpoint_info(path, model_only)
+    return info.state, info.manifest
+
+
+@dataclass
+class ReadCheckpoint(CheckpointInfo):
+    """A checkpoint read and verified: :class:`CheckpointInfo` and its state."""
+
+    state: dict[str, Any] = field(default_factory=dict)
+
+
+def _read_segments(
+    path: Path, manifest: Mapping[str, Any], tree: dict[str, Any]
+) -> tuple[list[Segment], list[int]]:
+    """Read the log segments of *manifest* into ``tree["log"]["rows"]`` (rows in iteration order).
+
+    Return the segments and the rows found in ``state.json``.
+    """
+    names = manifest.get(SEGMENTS, [])
+    if not names:
+        return [], []
+    log: Any = tree.get("log")
+    inline = log.get("rows") if isinstance(log, dict) else None
+    if not isinstance(inline, dict):
+        raise CorruptCheckpointError(f"checkpoint {str(path)!r}: {STATE} has no log rows to complete")
+    merged: dict[str, Any] = {}
+    segments = []
+    for name in names:
+        expected = manifest["files"][name]
+        data = _read_verified(path, name, expected)
+        try:
+            document = json.loads(data)
+            rows = document["rows"]
+            if document.get("format") != LOG_FORMAT or not isinstance(rows, dict):
+                raise ValueError(f"format {document.get('format')!r}")
+            ids = [int(i) for i in rows]
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise CorruptCheckpointError(
+                f"checkpoint {str(path)!r}: {name} is not a valid log segment ({error})"
+            ) from None
+        segments.append(Segment(name, expected["size"], expected["crc32"], ids))
+        merged.update(rows)
+    merged.update(inline)
+    try:
+        inline_rows = [int(i) for i in inline]
+        order = sorted(merged, key=int)
+    except ValueError as error:
+        raise CorruptCheckpointError(
+            f"checkpoint {str(path)!r}: a log row key is not an int ({error})"
+        ) from None
+    log["rows"] = {i: merged[i] for i in order if merged[i]}
+    return segments, inline_rows
+
+
+def read_checkpoint_info(path: Path, model_only: bool = False) -> ReadCheckpoint:
+    """Read and verify the checkpoint at *path*, as :func:`read_checkpoint`; also return its segments.
 
     :raises ForeignCheckpointError: *path* is not an epochal checkpoint.
     :raises CorruptCheckpointError: a file is missing, truncated, or fails its checksum.
@@ -622,7 +787,8 @@ def read_checkpoint(path: Path, model_only: bool = False) -> tuple[dict[str, Any
         tree = _set_path(tree, entry["path"], int(entry["hex"], 16))
     if not isinstance(tree, dict):
         raise CorruptCheckpointError(f"checkpoint {str(path)!r}: the state is not a dict")
-    return tree, manifest
+    segments, inline = ([], []) if model_only else _read_segments(path, manifest, tree)
+    return ReadCheckpoint(path, manifest, segments, inline, tree)
 
 
 def foreign_file_error(path: Path) -> ForeignCheckpointError | UnsafeCheckpointError:
@@ -677,7 +843,7 @@ def load_latest(directory: Path, model_only: bool = False) -> tuple[dict[str, An
     failures = []
     for info in reversed(infos):
         try:
-            state, manifest = read_checkpoint(info.path, model_only=model_only)
+            read = read_checkpoint_info(info.path, model_only=model_only)
         except CorruptCheckpointError as error:
             failures.append(str(error))
             warnings.warn(f"{error}; trying the previous checkpoint", RuntimeWarning, stacklevel=2)
@@ -688,5 +854,5 @@ def load_latest(directory: Path, model_only: bool = False) -> tuple[dict[str, An
                 RuntimeWarning,
                 stacklevel=2,
             )
-        return state, CheckpointInfo(info.path, manifest)
+        return read.state, CheckpointInfo(info.path, read.manifest, read.segments, read.inline_rows)
     raise CorruptCheckpointError(f"every checkpoint in {str(directory)!r} is corrupt: " + "; ".join(failures))

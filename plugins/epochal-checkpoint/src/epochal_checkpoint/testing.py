@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from epochal import hookimpl
 from epochal.data import BatchStream
 
 
@@ -74,6 +75,60 @@ def make_data(examples: int = 256, batch_size: int = 16, seed: int = 0) -> dict[
     }
 
 
+class BatchRecorder:
+    """A plugin writing a record into every batch's log row, and now and then into an old row.
+
+    Every batch: ``loss`` (the step's output) and ``step``; every 5th batch also ``late`` into
+    the row 3 batches back (a row an earlier checkpoint may hold already). Deterministic from
+    the iteration, so a resumed run writes what a straight run writes.
+    """
+
+    @hookimpl
+    def after_batch(self, loop: Any, outputs: Any) -> None:
+        """Write this batch's records (and the late one)."""
+        row = loop.log.current_row
+        row["loss"], row["step"] = outputs["loss"], loop.iteration
+        if loop.iteration % 5 == 0 and loop.iteration > 3:
+            loop.log[loop.iteration - 3]["late"] = loop.iteration
+
+
+def run_with_recorder(argv: list[str] | None = None) -> None:
+    """``epochal run CONFIG [--resume] [--max-iterations N]`` with a :class:`BatchRecorder` first.
+
+    Run as ``python -c "from epochal_checkpoint.testing import run_with_recorder; run_with_recorder()"``
+    (the torture's runs): the config's plugins (without autoload) after the recorder.
+    """
+    import argparse
+
+    from epochal import Loop, load_plugins
+    from epochal.config import call_factory, load_config, loop_options, plugin_options
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("config")
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--max-iterations", type=int, default=None)
+    args = parser.parse_args(argv)
+    config = load_config(args.config)
+    if args.max_iterations is not None:
+        config["loop"]["max_iterations"] = args.max_iterations
+    plugins = load_plugins(
+        order=["recorder", *config.get("plugins", {}).get("order", [])],
+        autoload=False,
+        options=plugin_options(config),
+        extra={"recorder": BatchRecorder()},
+    )
+    loop = Loop(
+        call_factory(config, "model"),
+        call_factory(config, "data"),
+        plugins=plugins,
+        resume=args.resume,
+        config=config,
+        **loop_options(config),
+    )
+    loop.run()
+    print(f"{loop.iteration} batch(es)")
+
+
 # -- crash torture ------------------------------------------------------------------------------
 
 TORTURE_CONFIG = """\
@@ -113,11 +168,20 @@ class TortureReport:
     failures: list[str] = field(default_factory=list)
 
 
-def _cli(args: list[str], cwd: Path, **kwargs: Any) -> subprocess.Popen[bytes]:
+def _cli(
+    cwd: Path, resume: bool, record: bool, max_iterations: int | None = None, **kwargs: Any
+) -> subprocess.Popen[bytes]:
+    """``epochal run run.toml`` (with *record*: the same run with a :class:`BatchRecorder`)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
-    return subprocess.Popen(
-        [sys.executable, "-c", "from epochal.cli import main; main()", *args], cwd=cwd, env=env, **kwargs
-    )
+    if record:
+        code = "from epochal_checkpoint.testing import run_with_recorder; run_with_recorder()"
+        args = ["run.toml", *([f"--max-iterations={max_iterations}"] if max_iterations else [])]
+    else:
+        code = "from epochal.cli import main; main()"
+        limit = ["--set", f"loop.max_iterations={max_iterations}"] if max_iterations else []
+        args = ["run", "run.toml", *limit]
+    args += ["--resume"] if resume else []
+    return subprocess.Popen([sys.executable, "-c", code, *args], cwd=cwd, env=env, **kwargs)
 
 
 def verify_directory(directory: Path) -> tuple[int, list[str]]:
@@ -142,7 +206,13 @@ def verify_directory(directory: Path) -> tuple[int, list[str]]:
 
 
 def _chain(
-    workdir: Path, kills: int, size: int, async_save: bool, rng: random.Random, report: TortureReport
+    workdir: Path,
+    kills: int,
+    size: int,
+    async_save: bool,
+    rng: random.Random,
+    report: TortureReport,
+    record: bool,
 ) -> None:
     from epochal_checkpoint import storage
 
@@ -154,12 +224,7 @@ def _chain(
     for _ in range(kills):
         resume = bool(storage.list_checkpoints(directory)[0])
         with open(workdir / "stderr.txt", "wb") as err:
-            proc = _cli(
-                ["run", "run.toml", *(["--resume"] if resume else [])],
-                workdir,
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-            )
+            proc = _cli(workdir, resume, record, stdout=subprocess.DEVNULL, stderr=err)
             time.sleep(rng.uniform(0.1, 1.2))
             if proc.poll() is not None:
                 report.failures.append(
@@ -178,7 +243,7 @@ def _chain(
         report.failures += problems
 
 
-def _final(workdir: Path, size: int, report: TortureReport) -> None:
+def _final(workdir: Path, size: int, report: TortureReport, record: bool) -> None:
     """Resume once more to a fixed iteration; compare with a straight in-process run."""
     from epochal import Loop
     from epochal_checkpoint import storage
@@ -186,8 +251,7 @@ def _final(workdir: Path, size: int, report: TortureReport) -> None:
     directory = workdir / "run" / "checkpoints"
     infos, _ = storage.list_checkpoints(directory)
     target = (infos[-1].manifest["iteration"] if infos else 0) + 3
-    args = ["run", "run.toml", "--set", f"loop.max_iterations={target}", *(["--resume"] if infos else [])]
-    proc = _cli(args, workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = _cli(workdir, bool(infos), record, target, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     _out, err = proc.communicate(timeout=300)
     if proc.returncode != 0:
         report.failures.append(
@@ -200,7 +264,8 @@ def _final(workdir: Path, size: int, report: TortureReport) -> None:
         report.failures.append(f"{workdir}: final checkpoint {info.name} is not at iteration {target}")
         return
     model = make_model(size)
-    straight = Loop(model, make_data(), max_iterations=target, seed=0, handle_signals=False)
+    plugins = {"recorder": BatchRecorder()} if record else {}
+    straight = Loop(model, make_data(), plugins=plugins, max_iterations=target, seed=0, handle_signals=False)
     straight.run()
     same = all(state["model"][k].tobytes() == v.tobytes() for k, v in model.params.items())
     same = same and state["model"]["steps"] == model.steps
@@ -214,14 +279,23 @@ def _final(workdir: Path, size: int, report: TortureReport) -> None:
 
 
 def torture(
-    workdir: Path, chains: int = 5, kills: int = 10, size: int = 1_000_000, parallel: int = 2, seed: int = 0
+    workdir: Path,
+    chains: int = 5,
+    kills: int = 10,
+    size: int = 1_000_000,
+    parallel: int = 2,
+    seed: int = 0,
+    record: bool = True,
 ) -> TortureReport:
     """Kill ``epochal run`` with SIGKILL at random moments, *kills* times in each of *chains* runs.
 
     Each chain restarts its run with ``--resume`` after every kill (once a checkpoint exists),
     checkpointing after every batch (chains alternate sync and async saves). After every kill
     every checkpoint under a final name must verify; at the end each chain resumes to a fixed
-    iteration and must match a straight run bitwise.
+    iteration and must match a straight run bitwise. With *record* the runs have a
+    :class:`BatchRecorder` (a log record every batch, and records into older rows), so every
+    checkpoint links the previous one's log segments and adds one; without it they are plain
+    ``epochal run`` (the CLI).
     """
     from concurrent.futures import ThreadPoolExecutor
 
@@ -229,12 +303,14 @@ def torture(
     rngs = [random.Random(seed * 1000 + c) for c in range(chains)]
     with ThreadPoolExecutor(parallel) as pool:
         futures = [
-            pool.submit(_chain, Path(workdir) / f"chain{c}", kills, size, c % 2 == 1, rngs[c], report)
+            pool.submit(_chain, Path(workdir) / f"chain{c}", kills, size, c % 2 == 1, rngs[c], report, record)
             for c in range(chains)
         ]
         for future in futures:
             future.result()
-        futures = [pool.submit(_final, Path(workdir) / f"chain{c}", size, report) for c in range(chains)]
+        futures = [
+            pool.submit(_final, Path(workdir) / f"chain{c}", size, report, record) for c in range(chains)
+        ]
         for future in futures:
             future.result()
     return report

@@ -1,0 +1,314 @@
+"""The training log in segments: a save writes only the rows new or changed since the previous one.
+
+Runs of the synthetic model (16 batches per epoch) with a plugin writing a record every batch;
+the checkpoints are inspected on disk (segment files, their rows, inodes) and read back through
+the public readers; resumed runs are compared bitwise with straight runs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from epochal_checkpoint import (
+    Checkpoint,
+    CorruptCheckpointError,
+    Load,
+    list_checkpoints,
+    load_latest,
+    read_checkpoint,
+)
+from epochal_checkpoint.testing import BatchRecorder, make_data, make_model
+
+from epochal import Loop, hookimpl
+
+
+class Edits:
+    """At iteration *at*, rewrites rows saved earlier: a changed value, a removed key, an emptied
+    row, a list grown in place; at iteration 9 writes a list value (row 8) and a nested numpy
+    value (row 9)."""
+
+    def __init__(self, at: int = 20) -> None:
+        self.at = at
+
+    @hookimpl
+    def after_batch(self, loop: Any) -> None:
+        log = loop.log
+        if loop.iteration == 9:
+            log[8]["hist"] = [1]
+            log[9]["nested"] = {"x": np.float32(1.5)}  # not plain JSON: kept in state.json
+        if loop.iteration == self.at:
+            log[5]["loss"] = 123.0
+            del log[6]["step"]
+            log[7].clear()
+            log[8]["hist"].append(2)
+
+
+def run(
+    run_dir: Path,
+    max_iterations: int,
+    every: int = 10,
+    resume: bool = False,
+    edits: Edits | None = None,
+    **options: Any,
+) -> Loop:
+    plugins: dict[str, object] = {"recorder": BatchRecorder()}
+    if edits is not None:
+        plugins["edits"] = edits
+    options = {"every_n_epochs": 0, "save_at_end": False, "keep_last": None, **options}
+    plugins["checkpoint"] = Checkpoint(every_n_batches=every, **options)
+    loop = Loop(
+        make_model(size=1000),
+        make_data(),
+        plugins=plugins,
+        max_iterations=max_iterations,
+        seed=0,
+        run_dir=run_dir,
+        resume=resume,
+        handle_signals=False,
+    )
+    loop.run()
+    return loop
+
+
+def manifest(path: Path) -> dict[str, Any]:
+    return json.loads((path / "manifest.json").read_text())
+
+
+def segment_rows(path: Path, name: str) -> dict[str, Any]:
+    return json.loads((path / name).read_text())["rows"]
+
+
+def rows_text(rows: Any) -> str:
+    return repr(rows)
+
+
+def test_a_record_every_batch_writes_only_the_new_rows_per_save(tmp_path: Path) -> None:
+    loop = run(tmp_path, max_iterations=60, every=10)
+    infos, _ = list_checkpoints(tmp_path / "checkpoints")
+    assert [info.manifest["iteration"] for info in infos] == [10, 20, 30, 40, 50, 60]
+    for before, after in itertools.pairwise(infos):
+        old, new = before.manifest["log_segments"], after.manifest["log_segments"]
+        assert new[:-1] == old  # every segment of the previous checkpoint, then one new segment
+        for name in old:  # linked, not re-encoded: the same file (hard link)
+            assert os.stat(before.path / name).st_ino == os.stat(after.path / name).st_ino
+            assert after.manifest["files"][name] == before.manifest["files"][name]
+        start, stop = before.manifest["iteration"], after.manifest["iteration"]
+        added = segment_rows(after.path, new[-1])
+        assert list(added) == [str(i) for i in range(start + 1, stop + 1)]
+        assert after.manifest["files"][new[-1]]["size"] == (after.path / new[-1]).stat().st_size
+        assert json.loads((after.path / "state.json").read_text())["tree"]["log"]["rows"] == {}
+    state, _ = read_checkpoint(infos[-1].path)
+    assert rows_text(state["log"]["rows"]) == rows_text(loop.log.state_dict()["rows"])
+    status = json.loads((infos[-1].path / "state.json").read_text())["tree"]["log"]["status"]
+    assert status["status"] == "running" == state["log"]["status"]["status"]  # in state.json
+
+
+def test_many_saves_keep_few_segments_and_the_log_exact(tmp_path: Path) -> None:
+    loop = run(tmp_path, max_iterations=300, every=1, keep_last=2)
+    infos, _ = list_checkpoints(tmp_path / "checkpoints")
+    newest = infos[-1]
+    assert len(newest.manifest["log_segments"]) <= 7 * 3  # FANOUT - 1 per size class
+    state, _ = read_checkpoint(newest.path)
+    assert rows_text(state["log"]["rows"]) == rows_text(loop.log.state_dict()["rows"])
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_a_row_changed_after_it_was_saved_is_saved_again_and_resumed(
+    tmp_path: Path, async_save: bool
+) -> None:
+    loop = run(tmp_path / "a", max_iterations=20, edits=Edits(at=20), async_save=async_save)
+    directory = tmp_path / "a" / "checkpoints"
+    first, second = list_checkpoints(directory)[0]
+    new = segment_rows(second.path, second.manifest["log_segments"][-1])
+    assert new["5"]["loss"] == 123.0 and "step" not in new["6"] and new["7"] == {}
+    inline = json.loads((second.path / "state.json").read_text())["tree"]["log"]["rows"]
+    assert "9" not in new and list(inline) == ["9"]  # a nested numpy value: the row stays in state.json
+    assert new["8"]["hist"] == [1, 2]  # grown in place after it was saved: saved again
+    state, _ = read_checkpoint(second.path)
+    rows = state["log"]["rows"]
+    assert rows["5"]["loss"] == 123.0 and "step" not in rows["6"] and "7" not in rows
+    assert rows["8"]["hist"] == [1, 2] and type(rows["9"]["nested"]["x"]) is np.float32
+    assert rows_text(rows) == rows_text(loop.log.state_dict()["rows"])
+    earlier, _ = read_checkpoint(first.path)  # the first checkpoint still holds the old values
+    assert earlier["log"]["rows"]["5"]["loss"] != 123.0 and "7" in earlier["log"]["rows"]
+    assert earlier["log"]["rows"]["8"]["hist"] == [1]
+    # resume from the second checkpoint and go on: bitwise equal to a straight run
+    resumed = run(tmp_path / "a", max_iterations=40, resume=True, edits=Edits(at=20), async_save=async_save)
+    assert resumed.log[5]["loss"] == 123.0 and 7 not in dict(resumed.log.rows())
+    straight = run(tmp_path / "b", max_iterations=40, edits=Edits(at=20), async_save=async_save)
+    assert rows_text(resumed.log.state_dict()["rows"]) == rows_text(straight.log.state_dict()["rows"])
+    assert all(
+        resumed.model.params[k].tobytes() == straight.model.params[k].tobytes() for k in straight.model.params
+    )
+    # the resumed run linked the segments of the checkpoint it resumed from
+    infos, _ = list_checkpoints(directory)
+    after_resume = infos[2]
+    for name in second.manifest["log_segments"]:
+        if name in after_resume.manifest["log_segments"]:
+            assert os.stat(second.path / name).st_ino == os.stat(after_resume.path / name).st_ino
+    assert set(second.manifest["log_segments"]) & set(after_resume.manifest["log_segments"])
+    state, _ = read_checkpoint(infos[-1].path)
+    assert rows_text(state["log"]["rows"]) == rows_text(straight.log.state_dict()["rows"])
+
+
+def test_retention_leaves_the_newest_complete_and_self_contained(tmp_path: Path) -> None:
+    loop = run(tmp_path, max_iterations=50, every=10, keep_last=1)
+    infos, _ = list_checkpoints(tmp_path / "checkpoints")
+    assert len(infos) == 1
+    newest = infos[0]
+    segments = newest.manifest["log_segments"]
+    assert len(segments) == 5  # written by the 5 saves, the 4 older checkpoints deleted
+    assert all((newest.path / name).stat().st_nlink == 1 for name in segments)
+    state, _ = read_checkpoint(newest.path)
+    expected = rows_text(loop.log.state_dict()["rows"])
+    assert rows_text(state["log"]["rows"]) == expected
+    moved = tmp_path / "elsewhere" / newest.name  # a checkpoint directory alone is enough
+    shutil.copytree(newest.path, moved)
+    shutil.rmtree(tmp_path / "checkpoints")
+    load = Load(path=str(moved))
+    loaded = Loop(
+        make_model(size=1000),
+        make_data(),
+        plugins={"load": load},
+        max_iterations=50,
+        seed=0,
+        handle_signals=False,
+    )
+    loaded.run()
+    assert load.loaded == moved and rows_text(loaded.log.state_dict()["rows"]) == expected
+
+
+@pytest.mark.parametrize("which", ["shared by the two newest", "newest only"])
+def test_a_corrupt_linked_segment_fails_its_checksum_and_an_older_checkpoint_is_used(
+    tmp_path: Path, which: str
+) -> None:
+    run(tmp_path, max_iterations=30, every=10)
+    directory = tmp_path / "checkpoints"
+    first, second, third = list_checkpoints(directory)[0]
+    name = (
+        second.manifest["log_segments"][-1]
+        if which.startswith("shared")
+        else third.manifest["log_segments"][-1]
+    )
+    with open(third.path / name, "r+b") as file:  # in place: every hard link sees it
+        file.seek(40)
+        byte = file.read(1)
+        file.seek(40)
+        file.write(bytes([byte[0] ^ 0x01]))
+    with pytest.raises(CorruptCheckpointError, match=f"{third.name}.*{name} fails its checksum"):
+        read_checkpoint(third.path)
+    with pytest.warns(RuntimeWarning) as warned:
+        state, info = load_latest(directory)
+    expected = first if which.startswith("shared") else second
+    assert info.name == expected.name and state["iteration"] == expected.manifest["iteration"]
+    assert any(third.name in str(w.message) for w in warned)
+    # --resume continues from that checkpoint and saves again
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        resumed = run(tmp_path, max_iterations=40, every=10, resume=True)
+    straight = run(tmp_path / "straight", max_iterations=40, every=10)
+    assert rows_text(resumed.log.state_dict()["rows"]) == rows_text(straight.log.state_dict()["rows"])
+    state, info = load_latest(directory)
+    assert info.manifest["iteration"] == 40 and info.manifest["resumed_from"] is not None
+
+
+def test_segments_are_copied_when_hard_links_fail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_link(source: Any, target: Any) -> None:
+        raise PermissionError(1, "Operation not permitted", str(source))
+
+    monkeypatch.setattr(os, "link", no_link)
+    loop = run(tmp_path, max_iterations=30, every=10)
+    first, _, third = list_checkpoints(tmp_path / "checkpoints")[0]
+    name = first.manifest["log_segments"][0]
+    assert os.stat(first.path / name).st_ino != os.stat(third.path / name).st_ino
+    assert (first.path / name).read_bytes() == (third.path / name).read_bytes()
+    state, _ = read_checkpoint(third.path)
+    assert rows_text(state["log"]["rows"]) == rows_text(loop.log.state_dict()["rows"])
+
+
+def test_a_checkpoint_of_format_1_resumes_and_the_next_save_writes_every_row(tmp_path: Path) -> None:
+    from epochal_checkpoint.storage import flatten, write_checkpoint
+
+    run(tmp_path, max_iterations=20, every=10)
+    directory = tmp_path / "checkpoints"
+    newest = list_checkpoints(directory)[0][-1]
+    state, old = read_checkpoint(newest.path)  # rewrite it as format 1: rows in state.json
+    shutil.rmtree(newest.path)
+    keep = {k: v for k, v in old.items() if k not in ("files", "log_segments", "name", "format", "version")}
+    path = write_checkpoint(directory, newest.name, flatten(state), keep).path
+    legacy = {**manifest(path), "version": 1}
+    (path / "manifest.json").write_text(json.dumps(legacy))
+    assert "log_segments" not in legacy and len(state["log"]["rows"]) == 20
+    resumed = run(tmp_path, max_iterations=30, every=10, resume=True)
+    straight = run(tmp_path / "straight", max_iterations=30, every=10)
+    assert rows_text(resumed.log.state_dict()["rows"]) == rows_text(straight.log.state_dict()["rows"])
+    after = list_checkpoints(directory)[0][-1]
+    assert list(segment_rows(after.path, after.manifest["log_segments"][0])) == [str(i) for i in range(1, 31)]
+
+
+@pytest.mark.parametrize("bad", ["../state.json", "log-1-i1-1.json/../../x", "state.json"])
+def test_a_manifest_naming_a_bad_segment_is_refused(tmp_path: Path, bad: str) -> None:
+    run(tmp_path, max_iterations=10, every=10)
+    path = list_checkpoints(tmp_path / "checkpoints")[0][0].path
+    document = manifest(path)
+    document["log_segments"] = [bad]
+    (path / "manifest.json").write_text(json.dumps(document))
+    with pytest.raises(CorruptCheckpointError, match="log_segments"):
+        read_checkpoint(path)
+
+
+def test_segments_beside_a_large_state_written_in_a_second_thread(tmp_path: Path) -> None:
+    from epochal_checkpoint.storage import (
+        PARALLEL_CHECKSUM_BYTES,
+        LinkedSegment,
+        NewSegment,
+        flatten,
+        write_checkpoint,
+    )
+
+    weights = np.arange(PARALLEL_CHECKSUM_BYTES // 8 + 1, dtype=np.float64)  # arrays.npy in a thread
+    state = {"w": weights, "log": {"rows": {}, "status": {}}}
+    first = write_checkpoint(
+        tmp_path, "ckpt-e0000-i000001", flatten(state), {"sequence": 1},
+        segments=[NewSegment("log-000001-i000001-000002.json", {"1": {"a": 1.0}, "2": {"a": 2.0}})],
+    )  # fmt: skip
+    assert first.segments is not None
+    second = write_checkpoint(
+        tmp_path, "ckpt-e0000-i000003", flatten(state), {"sequence": 2},
+        segments=[LinkedSegment(first.path, first.segments[0]),
+                  NewSegment("log-000002-i000002-000003.json", {"2": {}, "3": {"a": 3.0}})],
+    )  # fmt: skip
+    loaded, _ = read_checkpoint(second.path)
+    assert loaded["log"]["rows"] == {"1": {"a": 1.0}, "3": {"a": 3.0}}  # row 2 emptied by the later segment
+    assert loaded["w"].tobytes() == weights.tobytes()
+    twice = [LinkedSegment(first.path, first.segments[0])] * 2
+    with pytest.raises(ValueError, match="unique"):
+        write_checkpoint(tmp_path, "ckpt-e0000-i000004", flatten(state), {"sequence": 3}, segments=twice)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [first.name, second.name, "latest"]
+
+
+def test_the_log_accessors_the_incremental_save_relies_on() -> None:
+
+    from epochal.log import TrainingLog
+
+    log = TrainingLog()
+    log[3]["a"] = np.float32(0.5)
+    log[1]["b"] = 1
+    view = log.row_map
+    assert list(view) == [3, 1] and view[3] is log[3]  # creation order, live rows, no copy
+    with pytest.raises(TypeError):
+        view[5] = {}  # type: ignore[index,unused-ignore]
+    full = log.state_dict()
+    assert full["rows"] == {"1": {"b": 1}, "3": {"a": 0.5}}
+    assert log.state_dict(rows=False) == {"rows": {}, "status": full["status"]}
+    assert log.state_dict() == full and log.load_count == 0
+    log.load_state_dict(full)
+    assert log.load_count == 1 and list(log.row_map) == [1, 3]
