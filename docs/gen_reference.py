@@ -66,6 +66,7 @@ def main() -> None:
     (OUT / "hooks.md").write_text(hooks_page(), encoding="utf-8")
     (OUT / "cli.md").write_text(cli_page(), encoding="utf-8")
     bench = (Path(__file__).parents[1] / "bench" / "README.md").read_text(encoding="utf-8")
+    bench = bench.replace("](../docs/", "](../")  # links from bench/ to docs/, seen from docs/reference/
     (OUT / "benchmarks.md").write_text(bench, encoding="utf-8")
     print(f"wrote {OUT}/hooks.md, cli.md and benchmarks.md")
 
