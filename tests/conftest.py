@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -12,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from epochal.testing import epochal_command
 
 HERE = Path(__file__).parent
 
@@ -53,18 +54,8 @@ def throwaway_cli(throwaway_site: Path, tmp_path: Path) -> Run:
     def run(
         *args: str, env: dict[str, str] | None = None, timeout: float = 120
     ) -> subprocess.CompletedProcess[str]:
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
-        full_env["PYTHONPATH"] = str(throwaway_site)
-        full_env["EPOCHAL_TW_OUT"] = str(tmp_path / "events.jsonl")
-        full_env.update(env or {})
-        return subprocess.run(
-            [sys.executable, "-m", "epochal", *args],
-            cwd=tmp_path,
-            env=full_env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        extra = {"PYTHONPATH": str(throwaway_site), "EPOCHAL_TW_OUT": str(tmp_path / "events.jsonl")}
+        return epochal_command(*args, cwd=tmp_path, env={**extra, **(env or {})}, timeout=timeout)
 
     return run
 

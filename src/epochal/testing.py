@@ -24,7 +24,8 @@ plugin does), to test that your plugin's state survives a resume::
 
 ``epochal_run(plugins, **loop_options)`` takes plugin objects by name (in call order) or the
 names of installed plugins (``epochal_run(["monitor"], options={"monitor": {...}})``), runs a
-deterministic numpy regression (:class:`TinyModel` on :func:`tiny_data`, or your own ``model``
+deterministic numpy regression (``epochal.examples.tiny``: :class:`TinyModel` on
+:func:`tiny_data`, re-exported here; or your own ``model``
 and ``data``) in a temporary run directory, and returns a :class:`RunResult` holding the loop
 and every hook call in order (pytester-style).
 
@@ -43,12 +44,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from epochal._dispatch import HOOK_ARGS
 from epochal._markers import hookimpl
-from epochal.data import BatchStream
+from epochal.examples.tiny import TinyModel, tiny_data
 from epochal.loop import Loop
 from epochal.plugins import PluginSet, compose, load_plugins
 
@@ -56,41 +56,6 @@ RECORDER = "epochal.testing.recorder"
 
 EpochalCli = Callable[..., subprocess.CompletedProcess[str]]
 """The type of the ``epochal_cli`` fixture, to annotate a test's argument."""
-
-
-class TinyModel:
-    """Linear regression trained by SGD: deterministic, fast, with a real state."""
-
-    def __init__(self, features: int = 3, lr: float = 0.1, seed: int = 0) -> None:
-        self.w = np.random.default_rng(seed).normal(size=features)
-        self.lr = lr
-
-    def train_step(self, batch: Any) -> dict[str, float]:
-        x, y = batch
-        error = x @ self.w - y
-        self.w = self.w - self.lr * x.T @ error / len(x)
-        return {"loss": float((error**2).mean())}
-
-    def eval_step(self, batch: Any) -> dict[str, float]:
-        x, y = batch
-        return {"loss": float(((x @ self.w - y) ** 2).mean())}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"w": self.w.copy()}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.w = np.array(state["w"], dtype=float)
-
-
-def tiny_data(examples: int = 32, batch_size: int = 8, seed: int = 0) -> dict[str, BatchStream]:
-    """A train stream and a ``valid`` stream for :class:`TinyModel`."""
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(examples, 3))
-    y = x @ np.array([1.0, -2.0, 0.5])
-    return {
-        "train": BatchStream(x, y, batch_size=batch_size, seed=seed),
-        "valid": BatchStream(x[: batch_size * 2], y[: batch_size * 2], batch_size=batch_size, shuffle=False),
-    }
 
 
 @dataclass
