@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 __all__ = ["LoaderStream", "is_dataloader"]
 
@@ -87,7 +87,8 @@ class LoaderStream:
         loader = self.loader
         if position == 0:
             iterator = iter(loader)
-        elif loader.batch_sampler is not None:  # map-style: the rest of this epoch's batches
+        elif not isinstance(loader.dataset, IterableDataset) and loader.batch_sampler is not None:
+            # map-style: the rest of this epoch's batches
             batches = list(loader.batch_sampler)[position:]
             self._prepare(epoch)  # the workers' seeds as the full epoch's loader had them
             iterator = iter(self._rest(batches))

@@ -21,6 +21,8 @@ __all__ = ["PRECISIONS", "Precision", "move_to", "resolve_device"]
 
 PRECISIONS = ("32-true", "16-mixed", "bf16-mixed", "bf16-true")
 _DEVICE_TYPES = ("auto", "cpu", "cuda", "mps")
+#: other spellings users write, and the name they most likely mean.
+_ALIASES = {"16": "16-mixed", "fp16": "16-mixed", "bf16": "bf16-mixed", "32": "32-true", "fp32": "32-true"}
 
 
 def resolve_device(spec: str | torch.device) -> torch.device:
@@ -99,10 +101,9 @@ class Precision:
 
     def __init__(self, name: str, device: torch.device) -> None:
         if name not in PRECISIONS:
-            raise ConfigError(
-                f"TorchModel precision {name!r} is not one of {', '.join(PRECISIONS)}"
-                f"{did_you_mean(str(name), PRECISIONS)}"
-            )
+            alias = _ALIASES.get(str(name).lower())
+            hint = f" (did you mean {alias!r}?)" if alias else did_you_mean(str(name), PRECISIONS)
+            raise ConfigError(f"TorchModel precision {name!r} is not one of {', '.join(PRECISIONS)}{hint}")
         self.name = name
         self.device = device
         #: the dtype of parameters and floating inputs (None: leave them as they are).
