@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch.optim import lr_scheduler
 
-from epochal import ConfigError
+from epochal import ConfigError, PluginError
 from epochal.config import resolve
 from epochal.errors import did_you_mean
 
@@ -37,7 +37,7 @@ _CALLABLE_ARGUMENTS = ("lr_lambda", "scale_fn")
 
 def scheduler_class(name: Any, where: str) -> type:
     if not isinstance(name, str) or name not in SCHEDULERS:
-        raise ConfigError(
+        raise PluginError(
             f"{where} name = {name!r} is not a scheduler of torch.optim.lr_scheduler"
             f"{did_you_mean(str(name), SCHEDULERS)}; schedulers: {', '.join(sorted(SCHEDULERS))}"
         )
@@ -50,13 +50,13 @@ def check_arguments(cls: type, arguments: Mapping[str, Any], where: str) -> None
     valid = ", ".join(params) or "none"
     for key in arguments:
         if key not in params:
-            raise ConfigError(
+            raise PluginError(
                 f"{where} {key!r} is not an argument of {cls.__name__}{did_you_mean(key, params)}; "
                 f"its arguments: {valid}"
             )
     missing = [n for n, p in params.items() if p.default is p.empty and n not in arguments]
     if missing:
-        raise ConfigError(f"{where} {cls.__name__} needs {', '.join(missing)}; its arguments: {valid}")
+        raise PluginError(f"{where} {cls.__name__} needs {', '.join(missing)}; its arguments: {valid}")
 
 
 def build(name: str, arguments: Mapping[str, Any], optimizer: torch.optim.Optimizer, where: str) -> Any:
@@ -79,8 +79,9 @@ def build(name: str, arguments: Mapping[str, Any], optimizer: torch.optim.Optimi
         ]
     try:
         return cls(optimizer, **kwargs)
-    except (TypeError, ValueError) as error:
-        raise ConfigError(f"{where} torch refused {name}({_describe(arguments)}): {error}") from None
+    except Exception as error:  # whatever torch's constructor raises, it is the arguments' fault
+        message = str(error).strip("'\"")
+        raise ConfigError(f"{where} torch refused {name}({_describe(arguments)}): {message}") from None
 
 
 def _without_name(table: Mapping[str, Any]) -> dict[str, Any]:

@@ -65,9 +65,9 @@ class LRScheduler:
         cls = scheduler_class(name, WHERE)
         check_arguments(cls, arguments, WHERE)
         if interval not in ("epoch", "batch"):
-            raise ConfigError(f"{WHERE} interval must be 'epoch' or 'batch', not {interval!r}")
+            raise PluginError(f"{WHERE} interval must be 'epoch' or 'batch', not {interval!r}")
         if isinstance(frequency, bool) or not isinstance(frequency, int) or frequency < 1:
-            raise ConfigError(f"{WHERE} frequency must be a positive integer, not {frequency!r}")
+            raise PluginError(f"{WHERE} frequency must be a positive integer, not {frequency!r}")
         self.name = name
         self.interval = interval
         self.frequency = frequency
