@@ -143,6 +143,8 @@ class LRScheduler:
             row = loop.log.current_row
             for i, group in enumerate(self.optimizer.param_groups):
                 row["lr" if i == 0 else f"lr.group{i}"] = float(group["lr"])
+        if self._proxy_model is not None:
+            self.optimizer.step()  # a no-op (no gradients) that tells torch the optimizer stepped
         if self.plateau:
             value = loop.log.current_row.get(self.monitor)
             stream, _, key = self.monitor.partition(".")
