@@ -81,7 +81,10 @@ def move_to(batch: Any, device: torch.device, dtype: torch.dtype | None = None) 
     elif isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
         return type(batch)(*(move_to(v, device, dtype) for v in batch))
     elif isinstance(batch, (tuple, list)):
-        return type(batch)(move_to(v, device, dtype) for v in batch)
+        moved = [move_to(v, device, dtype) for v in batch]
+        if all(a is b for a, b in zip(moved, batch)):
+            return batch  # already where it belongs (the common case of batches made on the device)
+        return type(batch)(moved)
     elif isinstance(batch, Mapping):
         return {k: move_to(v, device, dtype) for k, v in batch.items()}
     else:

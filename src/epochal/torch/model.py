@@ -160,7 +160,8 @@ class TorchModel:
     def train_step(self, batch: Any) -> dict[str, Any]:
         """Forward, backward, and (every ``accumulate_grad_batches``) an optimizer step."""
         inputs, targets = self._split(batch)
-        self.module.train()
+        if not self.module.training:  # train() walks every submodule: only when needed
+            self.module.train()
         precision = self.precision
         with precision.autocast():
             outputs = self._forward(inputs)

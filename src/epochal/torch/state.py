@@ -35,7 +35,9 @@ def tensor_to_plain(tensor: torch.Tensor) -> np.ndarray | dict[str, Any]:
     """A C-contiguous numpy copy of *tensor*, or a tagged record when numpy lacks its dtype."""
     tensor = tensor.detach()
     if tensor.dtype in _NUMPY_DTYPES:
-        return np.array(tensor.cpu().numpy(), copy=True, order="C")
+        if tensor.device.type != "cpu":  # the copy to the host is already a fresh array
+            return tensor.contiguous().cpu().numpy()
+        return np.array(tensor.numpy(), copy=True, order="C")
     bits = _BITS.get(tensor.dtype.itemsize)
     if bits is None or tensor.is_quantized:
         raise TypeError(f"tensors of dtype {tensor.dtype} cannot be saved")

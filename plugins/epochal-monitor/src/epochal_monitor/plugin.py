@@ -24,6 +24,8 @@ from epochal.triggers import every_n_batches as _every_n_batches
 Aggregation = Literal["mean", "sum", "min", "max", "last"]
 AGGREGATIONS: tuple[str, ...] = ("mean", "sum", "min", "max", "last")
 _MEAN, _SUM, _MIN, _MAX, _LAST = range(5)
+#: aggregations that need no comparison, so device scalars are summed without being read.
+_LAZY = frozenset({_MEAN, _SUM, _LAST})
 _NAN = float("nan")
 
 
@@ -44,6 +46,12 @@ def _non_negative(option: str, value: int | None) -> int | None:
 def _encode(value: float) -> float | str:
     """A float as JSON-able data: finite floats as themselves, others as "nan"/"inf"/"-inf"."""
     return value if math.isfinite(value) else repr(value)
+
+
+def _on_device(value: Any) -> bool:
+    """Whether *value* lives on an accelerator (a CUDA tensor): reading it makes the host wait."""
+    device = getattr(value, "device", None)
+    return device is not None and getattr(device, "type", "cpu") != "cpu"
 
 
 def _decode(value: Any) -> float:
@@ -172,13 +180,17 @@ class Monitor:
         for key, raw in outputs.items():
             if key in self._skip:
                 continue
-            try:
-                value = float(raw)
-            except (TypeError, ValueError):
-                self._skip.add(key)  # not a number: not aggregated
-                continue
-            if value - value != 0.0:  # NaN or infinite
-                self._non_finite(f"{self.prefix}.{key}", value, loop)
+            kind = self._kind(key)
+            if _on_device(raw) and kind in _LAZY:
+                value = raw  # summed where it is: reading it now would wait for the device
+            else:
+                try:
+                    value = float(raw)
+                except (TypeError, ValueError):
+                    self._skip.add(key)  # not a number: not aggregated
+                    continue
+                if value - value != 0.0:  # NaN or infinite
+                    self._non_finite(f"{self.prefix}.{key}", value, loop)
             if size < 0:
                 size = self._batch_size(batch)
             acc = epoch.get(key)
@@ -213,7 +225,9 @@ class Monitor:
         row = loop.log.current_row
         prefix = self.prefix
         for key, acc in self._epoch.items():
-            row[f"{prefix}.{key}"] = self._result(acc)
+            value = row[f"{prefix}.{key}"] = self._result(acc)
+            if value - value != 0.0 and key not in self._skip:  # NaN or infinite, summed lazily
+                self._non_finite(f"{prefix}.{key}", value, loop)
         self._epoch = {}
 
     def _non_finite(self, record: str, value: float, loop: Any) -> None:
@@ -234,7 +248,7 @@ class Monitor:
 
         def dump(accs: dict[str, list[Any]]) -> dict[str, Any]:
             return {
-                key: [AGGREGATIONS[kind], None if a is None else _encode(a), b]
+                key: [AGGREGATIONS[kind], None if a is None else _encode(float(a)), b]
                 for key, (kind, a, b) in accs.items()
             }
 
