@@ -54,6 +54,15 @@ def _on_device(value: Any) -> bool:
     return device is not None and getattr(device, "type", "cpu") != "cpu"
 
 
+def _read_all(values: list[Any]) -> list[float]:
+    """Device scalars as floats, read in one copy (torch tensors) or one by one."""
+    if values and type(values[0]).__module__.startswith("torch"):
+        import torch
+
+        return [float(v) for v in torch.stack([v.detach().reshape(()) for v in values]).tolist()]
+    return [float(v) for v in values]
+
+
 def _decode(value: Any) -> float:
     return float(value)
 
@@ -146,8 +155,20 @@ class Monitor:
                 acc[1] = value
             acc[2] += 1
 
-    @staticmethod
-    def _result(acc: list[Any]) -> float:
+    @classmethod
+    def _settle(cls, acc: list[Any]) -> None:
+        """Fold the device scalars kept in *acc* (beyond its three fields) into it, in order."""
+        if len(acc) <= 3:
+            return
+        pending = acc[3:]
+        del acc[3:]
+        values = _read_all([value for value, _ in pending])
+        for value, (_, size) in zip(values, pending):
+            cls._update(acc, value, size)
+
+    @classmethod
+    def _result(cls, acc: list[Any]) -> float:
+        cls._settle(acc)
         kind, a, b = acc
         if kind == _MEAN:
             return float(a / b) if b else _NAN
@@ -180,17 +201,24 @@ class Monitor:
         for key, raw in outputs.items():
             if key in self._skip:
                 continue
-            kind = self._kind(key)
-            if _on_device(raw) and kind in _LAZY:
-                value = raw  # summed where it is: reading it now would wait for the device
-            else:
-                try:
-                    value = float(raw)
-                except (TypeError, ValueError):
-                    self._skip.add(key)  # not a number: not aggregated
-                    continue
-                if value - value != 0.0:  # NaN or infinite
-                    self._non_finite(f"{self.prefix}.{key}", value, loop)
+            if _on_device(raw) and self._kind(key) in _LAZY:
+                # Kept as it is: reading it now would make the host wait for the device. The
+                # epoch's device scalars are read together, in one copy, when a record is due.
+                if size < 0:
+                    size = self._batch_size(batch)
+                for accs in (epoch, window) if running else (epoch,):
+                    acc = accs.get(key)
+                    if acc is None:
+                        acc = accs[key] = self._start(self._kind(key))
+                    acc.append((raw, size))
+                continue
+            try:
+                value = float(raw)
+            except (TypeError, ValueError):
+                self._skip.add(key)  # not a number: not aggregated
+                continue
+            if value - value != 0.0:  # NaN or infinite
+                self._non_finite(f"{self.prefix}.{key}", value, loop)
             if size < 0:
                 size = self._batch_size(batch)
             acc = epoch.get(key)
@@ -247,8 +275,10 @@ class Monitor:
         """The accumulators of the unfinished epoch and window, and the metrics already reported."""
 
         def dump(accs: dict[str, list[Any]]) -> dict[str, Any]:
+            for acc in accs.values():
+                self._settle(acc)
             return {
-                key: [AGGREGATIONS[kind], None if a is None else _encode(float(a)), b]
+                key: [AGGREGATIONS[kind], None if a is None else _encode(a), b]
                 for key, (kind, a, b) in accs.items()
             }
 
