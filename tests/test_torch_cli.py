@@ -133,3 +133,12 @@ def test_export_writes_weights_the_module_loads(tmp_path: Path) -> None:
     assert all(torch.equal(exported[k], saved[k]) for k in saved)
     missing = run(tmp_path, "export", "nowhere")
     assert missing.returncode == 2 and "no checkpoint at 'nowhere'" in missing.stderr
+
+
+def test_the_example_reaches_its_documented_accuracy(tmp_path: Path) -> None:
+    result = run(tmp_path, "run", str(EXAMPLE), *QUIET)
+    assert result.returncode == 0, result.stderr
+    summary = next(line for line in result.stdout.splitlines() if line.startswith("epochal: valid:"))
+    metrics = dict(item.split("=") for item in summary.removeprefix("epochal: valid: ").split(", "))
+    assert float(metrics["accuracy"]) >= 0.97 and float(metrics["f1"]) >= 0.97
+    assert (tmp_path / "runs" / "digits_torch" / "checkpoints" / "best.safetensors").is_file()
