@@ -6,7 +6,6 @@ import errno
 import json
 import subprocess
 import threading
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from epochal_checkpoint import (
     read_checkpoint,
     storage,
 )
+from epochal_checkpoint.storage import resign
 from epochal_checkpoint.testing import TORTURE_CONFIG, make_data, make_model
 
 from epochal import ConfigError, Loop, hookimpl
@@ -301,11 +301,7 @@ def test_cli_resume_refuses_a_pickle_payload(project: Path) -> None:
     state = json.loads((path / "state.json").read_text())
     state["arrays"][0].update(dtype="|O", shape=[1], offset=0)
     (path / "state.json").write_text(json.dumps(state))
-    manifest = json.loads((path / "manifest.json").read_text())
-    for name in ("arrays.npy", "state.json"):
-        data = (path / name).read_bytes()
-        manifest["files"][name] = {"size": len(data), "crc32": f"{zlib.crc32(data):08x}"}
-    (path / "manifest.json").write_text(json.dumps(manifest))
+    resign(path)
     assert_clear_error(
         epochal_command("run", "run.toml", "--resume", cwd=project), "ckpt-e0000-i000003", "pickle payload"
     )
