@@ -191,7 +191,7 @@ def test_retention_leaves_the_newest_complete_and_self_contained(tmp_path: Path)
 def test_a_damaged_log_segment_costs_only_its_rows(tmp_path: Path, which: str) -> None:
     run(tmp_path, max_iterations=30, every=10)
     directory = tmp_path / "checkpoints"
-    first, second, third = list_checkpoints(directory)[0]
+    first, _, third = list_checkpoints(directory)[0]
     name = (
         first.manifest["log_segments"][0]
         if which.startswith("shared")
