@@ -92,7 +92,7 @@ def test_keep_best_by_monitor_keeps_best_and_newest(tmp_path: Path) -> None:
     )
     make_loop(tmp_path, ("metric", WriteMetric(scores)), ("checkpoint", plugin), max_iterations=10).run()
     assert names(tmp_path) == ["ckpt-e0000-i000004", "ckpt-e0000-i000008", "ckpt-e0000-i000010"]
-    for path in (tmp_path / "checkpoints").iterdir():
+    for path in (tmp_path / "checkpoints").glob("ckpt-*"):
         if path.name != "latest":
             assert json.loads((path / "manifest.json").read_text())["metric"] == scores[int(path.name[-2:])]
     best_max = tmp_path / "max"
