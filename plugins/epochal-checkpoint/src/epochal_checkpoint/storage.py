@@ -644,9 +644,11 @@ class CheckpointInfo:
         return self.path.name
 
     @property
-    def order(self) -> tuple[int, int]:
-        """Sort key: save sequence, then save time (both verified integers)."""
-        return int(self.manifest.get("sequence", 0)), int(self.manifest.get("saved_at_ns", 0))
+    def order(self) -> tuple[int, int, int]:
+        """Sort key: save sequence, then save time (both verified integers); a copy under
+        another name (:attr:`renamed`) sorts before the checkpoint it copies."""
+        sequence, saved = int(self.manifest.get("sequence", 0)), int(self.manifest.get("saved_at_ns", 0))
+        return sequence, saved, 0 if self.renamed else 1
 
     @property
     def renamed(self) -> bool:
@@ -1184,7 +1186,7 @@ def find_latest(directory: Path, model_only: bool = False) -> tuple[ReadCheckpoi
     for info in reversed(infos):
         try:
             read = read_checkpoint_info(info.path, model_only=model_only)
-        except CorruptCheckpointError as error:
+        except (CorruptCheckpointError, UnsafeCheckpointError, ForeignCheckpointError) as error:
             failures.append((info.path, str(error)))
             warnings.warn(f"{error}; trying the previous checkpoint", RuntimeWarning, stacklevel=3)
             continue
@@ -1203,8 +1205,8 @@ def load_latest(directory: Path, model_only: bool = False) -> tuple[dict[str, An
     warning names them); the rest of that checkpoint is used.
 
     :raises CheckpointNotFoundError: when *directory* holds no complete checkpoint.
-    :raises CorruptCheckpointError: when every checkpoint fails verification.
-    :raises UnsafeCheckpointError: when the newest readable one holds a pickle payload.
+    :raises CorruptCheckpointError: when every checkpoint fails verification (a checkpoint
+        holding a pickle payload counts as failing it).
     """
     read, _ = find_latest(directory, model_only)
     return read.state, CheckpointInfo(read.path, read.manifest, read.segments, read.inline_rows)
