@@ -1183,18 +1183,19 @@ def find_latest(directory: Path, model_only: bool = False) -> tuple[ReadCheckpoi
     for name, why in ignored:
         warnings.warn(f"ignoring {name} in {str(directory)!r}: {why}", RuntimeWarning, stacklevel=3)
     failures: list[tuple[Path, str]] = []
+    unsafe = False
     for info in reversed(infos):
         try:
             read = read_checkpoint_info(info.path, model_only=model_only)
         except (CorruptCheckpointError, UnsafeCheckpointError, ForeignCheckpointError) as error:
+            unsafe = unsafe or isinstance(error, UnsafeCheckpointError)
             failures.append((info.path, str(error)))
             warnings.warn(f"{error}; trying the previous checkpoint", RuntimeWarning, stacklevel=3)
             continue
         warn_damaged_segments(read, stacklevel=4)
         return read, failures
-    raise CorruptCheckpointError(
-        f"every checkpoint in {str(directory)!r} is corrupt: " + "; ".join(why for _, why in failures)
-    )
+    kind = UnsafeCheckpointError if unsafe else CorruptCheckpointError
+    raise kind(f"every checkpoint in {str(directory)!r} is corrupt: " + "; ".join(why for _, why in failures))
 
 
 def load_latest(directory: Path, model_only: bool = False) -> tuple[dict[str, Any], CheckpointInfo]:
@@ -1206,7 +1207,8 @@ def load_latest(directory: Path, model_only: bool = False) -> tuple[dict[str, An
 
     :raises CheckpointNotFoundError: when *directory* holds no complete checkpoint.
     :raises CorruptCheckpointError: when every checkpoint fails verification (a checkpoint
-        holding a pickle payload counts as failing it).
+        holding a pickle payload counts as failing it, with a warning saying so).
+    :raises UnsafeCheckpointError: when every checkpoint fails and one held a pickle payload.
     """
     read, _ = find_latest(directory, model_only)
     return read.state, CheckpointInfo(read.path, read.manifest, read.segments, read.inline_rows)
