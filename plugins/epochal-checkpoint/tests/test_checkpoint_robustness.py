@@ -358,3 +358,15 @@ def test_load_refuses_a_latest_pointer_out_of_the_directory_even_through_the_plu
     loop = make_loop(tmp_path / "c", ("load", Load(path=str(pointer))), max_epochs=1)
     with pytest.raises(CheckpointError, match="names no checkpoint of its directory"):
         loop.run()
+
+
+def test_new_checkpoint_directories_are_fsynced_in_their_parents(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[Path] = []
+    real = storage.fsync_dir
+    monkeypatch.setattr(storage, "fsync_dir", lambda path: (synced.append(Path(path)), real(path))[1])
+    make_loop(tmp_path / "new" / "run", ("checkpoint", Checkpoint()), max_epochs=1).run()
+    # run_dir/ and run_dir/checkpoints/ were made: each parent synced after its mkdir
+    for made in (tmp_path / "new", tmp_path / "new" / "run", tmp_path / "new" / "run" / "checkpoints"):
+        assert made.parent in synced[:3], synced
