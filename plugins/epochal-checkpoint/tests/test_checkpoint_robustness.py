@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import time
 import warnings
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,8 @@ from epochal_checkpoint.fuzz import fuzz, make_pristine
 from epochal_checkpoint.lock import DirectoryLock
 from epochal_checkpoint.plugin import read_from
 from epochal_checkpoint.testing import TORTURE_CONFIG, make_data, make_model
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from epochal import Loop, hookimpl
 from epochal.testing import epochal_command
@@ -370,3 +374,67 @@ def test_new_checkpoint_directories_are_fsynced_in_their_parents(
     # run_dir/ and run_dir/checkpoints/ were made: each parent synced after its mkdir
     for made in (tmp_path / "new", tmp_path / "new" / "run", tmp_path / "new" / "run" / "checkpoints"):
         assert made.parent in synced[:3], synced
+
+
+# -- property-based: any JSON document in place of a checkpoint's JSON files ---------------------
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_pristine(tmp_path_factory.mktemp("pristine") / "checkpoints")
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    target=st.sampled_from(["manifest.json", "state.json", "segment"]),
+    path=st.lists(
+        st.sampled_from(["files", "arrays", "tree", "rows", "log", 0, "sequence", "path", "shape"]),
+        max_size=3,
+    ),
+    value=JSON,
+)
+def test_any_json_value_anywhere_is_a_clean_error_or_a_clean_load(
+    pristine: Path, tmp_path_factory: pytest.TempPathFactory, target: str, path: list[Any], value: Any
+) -> None:
+    """Replace one value (or the whole document) of a JSON file of the newest checkpoint,
+    checksums re-signed: reading it is a CheckpointError or a load, and load_latest falls back."""
+    case = tmp_path_factory.mktemp("case") / "checkpoints"
+    shutil.copytree(pristine, case)
+    newest = list_checkpoints(case)[0][-1].path
+    name = target if target != "segment" else sorted(p.name for p in newest.glob("log-*"))[-1]
+    document = json.loads((newest / name).read_text())
+    node = document
+    for key in path[:-1]:
+        try:
+            node = node[key]
+        except (KeyError, IndexError, TypeError):
+            break
+    try:
+        if path:
+            node[path[-1]] = value
+        else:
+            document = value
+    except (IndexError, TypeError):
+        document = value
+    (newest / name).write_text(json.dumps(document))
+    if name == "manifest.json":
+        data = (newest / name).read_bytes()
+        (newest / "commit").write_bytes(storage.commit_record(data))
+    else:
+        manifest = json.loads((newest / "manifest.json").read_text())
+        data = (newest / name).read_bytes()
+        manifest["files"][name] = {"size": len(data), "crc32": f"{zlib.crc32(data):08x}"}
+        storage.resign(newest, manifest)
+    with contextlib.suppress(CheckpointError):
+        storage.read_checkpoint(newest)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert load_latest(case)[1].name in {p.name for p in case.glob("ckpt-*")}
