@@ -79,7 +79,15 @@ def cli(ctx: click.Context, traceback: bool) -> None:
 @click.option(
     "--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", help="Override a config value."
 )
-@click.option("--resume", is_flag=True, help="Resume from the latest complete checkpoint.")
+@click.option(
+    "--resume",
+    is_flag=False,
+    flag_value="latest",
+    default=None,
+    metavar="[auto|PATH]",
+    help="Resume from the latest complete checkpoint (an error if none); `--resume auto`: the latest "
+    "if any, else start fresh (preemptible jobs); `--resume PATH`: that checkpoint.",
+)
 @click.option(
     "--trace-plugins",
     "trace",
@@ -94,18 +102,31 @@ def run(
     order: tuple[str, ...],
     disable: tuple[str, ...],
     overrides: tuple[str, ...],
-    resume: bool,
+    resume: str | None,
     trace: str | None,
 ) -> None:
-    """Train as CONFIG_FILE (TOML) says."""
+    """Train as CONFIG_FILE (TOML) says.
+
+    Interrupted by a signal, it exits with 128 + the signal number (SIGTERM: 143, SIGINT: 130)
+    after the plugins saved what they save on an interrupt; a third Ctrl-C stops at once
+    (nothing saved) with 130.
+    """
     from epochal.config import load_config
     from epochal.runner import build_loop
 
     config = load_config(config_file, overrides)
-    loop = build_loop(config, _split(order) if order else None, _split(disable), resume)
+    loop = build_loop(config, _split(order) if order else None, _split(disable), resume or False)
     if trace is not None:
         loop.trace_plugins = trace
-    log = loop.run()
+    try:
+        log = loop.run()
+    except KeyboardInterrupt:  # a third Ctrl-C: stopped at once, nothing saved
+        click.echo(
+            f"epochal: run {loop.run_id} stopped at once by a third SIGINT after {loop.iteration} "
+            "batch(es); nothing was saved at this point",
+            err=True,
+        )
+        sys.exit(128 + signal.SIGINT)
     status = log.status
     click.echo(
         f"epochal: run {loop.run_id} {status['status']} after {loop.epoch} epoch(s), "

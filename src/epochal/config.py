@@ -132,7 +132,10 @@ def call_factory(config: Mapping[str, Any], section: str) -> Any:
     """
     factory, table = factory_arguments(config, section)
     check_options(factory.__name__, factory, table, where=f"[{section}]", error=ConfigError)
-    return factory(**table)
+    try:
+        return factory(**table)
+    except ValueError as error:  # the factory refused a value (batch_size = 0): name the section
+        raise ConfigError(f"[{section}] {config[section]['factory']}: {error}") from error
 
 
 def factory_arguments(config: Mapping[str, Any], section: str) -> tuple[Callable[..., Any], dict[str, Any]]:

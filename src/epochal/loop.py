@@ -85,7 +85,10 @@ class Loop:
         ``ignore`` (skip).
     :param on_empty_stream: what a stream yielding no batch does: ``error``, ``warn``, ``ignore``.
     :param run_dir: where plugins keep this run's files (checkpoints, logs).
-    :param resume: ask the plugins for a state to resume from (``epochal run --resume``).
+    :param resume: ask the plugins for a state to resume from (``epochal run --resume``): True
+        or ``"latest"`` (the newest complete checkpoint; an error if none), ``"auto"`` (the newest
+        if any, else a fresh start), or a checkpoint path. Plugins read the mode from
+        ``loop.resume``; the ``resume_state`` hook gets ``resume`` as a bool.
     :param config: the run configuration, for plugins that record it.
     :param handle_signals: install the SIGINT/SIGTERM handlers while running (main thread only).
     :param trace_plugins: trace every hook call: ``"-"`` to stderr, else a JSON-lines file path
@@ -106,7 +109,7 @@ class Loop:
         on_empty_batch: Policy = "error",
         on_empty_stream: Policy = "error",
         run_dir: str | Path | None = None,
-        resume: bool = False,
+        resume: bool | str = False,
         config: Mapping[str, Any] | None = None,
         handle_signals: bool = True,
         trace_plugins: str | None = None,
@@ -295,7 +298,7 @@ class Loop:
         pm = self._plugin_set.pm
         state = None
         if self._plugin_set.implements("resume_state"):
-            state = pm.hook.resume_state(loop=self, resume=self.resume)
+            state = pm.hook.resume_state(loop=self, resume=bool(self.resume))
         elif self.resume:
             raise ConfigError(
                 "cannot resume: no installed plugin restores checkpoints "

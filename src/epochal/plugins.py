@@ -18,9 +18,10 @@ from __future__ import annotations
 import importlib.metadata
 import inspect
 import os
+import re
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pluggy
@@ -58,6 +59,8 @@ class PluginInfo:
     hooks: list[str] = field(default_factory=list)
     position: int | None = None
     parent: str | None = None
+    #: every distribution offering this name when there are several (``distribution version (ep)``).
+    offered_by: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         """The info as a JSON-able dict."""
@@ -72,12 +75,22 @@ class EntryPoint:
     value: str
     distribution: str | None
     version: str | None
+    #: other distributions' entry points of the same name (a conflict unless the run chooses).
+    rivals: list[EntryPoint] = field(default_factory=list)
+    #: the importlib entry point, to load exactly this one when the name has rivals.
+    source: Any = field(default=None, repr=False, compare=False)
+
+    def describe(self) -> str:
+        """``distribution version (name = value)``."""
+        return f"{self.distribution} {self.version or ''}".rstrip() + f" ({self.name} = {self.value})"
 
 
 def installed() -> dict[str, EntryPoint]:
     """Every installed plugin entry point by name, without importing any plugin.
 
-    When two distributions provide the same name, the first found wins and a warning names both.
+    When two distributions provide the same name, the first found is returned with the others
+    in its ``rivals``: a run must choose one (``[plugins.NAME] distribution = "..."``, see
+    :func:`choose`).
     """
     found: dict[str, EntryPoint] = {}
     for ep in importlib.metadata.entry_points(group=GROUP):
@@ -87,17 +100,45 @@ def installed() -> dict[str, EntryPoint]:
             ep.value,
             dist.metadata["Name"] if dist is not None else None,
             dist.version if dist is not None else None,
+            source=ep,
         )
-        if ep.name in found and found[ep.name].value != ep.value:
-            warnings.warn(
-                f"plugin name {ep.name!r} is provided by {found[ep.name].distribution} and by "
-                f"{entry.distribution}; using {found[ep.name].distribution}",
-                PluginLoadWarning,
-                stacklevel=2,
-            )
-            continue
-        found.setdefault(ep.name, entry)
+        first = found.get(ep.name)
+        if first is None:
+            found[ep.name] = entry
+        elif (first.value, first.distribution) != (entry.value, entry.distribution) and all(
+            (r.value, r.distribution) != (entry.value, entry.distribution) for r in first.rivals
+        ):
+            first.rivals.append(entry)
     return found
+
+
+def _normal(distribution: str | None) -> str:
+    return re.sub(r"[-_.]+", "-", distribution or "").lower()
+
+
+def choose(ep: EntryPoint, wanted: Any) -> EntryPoint:
+    """The entry point of plugin *ep.name* that a run may use.
+
+    :param wanted: the ``[plugins.NAME] distribution`` option (None: not given).
+    :raises PluginError: when *wanted* names no distribution offering the name, or when several
+        distributions offer it and *wanted* is not given (naming each of them).
+    """
+    offers = [ep, *ep.rivals]
+    if wanted is not None:
+        picked = [o for o in offers if _normal(o.distribution) == _normal(str(wanted))]
+        if not picked:
+            raise PluginError(
+                f"[plugins.{ep.name}] distribution = {wanted!r}: plugin {ep.name!r} is offered by "
+                f"{'; '.join(o.describe() for o in offers)}, not by {wanted!r}"
+            )
+        return replace(picked[0], rivals=[])
+    if ep.rivals:
+        raise PluginError(
+            f"plugin name {ep.name!r} is offered by {len(offers)} distributions: "
+            f"{'; '.join(o.describe() for o in offers)}; name the one this run uses with "
+            f'[plugins.{ep.name}] distribution = "{ep.distribution}" (or uninstall the other)'
+        )
+    return ep
 
 
 def env_list(name: str) -> list[str]:
@@ -214,6 +255,22 @@ def load_plugins(
     autoload = autoload and not autoload_disabled()
     available = installed()
     known = set(available) | set(extra)
+    conflicts: dict[str, str] = {}  # names offered by several distributions, none chosen
+    exact: set[str] = set()  # names chosen among several: loaded by their own entry point
+    offered: dict[str, list[str]] = {}
+    for name, ep in list(available.items()):
+        if ep.rivals:
+            offered[name] = [o.describe() for o in (ep, *ep.rivals)]
+        wanted = options.get(name, {}).get("distribution")
+        try:
+            available[name] = choose(ep, wanted)
+        except PluginError as error:
+            if name not in disabled and (wanted is not None or name in explicit):
+                raise
+            conflicts[name] = str(error)
+            continue
+        if ep.rivals:
+            exact.add(name)
 
     def unknown(name: str, what: str) -> PluginError:
         choices = sorted(known)
@@ -234,20 +291,26 @@ def load_plugins(
 
     selected = [n for n in explicit if n not in disabled]
     if autoload:
-        selected += sorted(n for n in known if n not in disabled and n not in selected)
+        selected += sorted(n for n in known if n not in disabled and n not in selected and n not in conflicts)
     else:
         selected += [n for n in extra if n not in disabled and n not in selected]
     explicit_set = set(explicit)
 
     infos: dict[str, PluginInfo] = {}
     for name, ep in available.items():
-        infos[name] = PluginInfo(name, ep.distribution, ep.version, ep.value)
+        infos[name] = PluginInfo(
+            name, ep.distribution, ep.version, ep.value, offered_by=offered.get(name, [])
+        )
         if name in disabled:
             infos[name].status = "disabled"
+        elif name in conflicts:  # never imported: either could be an impostor
+            infos[name].distribution = None
+            _fail(infos[name], conflicts[name])
+            infos[name].status = "conflict"
     for name in extra:
         infos.setdefault(name, PluginInfo(name, entry_point=None))
 
-    objects = _import([n for n in selected if n not in extra], available, explicit_set, infos)
+    objects = _import([n for n in selected if n not in extra], available, explicit_set, infos, exact)
     objects.update((n, extra[n]) for n in selected if n in extra)
 
     units: list[_Unit] = []
@@ -259,7 +322,9 @@ def load_plugins(
         if not named and getattr(objects[name], "autoload", True) is False:
             infos[name].status = "available"  # it asks to be loaded only when named (bundles)
             continue
-        plugin_options = {k: v for k, v in options.get(name, {}).items() if k != "on_failure"}
+        plugin_options = {
+            k: v for k, v in options.get(name, {}).items() if k not in ("on_failure", "distribution")
+        }
         try:
             plugin = build(name, objects[name], plugin_options)
             policies[name] = failure_policy(name, plugin, options.get(name, {}))
@@ -400,26 +465,40 @@ def _import(
     available: Mapping[str, EntryPoint],
     explicit: set[str],
     infos: dict[str, PluginInfo],
+    exact: Iterable[str] = (),
 ) -> dict[str, object]:
-    """Import the entry points *names* through stevedore, isolating failures."""
+    """Import the entry points *names* through stevedore, isolating failures.
+
+    A name in *exact* (chosen among several distributions) is loaded from its own entry point
+    only: stevedore would import every entry point of that name, the rival's too.
+    """
     if not names:
         return {}
     from stevedore import NamedExtensionManager  # imported only when a plugin is loaded
 
+    exact = set(exact)
     failures: dict[str, BaseException] = {}
+    chosen: dict[str, object] = {}
+    for name in [n for n in names if n in exact]:
+        try:
+            chosen[name] = available[name].source.load()
+        except Exception as problem:
+            failures[name] = problem
+    names = [n for n in names if n not in exact] + [n for n in names if n in exact]
 
     def on_failure(_manager: object, entry_point: Any, error: BaseException) -> None:
         failures[entry_point.name] = error
 
     manager: NamedExtensionManager[Any] = NamedExtensionManager(
         GROUP,
-        names=names,
+        names=[n for n in names if n not in exact],
         name_order=True,
         invoke_on_load=False,
         on_load_failure_callback=on_failure,
         on_missing_entrypoints_callback=lambda missing: None,
     )
-    loaded: dict[str, object] = {ext.name: ext.plugin for ext in manager.extensions}
+    loaded: dict[str, object] = {ext.name: ext.plugin for ext in manager.extensions if ext.name not in exact}
+    loaded.update(chosen)
     for name in names:
         if name in loaded:
             continue
@@ -469,7 +548,7 @@ def register_commands(cli: Any) -> None:
 
     available = installed()
     names = env_list(ENV_PLUGINS) if autoload_disabled() else sorted(available)
-    names = [name for name in names if name in available]
+    names = [name for name in names if name in available and not available[name].rivals]
     infos = {name: PluginInfo(name, available[name].distribution) for name in names}
     pm = new_plugin_manager()
     for name, obj in _import(names, available, set(), infos).items():

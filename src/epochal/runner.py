@@ -16,7 +16,7 @@ def build_loop(
     config: Mapping[str, Any],
     order: Sequence[str] | None = None,
     disable: Sequence[str] = (),
-    resume: bool = False,
+    resume: bool | str = False,
 ) -> Loop:
     """Load the plugins, call the model and data factories and make the loop."""
     plugin_set = plugins_for(config, order, disable)

@@ -25,6 +25,7 @@ from epochal_checkpoint import (
     load_latest,
     read_checkpoint,
 )
+from epochal_checkpoint.storage import resign
 from epochal_checkpoint.testing import BatchRecorder, make_data, make_model
 
 from epochal import Loop, hookimpl
@@ -186,38 +187,43 @@ def test_retention_leaves_the_newest_complete_and_self_contained(tmp_path: Path)
     assert load.loaded == moved and rows_text(loaded.log.state_dict()["rows"]) == expected
 
 
-@pytest.mark.parametrize("which", ["shared by the two newest", "newest only"])
-def test_a_corrupt_linked_segment_fails_its_checksum_and_an_older_checkpoint_is_used(
-    tmp_path: Path, which: str
-) -> None:
+@pytest.mark.parametrize("which", ["shared by every checkpoint", "newest only"])
+def test_a_damaged_log_segment_costs_only_its_rows(tmp_path: Path, which: str) -> None:
     run(tmp_path, max_iterations=30, every=10)
     directory = tmp_path / "checkpoints"
-    first, second, third = list_checkpoints(directory)[0]
+    first, _, third = list_checkpoints(directory)[0]
     name = (
-        second.manifest["log_segments"][-1]
+        first.manifest["log_segments"][0]
         if which.startswith("shared")
         else third.manifest["log_segments"][-1]
     )
+    lost = set(segment_rows(third.path, name))
     with open(third.path / name, "r+b") as file:  # in place: every hard link sees it
         file.seek(40)
         byte = file.read(1)
         file.seek(40)
         file.write(bytes([byte[0] ^ 0x01]))
-    with pytest.raises(CorruptCheckpointError, match=f"{third.name}.*{name} fails its checksum"):
-        read_checkpoint(third.path)
     with pytest.warns(RuntimeWarning) as warned:
         state, info = load_latest(directory)
-    expected = first if which.startswith("shared") else second
-    assert info.name == expected.name and state["iteration"] == expected.manifest["iteration"]
-    assert any(third.name in str(w.message) for w in warned)
-    # --resume continues from that checkpoint and saves again
+    # the newest checkpoint is used: model, counters and RNG intact, only those rows missing
+    assert info.name == third.name and state["iteration"] == 30
+    assert lost and not lost & set(map(str, state["log"]["rows"]))
+    messages = [str(w.message) for w in warned]
+    assert len(messages) == 1 and f"{name} fails its checksum" in messages[0], messages
+    assert "rows" in messages[0] and "are lost" in messages[0]
+    # --resume continues from it, bitwise on the model; the next save writes intact segments
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         resumed = run(tmp_path, max_iterations=40, every=10, resume=True)
     straight = run(tmp_path / "straight", max_iterations=40, every=10)
-    assert rows_text(resumed.log.state_dict()["rows"]) == rows_text(straight.log.state_dict()["rows"])
-    state, info = load_latest(directory)
-    assert info.manifest["iteration"] == 40 and info.manifest["resumed_from"] is not None
+    for key, array in straight.model.state_dict().items():
+        assert np.array_equal(resumed.model.state_dict()[key], array), key
+    rows = resumed.log.state_dict()["rows"]
+    assert sorted(map(int, rows)) == sorted(set(range(1, 41)) - set(map(int, lost)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        state, info = load_latest(directory)
+    assert info.manifest["iteration"] == 40 and name not in info.manifest["log_segments"]
 
 
 def test_segments_are_copied_when_hard_links_fail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -246,6 +252,7 @@ def test_a_checkpoint_of_format_1_resumes_and_the_next_save_writes_every_row(tmp
     path = write_checkpoint(directory, newest.name, flatten(state), keep).path
     legacy = {**manifest(path), "version": 1}
     (path / "manifest.json").write_text(json.dumps(legacy))
+    (path / "commit").unlink()  # format 1 had no commit record
     assert "log_segments" not in legacy and len(state["log"]["rows"]) == 20
     resumed = run(tmp_path, max_iterations=30, every=10, resume=True)
     straight = run(tmp_path / "straight", max_iterations=30, every=10)
@@ -260,7 +267,7 @@ def test_a_manifest_naming_a_bad_segment_is_refused(tmp_path: Path, bad: str) ->
     path = list_checkpoints(tmp_path / "checkpoints")[0][0].path
     document = manifest(path)
     document["log_segments"] = [bad]
-    (path / "manifest.json").write_text(json.dumps(document))
+    resign(path, document)
     with pytest.raises(CorruptCheckpointError, match="log_segments"):
         read_checkpoint(path)
 

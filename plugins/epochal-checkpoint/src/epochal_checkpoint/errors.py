@@ -39,3 +39,7 @@ class CheckpointWriteError(CheckpointError):
 
 class UnsupportedStateError(CheckpointError, TypeError):
     """The state to save holds a value that is not an array, number, string, bool, None, list or dict."""
+
+
+class CheckpointLockedError(CheckpointError):
+    """Another run holds the lock on the checkpoint directory (its pid, host, run id and start named)."""

@@ -10,6 +10,7 @@ The format and the crash-safe write are in :mod:`epochal_checkpoint.storage`.
 
 from __future__ import annotations
 
+import sys
 import threading
 import warnings
 from collections.abc import Mapping
@@ -22,10 +23,12 @@ from epochal_checkpoint import incremental, storage
 from epochal_checkpoint.errors import (
     CheckpointNotFoundError,
     CheckpointWriteError,
+    CorruptCheckpointError,
     ForeignCheckpointError,
     StateMismatchError,
 )
 from epochal_checkpoint.export import export_weights
+from epochal_checkpoint.lock import DirectoryLock
 
 if TYPE_CHECKING:
     from epochal.loop import Loop
@@ -141,45 +144,108 @@ class Checkpoint:
         self._resumed: tuple[storage.CheckpointInfo, dict[str, Any]] | None = None
         #: the path of the newest checkpoint written by this run (None before the first).
         self.last_saved: Path | None = None
+        #: names of the checkpoints this run family wrote and keeps (recorded in each manifest):
+        #: rotation deletes only these, never anything that merely looks like a checkpoint.
+        self._own: list[str] = []
+        #: checkpoints that failed verification when resuming: never counted, never pruned.
+        self._damaged: set[str] = set()
+        self._lock: DirectoryLock | None = None
 
     # -- hooks ------------------------------------------------------------------------------------
 
     @hookimpl
     def resume_state(self, loop: Loop, resume: bool) -> dict[str, Any] | None:
-        """With ``--resume``: the state of the newest complete checkpoint that verifies."""
+        """With ``--resume``: the state of the newest complete checkpoint that verifies.
+
+        ``--resume auto`` starts afresh (with a notice) when there is none yet; ``--resume PATH``
+        reads that checkpoint (or directory of checkpoints).
+        """
         if not resume:
             return None
         directory = self.directory(loop)
+        mode = loop.resume if isinstance(loop.resume, str) else "latest"
         if directory.is_dir():
+            self._claim(directory, loop)
             storage.clean_temporaries(directory)
+        if mode not in ("latest", "auto"):
+            state, where = read_from(Path(mode).expanduser())
+            manifest = storage.read_manifest(where)
+            check_fits(loop, state, where)
+            self._adopt(loop, directory, storage.CheckpointInfo(where, manifest), state, [])
+            return state
         try:
-            state, info = storage.load_latest(directory)
+            read, failures = storage.find_latest(directory)
         except CheckpointNotFoundError as error:
+            if mode == "auto":
+                print(
+                    f"epochal-checkpoint: --resume auto: no complete checkpoint in {str(directory)!r} "
+                    "yet; starting a fresh run",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return None
             raise CheckpointNotFoundError(f"cannot resume: {error}") from None
-        check_fits(loop, state, info.path)
+        state = read.state
+        check_fits(loop, state, read.path)
+        info = storage.CheckpointInfo(read.path, read.manifest, read.segments, read.inline_rows)
+        self._adopt(loop, directory, info, state, failures)
+        return state
+
+    def _adopt(
+        self,
+        loop: Loop,
+        directory: Path,
+        info: storage.CheckpointInfo,
+        state: dict[str, Any],
+        failures: list[tuple[Path, str]],
+    ) -> None:
+        """Take over the bookkeeping of the run family that wrote checkpoint *info*."""
+        manifest = info.manifest
+        if manifest.get("reason") == "error":
+            warnings.warn(
+                f"resuming from checkpoint {str(info.path)!r}, saved when plugin "
+                f"{manifest.get('error_plugin')!r} raised in {manifest.get('error_hook')!r}: plugins "
+                "ordered after it had not seen that batch, so this resume may not match a straight run",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         # The lineage is bookkeeping of the runs, not training state: it comes from the manifest
         # of the checkpoint resumed from, so the loop's state stays identical to a straight run's.
-        self._lineage = [str(run_id) for run_id in info.manifest.get("lineage", [])]
+        self._lineage = [str(run_id) for run_id in manifest.get("lineage", [])]
+        same_directory = _same_dir(info.path.parent, directory)
+        own = [*manifest.get(storage.OWN, []), info.path.name] if not info.renamed else []
+        self._own = own if same_directory else []
+        self._damaged = {path.name for path, _ in failures if _same_dir(path.parent, directory)}
         self._resumed = (info, state["log"]["rows"])
-        return state
+
+    def _claim(self, directory: Path, loop: Loop) -> None:
+        if self._lock is None or self._lock.directory != directory:
+            self._release()
+            self._lock = DirectoryLock(directory, loop.run_id)
+        self._lock.acquire()
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
 
     @hookimpl
     def before_training(self, loop: Loop) -> None:
-        """Prepare the directory, clean leftovers, note the checkpoints already there."""
+        """Lock and prepare the directory, clean leftovers, note the checkpoints already there."""
         self._name = _plugin_name(loop, self, "checkpoint")
         directory = self.directory(loop)
         try:
-            directory.mkdir(parents=True, exist_ok=True)
+            storage.make_directory(directory)
         except OSError as error:
             raise CheckpointWriteError(
                 f"cannot create checkpoint directory {str(directory)!r}: {error.strerror or error}"
             ) from None
+        self._claim(directory, loop)
         storage.clean_temporaries(directory)
         self._directory = directory
         self._known, _ignored = storage.list_checkpoints(directory)
         self._sequence = max((info.order[0] for info in self._known), default=0)
         if not loop.resumed:
-            self._lineage = []
+            self._lineage, self._own, self._damaged = [], [], set()
             if self._known:
                 warnings.warn(
                     f"checkpoint directory {str(directory)!r} already holds {len(self._known)} "
@@ -225,21 +291,25 @@ class Checkpoint:
     @hookimpl
     def after_training(self, loop: Loop) -> None:
         """Save the final state (unless just saved); wait for any write in flight."""
-        if self.save_at_end:
-            self._save(loop, "end")
-        self.wait()
-        self._spare = []
-        if self.export in ("last", "both") and self._directory is not None:
-            export_weights(loop.model.state_dict(), self._directory / LAST_WEIGHTS, self._metadata(loop))
+        try:
+            if self.save_at_end:
+                self._save(loop, "end")
+            self.wait()
+            if self.export in ("last", "both") and self._directory is not None:
+                export_weights(loop.model.state_dict(), self._directory / LAST_WEIGHTS, self._metadata(loop))
+        finally:
+            self._spare = []
+            self._release()
 
     @hookimpl
     def on_error(self, loop: Loop, error: BaseException) -> None:
         """Save if another plugin raised at a batch boundary; always wait for the write."""
         try:
             if self.save_on_error and self._directory is not None and self._at_boundary(loop, error):
-                self._save(loop, "error")
+                self._save(loop, "error", error)
         finally:
             failed = self.wait(raise_error=False)
+            self._release()
             if failed is not None:
                 warnings.warn(f"epochal-checkpoint: {failed}", RuntimeWarning, stacklevel=2)
 
@@ -257,11 +327,13 @@ class Checkpoint:
         return Path(loop.run_dir) / "checkpoints"
 
     def _at_boundary(self, loop: Loop, error: BaseException) -> bool:
+        if not isinstance(error, Exception):  # a third Ctrl-C (KeyboardInterrupt) lands anywhere
+            return False
         plugin = loop.error_plugin
         hook = getattr(error, "epochal_hook", None)
         return plugin is not None and plugin != self._name and hook in BOUNDARY_HOOKS
 
-    def _save(self, loop: Loop, reason: str) -> None:
+    def _save(self, loop: Loop, reason: str, error: BaseException | None = None) -> None:
         key = (loop.epoch, loop.iteration)
         if key == self._last_key or self._directory is None:
             return
@@ -296,6 +368,9 @@ class Checkpoint:
             meta = {**self._metadata(loop), "epochal.monitor": self.monitor, "epochal.metric": repr(metric)}
             export_weights(state["model"], self._directory / BEST_WEIGHTS, meta)
             self._best_exported = metric
+        if error is not None:  # --resume says so: plugins after this one had not seen the batch
+            manifest["error_plugin"] = getattr(error, "epochal_plugin", None)
+            manifest["error_hook"] = getattr(error, "epochal_hook", None)
         name = storage.checkpoint_name(*key)
         self._last_key = key
         if self.async_save:
@@ -350,7 +425,10 @@ class Checkpoint:
         manifest: dict[str, Any],
         log_save: incremental.LogSave,
     ) -> None:
+        # the name is settled by write_checkpoint (-vN when taken): record the own list after it
+        manifest[storage.OWN] = list(self._own)
         info = storage.write_checkpoint(directory, name, snapshot, manifest, segments=log_save.sources())
+        self._own.append(info.name)
         log_save.base.path, log_save.base.segments = info.path, list(info.segments or [])
         self._base = log_save.base
         self.last_saved = info.path
@@ -375,8 +453,22 @@ class Checkpoint:
         ) from error
 
     def _prune(self, directory: Path) -> None:
-        lineage = set(self._lineage)
-        mine = [info for info in self._known if info.manifest.get("run_id") in lineage]
+        """Delete old checkpoints of this run family beyond keep_last/keep_best.
+
+        Only checkpoints this run family wrote (recorded in the manifests' ``written`` list),
+        still under the name they were written with, whose manifest verified, are candidates;
+        the order is the verified save sequence, and checkpoints found damaged are not counted
+        (so a damaged newer checkpoint never costs a valid older one).
+        """
+        lineage, own = set(self._lineage), set(self._own)
+        mine = [
+            info
+            for info in self._known
+            if info.name in own
+            and not info.renamed
+            and info.name not in self._damaged
+            and info.manifest.get("run_id") in lineage
+        ]
         if self.keep_last is None or not mine:
             return
         keep = {mine[-1].name}  # the newest is what --resume continues from
@@ -400,8 +492,16 @@ class Checkpoint:
                 )
                 continue
             self._known.remove(info)
+            self._own.remove(info.name)
         if doomed:
             storage.fsync_dir(directory)
+
+
+def _same_dir(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
 
 
 class Load:
@@ -451,11 +551,15 @@ def read_from(path: Path, model_only: bool = False) -> tuple[dict[str, Any], Pat
         raise CheckpointNotFoundError(f"no checkpoint at {str(path)!r} (the path does not exist)")
     if path.is_file() and path.name == storage.MANIFEST:
         path = path.parent
-    elif path.is_file() and path.name == storage.POINTER:
-        name = storage.read_pointer(path.parent)
+    elif path.name == storage.POINTER and not path.is_dir():
+        name = storage.read_pointer(path.parent)  # a bare checkpoint name: never leaves the directory
         if name is None:
-            raise CheckpointNotFoundError(f"{str(path)!r} names no checkpoint")
+            raise CheckpointNotFoundError(
+                f"{str(path)!r} names no checkpoint of its directory (it must hold a checkpoint name)"
+            )
         path = path.parent / name
+        if path.is_symlink():
+            raise CorruptCheckpointError(f"{str(path)!r} named by {storage.POINTER} is a symbolic link")
     if path.is_dir() and not (path / storage.MANIFEST).exists():
         infos, _ = storage.list_checkpoints(path)
         if not infos:

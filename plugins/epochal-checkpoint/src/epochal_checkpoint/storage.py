@@ -20,8 +20,19 @@ taken) holding three files, plus the training log's segments:
     Rows that cannot be written as plain JSON (nested numpy values, huge ints) stay in
     ``state.json``, which is read last.
 ``manifest.json``
-    written last: format, run id, lineage, epoch, iteration, time, plugin set, the monitored
-    metric, the segment order, and the size and CRC-32 of every other file.
+    format, run id, lineage, epoch, iteration, save sequence, time, plugin set, the monitored
+    metric, the segment order, the checkpoints this run family wrote and keeps (``written``:
+    rotation deletes only those), and the size and CRC-32 of every other file.
+``commit``
+    written last, one line: the manifest's size and CRC-32, then the CRC-32 of that line. Every
+    byte that decides whether a checkpoint is complete and which one is newest is so covered: a
+    checkpoint whose commit record or manifest does not verify is skipped (with a warning naming
+    the file and why), never taken as the newest, and never pruned.
+
+Reading is bounded (see :func:`read_regular`): sizes are checked against the manifest before
+anything is allocated, JSON is capped in size and depth, links, FIFOs and devices are refused
+without being opened for reading, and a wrong type anywhere is a :class:`CorruptCheckpointError`
+naming the file and key. A damaged log segment costs only the rows it holds.
 
 Writing: the files go into a temporary directory beside the target (``<name>.epochal-tmp-<hex>``),
 each is fsynced, the directory is renamed into place and its parent fsynced. A reader therefore
@@ -39,6 +50,7 @@ import math
 import os
 import re
 import shutil
+import stat
 import sys
 import threading
 import time
@@ -62,13 +74,19 @@ if TYPE_CHECKING:
     import numpy as np
 
 FORMAT = "epochal-checkpoint"
-FORMAT_VERSION = 2
-#: the format versions this module reads (1: no log segments).
-READ_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+#: the format versions this module reads (1: no log segments; 2: no commit record).
+READ_VERSIONS = (1, 2, 3)
 LOG_FORMAT = f"{FORMAT}-log"
 SEGMENTS = "log_segments"
 SEGMENT_RE = re.compile(r"^log-\d+-i\d+-\d+\.json$")
 MANIFEST = "manifest.json"
+#: the commit record, written last: the manifest's size and CRC-32 (and its own CRC-32).
+COMMIT = "commit"
+COMMIT_MAGIC = "epochal-checkpoint-commit 1"
+COMMIT_RE = re.compile(rb"^epochal-checkpoint-commit 1 (\d{1,12}) ([0-9a-f]{8}) ([0-9a-f]{8})\n$")
+#: the manifest key listing the checkpoints this run family wrote and keeps (rotation's record).
+OWN = "written"
 STATE = "state.json"
 ARRAYS = "arrays.npy"
 POINTER = "latest"
@@ -80,6 +98,17 @@ NAME_RE = re.compile(r"^ckpt-e(\d+)-i(\d+)(?:-v(\d+))?$")
 BIG_INT_BITS = 4000
 #: states with more array bytes than this compute their checksum in a second thread.
 PARALLEL_CHECKSUM_BYTES = 1 << 22
+#: reading limits: a file larger than the manifest says is refused before anything is allocated.
+MAX_FILE_BYTES = 1 << 40
+MAX_MANIFEST_BYTES = 64 << 20
+MAX_COMMIT_BYTES = 128
+MAX_POINTER_BYTES = 1024
+MAX_JSON_DEPTH = 256
+MAX_COUNT = 1 << 62
+NPY_HEADER_MAX = (1 << 16) + 16
+CRC_RE = re.compile(r"^[0-9a-f]{8}$")
+HEX_RE = re.compile(r"^-?0x[0-9a-f]{1,1048576}$")
+_ROW_KEY = re.compile(r"^\d{1,18}$")
 
 _SCALARS = (str, bool, float, type(None))
 PathKey = str | int
@@ -375,10 +404,10 @@ def _add_segment(tmp: Path, source: LinkedSegment | NewSegment) -> Segment:
         raise
     except OSError:  # no hard links here (or too many): copy it, verifying it on the way
         try:
-            data = _read_verified(source.source, segment.name, {"size": segment.size, "crc32": segment.crc32})
+            data = _verified(source.source, segment.name, {"size": segment.size, "crc32": segment.crc32})
         except CorruptCheckpointError as error:
             raise CheckpointWriteError(f"cannot reuse a log segment: {error}") from None
-        _write_file(target, [data], False)
+        _write_file(target, [bytes(data)], False)
         return segment
     size = os.stat(target).st_size
     if size != segment.size:
@@ -460,7 +489,10 @@ def write_checkpoint(
             "files": {ARRAYS: files[ARRAYS], STATE: files[STATE], **{s.name: files[s.name] for s in written}},
         }
         current = tmp / MANIFEST
-        _write_file(current, [json.dumps(document, indent=1).encode("ascii")], False)
+        manifest_bytes = json.dumps(document, indent=1).encode("ascii")
+        _write_file(current, [manifest_bytes], False)
+        current = tmp / COMMIT  # last: a checkpoint without it (or not matching) is not complete
+        _write_file(current, [commit_record(manifest_bytes)], False)
         current = tmp
         fsync_dir(tmp)
         final = directory / final_name
@@ -487,6 +519,26 @@ def write_checkpoint(
         ) from error
 
 
+def resign(path: Path, manifest: Mapping[str, Any] | None = None) -> None:
+    """Recompute the sizes and CRC-32s of checkpoint *path*'s files and rewrite its manifest
+    (*manifest*, or the one there) and commit record: for tests that craft damaged checkpoints
+    whose damage must reach the parsers rather than stop at a checksum."""
+    document = dict(manifest if manifest is not None else json.loads((path / MANIFEST).read_bytes()))
+    files = document.get("files")
+    if isinstance(files, dict):
+        document["files"] = {
+            name: (
+                {"size": len(data := (path / name).read_bytes()), "crc32": f"{zlib.crc32(data):08x}"}
+                if (path / name).is_file()
+                else entry
+            )
+            for name, entry in files.items()
+        }
+    data = json.dumps(document, indent=1).encode("ascii")
+    (path / MANIFEST).write_bytes(data)
+    (path / COMMIT).write_bytes(commit_record(data))
+
+
 def unique_name(directory: Path, name: str) -> str:
     """*name*, or *name* with the first free ``-vN`` suffix."""
     candidate, version = name, 1
@@ -511,11 +563,35 @@ def write_pointer(directory: Path, name: str) -> None:
 
 
 def read_pointer(directory: Path) -> str | None:
-    """The checkpoint name ``<directory>/latest`` points at (None if absent or unreadable)."""
+    """The checkpoint name ``<directory>/latest`` points at (None if absent or unreadable).
+
+    Only a checkpoint name (``ckpt-e<epoch>-i<iteration>[-v<n>]``, no path) is accepted, so the
+    pointer never leads out of *directory*; a link, FIFO or device is not read.
+    """
     try:
-        return (directory / POINTER).read_text(encoding="utf-8").strip() or None
-    except (OSError, UnicodeDecodeError):
+        name = bytes(read_regular(directory, POINTER, MAX_POINTER_BYTES)).decode("utf-8").strip()
+    except (CorruptCheckpointError, UnicodeDecodeError):
         return None
+    return name if NAME_RE.match(name) else None
+
+
+def make_directory(directory: Path) -> None:
+    """Create *directory* and its missing parents, fsyncing each new one's parent (power loss)."""
+    missing: list[Path] = []
+    path = directory
+    while not path.is_dir():
+        missing.append(path)
+        if path.parent == path:
+            break
+        path = path.parent
+    for path in reversed(missing):
+        try:
+            path.mkdir()
+        except FileExistsError:
+            if not path.is_dir():
+                raise
+            continue
+        fsync_dir(path.parent)
 
 
 def delete_checkpoint(path: Path) -> None:
@@ -543,6 +619,12 @@ def clean_temporaries(directory: Path) -> list[str]:
 
 
 # -- reading ------------------------------------------------------------------------------------
+#
+# Every reader is bounded: a file is looked at with lstat() before it is opened (a symbolic
+# link, a FIFO or a device is refused without opening it), its size is compared with the size
+# the manifest declares before anything is allocated, JSON is capped in size and depth, and
+# every value read is type-checked; whatever is wrong ends in a CorruptCheckpointError naming
+# the checkpoint, the file and the key.
 
 
 @dataclass
@@ -562,64 +644,243 @@ class CheckpointInfo:
         return self.path.name
 
     @property
-    def order(self) -> tuple[int, int]:
-        """Sort key: save sequence, then save time."""
-        return int(self.manifest.get("sequence", 0)), int(self.manifest.get("saved_at_ns", 0))
+    def order(self) -> tuple[int, int, int]:
+        """Sort key: save sequence, then save time (both verified integers); a copy under
+        another name (:attr:`renamed`) sorts before the checkpoint it copies."""
+        sequence, saved = int(self.manifest.get("sequence", 0)), int(self.manifest.get("saved_at_ns", 0))
+        return sequence, saved, 0 if self.renamed else 1
+
+    @property
+    def renamed(self) -> bool:
+        """Whether the directory is not the name it was written under (a user's copy)."""
+        written = self.manifest.get("name")
+        return written is not None and written != self.path.name
 
 
-def read_manifest(path: Path) -> dict[str, Any]:
-    """Read and check ``<path>/manifest.json``.
+def _corrupt(path: Path, name: str, message: str) -> CorruptCheckpointError:
+    return CorruptCheckpointError(f"checkpoint {str(path)!r}: {name} {message}")
 
-    :raises ForeignCheckpointError: if *path* has no manifest or it is not ours.
-    :raises CorruptCheckpointError: if the manifest is unreadable.
+
+def read_regular(path: Path, name: str, limit: int, size: int | None = None) -> bytearray:
+    """The bytes of regular file *name* in *path*, refusing links, FIFOs, devices, odd sizes.
+
+    The file is checked with ``lstat`` before it is opened (so a FIFO cannot block the read and
+    a link to ``/dev/zero`` is never followed); then opened with ``O_NOFOLLOW | O_NONBLOCK``,
+    checked again, and read to exactly its size (*size* when given, else at most *limit*).
+
+    :raises CorruptCheckpointError: naming *path* and *name*.
     """
-    file = path / MANIFEST
+    file = path / name
     try:
-        text = file.read_bytes()
+        info = os.lstat(file)
     except FileNotFoundError:
-        raise ForeignCheckpointError(
-            f"{str(path)!r} is not an epochal checkpoint (no {MANIFEST}; an incomplete or foreign directory)"
-        ) from None
+        raise _corrupt(path, name, "is missing") from None
     except OSError as error:
-        raise CorruptCheckpointError(f"cannot read {str(file)!r}: {error.strerror or error}") from None
+        raise _corrupt(path, name, f"cannot be read: {error.strerror or error}") from None
+    if stat.S_ISLNK(info.st_mode):
+        raise _corrupt(path, name, "is a symbolic link (checkpoint files never are); refusing to follow it")
+    if not stat.S_ISREG(info.st_mode):
+        raise _corrupt(path, name, "is not a regular file (a FIFO, device or directory); refusing to read it")
+    if size is not None and info.st_size != size:
+        raise _corrupt(
+            path, name, f"has {info.st_size} bytes, the manifest says {size} (truncated or overwritten)"
+        )
+    if info.st_size > limit:
+        raise _corrupt(path, name, f"has {info.st_size} bytes, more than the {limit} allowed")
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
-        manifest = json.loads(text)
+        fd = os.open(file, flags | getattr(os, "O_CLOEXEC", 0))
+    except OSError as error:
+        raise _corrupt(path, name, f"cannot be read: {error.strerror or error}") from None
+    try:
+        opened = os.fstat(fd)
+        if not stat.S_ISREG(opened.st_mode) or opened.st_size != info.st_size:
+            raise _corrupt(path, name, "changed while it was opened; refusing to read it")
+        data = bytearray(info.st_size)
+        view, got = memoryview(data), 0
+        while got < info.st_size:
+            n = os.readv(fd, [view[got:]])
+            if n == 0:
+                break
+            got += n
+        if got != info.st_size or os.read(fd, 1):
+            raise _corrupt(path, name, "changed size while it was read")
+    except OSError as error:
+        raise _corrupt(path, name, f"cannot be read: {error.strerror or error}") from None
+    finally:
+        os.close(fd)
+    return data
+
+
+def _verified(path: Path, name: str, expected: Mapping[str, Any]) -> bytearray:
+    """Read file *name* of checkpoint *path*; check its size (first) and CRC-32."""
+    data = read_regular(path, name, MAX_FILE_BYTES, expected["size"])
+    crc = f"{zlib.crc32(data):08x}"
+    if crc != expected["crc32"]:
+        raise _corrupt(path, name, f"fails its checksum (crc32 {crc}, manifest {expected['crc32']})")
+    return data
+
+
+def _depth_ok(value: Any, limit: int) -> bool:
+    """Whether *value* (parsed JSON) nests at most *limit* containers deep (iterative walk)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if type(item) is dict:
+            children: Iterable[Any] = item.values()
+        elif type(item) is list:
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return False
+        stack.extend((child, depth + 1) for child in children if type(child) in (dict, list))
+    return True
+
+
+def parse_json(path: Path, name: str, data: bytes | bytearray, depth: int = MAX_JSON_DEPTH) -> Any:
+    """Parse *data* (file *name* of *path*) as JSON nested at most *depth* deep."""
+    try:
+        value = json.loads(data)
+    except RecursionError:
+        raise _corrupt(path, name, f"nests deeper than {depth} levels") from None
     except (ValueError, UnicodeDecodeError) as error:
-        raise CorruptCheckpointError(
-            f"checkpoint {str(path)!r}: {MANIFEST} is not valid JSON ({error})"
-        ) from None
+        raise _corrupt(path, name, f"is not valid JSON ({str(error)[:200]})") from None
+    if not _depth_ok(value, depth):
+        raise _corrupt(path, name, f"nests deeper than {depth} levels")
+    return value
+
+
+def _is_int(value: Any, low: int = 0, high: int = MAX_COUNT) -> bool:
+    return type(value) is int and low <= value <= high
+
+
+def _check_file_entry(path: Path, key: str, entry: Any) -> None:
+    if not (
+        isinstance(entry, dict)
+        and _is_int(entry.get("size"), 0, MAX_FILE_BYTES)
+        and isinstance(entry.get("crc32"), str)
+        and CRC_RE.match(entry["crc32"])
+    ):
+        raise _corrupt(
+            path, MANIFEST, f"key files.{key} is not {{size: int, crc32: 8 hex digits}}: {entry!r:.100}"
+        )
+
+
+def check_manifest(path: Path, manifest: Any) -> dict[str, Any]:
+    """Check the keys and types of a parsed manifest; return it.
+
+    :raises ForeignCheckpointError: another format, or a newer version.
+    :raises CorruptCheckpointError: a key missing or of the wrong type, naming it.
+    """
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ForeignCheckpointError(
             f"{str(path)!r} is not an epochal checkpoint ({MANIFEST} of another format)"
         )
-    if manifest.get("version") not in READ_VERSIONS:
+    version = manifest.get("version")
+    if type(version) is not int or version not in READ_VERSIONS:
         raise ForeignCheckpointError(
-            f"checkpoint {str(path)!r} has format version {manifest.get('version')!r}; this "
+            f"checkpoint {str(path)!r} has format version {version!r:.40}; this "
             f"epochal-checkpoint reads versions {', '.join(map(str, READ_VERSIONS))} "
             "(upgrade epochal-checkpoint)"
         )
-    files = manifest.get("files")
+
+    def bad(key: str, what: str) -> CorruptCheckpointError:
+        return _corrupt(path, MANIFEST, f"key {key} is not {what}: {manifest.get(key)!r:.100}")
+
+    for key in ("sequence", "saved_at_ns", "epoch", "iteration"):
+        if (key in manifest or (version >= 3 and key == "saved_at_ns")) and not _is_int(manifest.get(key)):
+            raise bad(key, "a non-negative integer")
+    for key in ("run_id", "name", "reason"):
+        if (key in manifest or (version >= 3 and key == "name")) and not isinstance(manifest.get(key), str):
+            raise bad(key, "a string")
+    for key in ("lineage", OWN):
+        value = manifest.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise bad(key, "a list of strings")
+    metric = manifest.get("metric")
+    if metric is not None and (type(metric) not in (int, float)):
+        raise bad("metric", "a number or null")
+    for key in ("plugins",):
+        if key in manifest and not isinstance(manifest[key], dict):
+            raise bad(key, "a table")
     segments = manifest.get(SEGMENTS, [])
     if (
         not isinstance(segments, list)
         or not all(isinstance(n, str) and SEGMENT_RE.match(n) for n in segments)
         or len(set(segments)) != len(segments)
     ):
-        raise CorruptCheckpointError(f"checkpoint {str(path)!r}: {MANIFEST} has a bad {SEGMENTS} list")
+        raise _corrupt(path, MANIFEST, f"has a bad {SEGMENTS} list")
+    files = manifest.get("files")
     expected = {*DATA_FILES, *segments}
     if not isinstance(files, dict) or set(files) != expected:
         listed = sorted(files) if isinstance(files, dict) else files
-        raise CorruptCheckpointError(
-            f"checkpoint {str(path)!r}: {MANIFEST} lists files {listed!r}, expected {sorted(expected)}"
+        raise _corrupt(path, MANIFEST, f"lists files {listed!r:.200}, expected {sorted(expected)!r:.200}")
+    for key, entry in files.items():
+        _check_file_entry(path, key, entry)
+    return manifest
+
+
+def read_commit(path: Path) -> tuple[int, str] | None:
+    """The manifest size and CRC-32 that ``<path>/commit`` records (None: no commit record)."""
+    try:
+        os.lstat(path / COMMIT)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        pass  # read_regular names the problem
+    text = bytes(read_regular(path, COMMIT, MAX_COMMIT_BYTES))
+    match = COMMIT_RE.match(text)
+    if match is None:
+        raise _corrupt(path, COMMIT, "is not a commit record (damaged)")
+    size, crc, check = int(match[1]), match[2].decode(), match[3].decode()
+    if f"{zlib.crc32(text[: match.start(3)]):08x}" != check:
+        raise _corrupt(path, COMMIT, "fails its own checksum (damaged)")
+    return size, crc
+
+
+def commit_record(manifest: bytes) -> bytes:
+    """The bytes of the commit record of a manifest: its size and CRC-32, then their CRC-32."""
+    head = f"{COMMIT_MAGIC} {len(manifest)} {zlib.crc32(manifest):08x} ".encode("ascii")
+    return head + f"{zlib.crc32(head):08x}\n".encode("ascii")
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """Read and check ``<path>/manifest.json`` against the commit record written after it.
+
+    A checkpoint of format version 3 must have its commit record; an older one (written before
+    commit records existed) has none and its manifest is only type-checked.
+
+    :raises ForeignCheckpointError: if *path* has no manifest or it is not ours.
+    :raises CorruptCheckpointError: if the manifest or commit record is damaged, naming the file and why.
+    """
+    try:
+        os.lstat(path / MANIFEST)
+    except FileNotFoundError:
+        raise ForeignCheckpointError(
+            f"{str(path)!r} is not an epochal checkpoint (no {MANIFEST}; an incomplete or foreign directory)"
+        ) from None
+    except OSError:
+        pass
+    commit = read_commit(path)
+    size = commit[0] if commit is not None else None
+    data = read_regular(path, MANIFEST, MAX_MANIFEST_BYTES, size)
+    if commit is not None and f"{zlib.crc32(data):08x}" != commit[1]:
+        raise _corrupt(
+            path, MANIFEST, f"fails its checksum (crc32 {zlib.crc32(data):08x}, {COMMIT} says {commit[1]})"
         )
+    manifest = check_manifest(path, parse_json(path, MANIFEST, data, depth=8))
+    if commit is None and manifest["version"] >= 3:
+        raise _corrupt(path, COMMIT, "is missing (the checkpoint was never committed)")
     return manifest
 
 
 def list_checkpoints(directory: Path) -> tuple[list[CheckpointInfo], list[tuple[str, str]]]:
     """The complete checkpoints in *directory*, oldest first, and the ignored entries with why.
 
-    A checkpoint counts as complete when its directory has its final name and a manifest of
-    this format; its files are verified when it is read.
+    A checkpoint counts as complete when its directory (not a link) has its final name and a
+    manifest of this format that verifies against its commit record; the order is the verified
+    manifests' save sequence. Its other files are verified when it is read.
     """
     found: list[CheckpointInfo] = []
     ignored: list[tuple[str, str]] = []
@@ -632,7 +893,12 @@ def list_checkpoints(directory: Path) -> tuple[list[CheckpointInfo], list[tuple[
             f"cannot list checkpoint directory {str(directory)!r}: {error.strerror or error}"
         ) from None
     for entry in entries:
-        if not NAME_RE.match(entry.name) or not entry.is_dir():
+        if not NAME_RE.match(entry.name):
+            continue
+        if entry.is_symlink():
+            ignored.append((entry.name, "a symbolic link, not a checkpoint written here"))
+            continue
+        if not entry.is_dir(follow_symlinks=False):
             continue
         try:
             found.append(CheckpointInfo(Path(entry.path), read_manifest(Path(entry.path))))
@@ -642,37 +908,16 @@ def list_checkpoints(directory: Path) -> tuple[list[CheckpointInfo], list[tuple[
     return found, ignored
 
 
-def _read_verified(path: Path, name: str, expected: Mapping[str, Any]) -> bytes:
-    file = path / name
-    try:
-        data = file.read_bytes()
-    except FileNotFoundError:
-        raise CorruptCheckpointError(f"checkpoint {str(path)!r}: {name} is missing") from None
-    except OSError as error:
-        raise CorruptCheckpointError(f"cannot read {str(file)!r}: {error.strerror or error}") from None
-    if len(data) != expected.get("size"):
-        raise CorruptCheckpointError(
-            f"checkpoint {str(path)!r}: {name} has {len(data)} bytes, the manifest says "
-            f"{expected.get('size')} (truncated or overwritten)"
-        )
-    crc = f"{zlib.crc32(data):08x}"
-    if crc != expected.get("crc32"):
-        raise CorruptCheckpointError(
-            f"checkpoint {str(path)!r}: {name} fails its checksum (crc32 {crc}, manifest "
-            f"{expected.get('crc32')})"
-        )
-    return data
-
-
 def read_checkpoint(path: Path, model_only: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     """Read and verify the checkpoint at *path*; return ``(state, manifest)``.
 
     Every file is checked against the manifest's size and CRC-32 before it is parsed; arrays
-    are read with ``allow_pickle=False``. With *model_only* only ``state["model"]`` is built
-    (the other arrays and the log segments are skipped).
+    are read without pickle. With *model_only* only ``state["model"]`` is built (the other
+    arrays and the log segments are skipped).
 
     :raises ForeignCheckpointError: *path* is not an epochal checkpoint.
-    :raises CorruptCheckpointError: a file is missing, truncated, or fails its checksum.
+    :raises CorruptCheckpointError: a file is missing, truncated, fails its checksum or holds
+        values of the wrong type (naming the file and key).
     :raises UnsafeCheckpointError: an array holds a pickle payload (object dtype).
     """
     info = read_checkpoint_info(path, model_only)
@@ -684,60 +929,169 @@ class ReadCheckpoint(CheckpointInfo):
     """A checkpoint read and verified: :class:`CheckpointInfo` and its state."""
 
     state: dict[str, Any] = field(default_factory=dict)
+    #: log segments that failed verification, with why (their rows are lost).
+    damaged: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _rows_ok(rows: Any) -> bool:
+    return isinstance(rows, dict) and all(isinstance(r, dict) and _ROW_KEY.match(k) for k, r in rows.items())
 
 
 def _read_segments(
     path: Path, manifest: Mapping[str, Any], tree: dict[str, Any]
-) -> tuple[list[Segment], list[int]]:
+) -> tuple[list[Segment], list[int], list[tuple[str, str]]]:
     """Read the log segments of *manifest* into ``tree["log"]["rows"]`` (rows in iteration order).
 
-    Return the segments and the rows found in ``state.json``.
+    Return the segments read, the rows found in ``state.json`` and the damaged segments with
+    why. A damaged segment costs only its rows: the others and the rest of the state are used.
     """
     names = manifest.get(SEGMENTS, [])
     if not names:
-        return [], []
+        return [], [], []
     log: Any = tree.get("log")
-    inline = log.get("rows") if isinstance(log, dict) else None
+    inline: Any = log.get("rows") if isinstance(log, dict) else None
     if not isinstance(inline, dict):
-        raise CorruptCheckpointError(f"checkpoint {str(path)!r}: {STATE} has no log rows to complete")
+        raise _corrupt(path, STATE, "has no log rows (key log.rows) to complete")
     merged: dict[str, Any] = {}
     segments = []
+    damaged: list[tuple[str, str]] = []
     for name in names:
         expected = manifest["files"][name]
-        data = _read_verified(path, name, expected)
         try:
-            document = json.loads(data)
-            rows = document["rows"]
-            if document.get("format") != LOG_FORMAT or not isinstance(rows, dict):
-                raise ValueError(f"format {document.get('format')!r}")
-            ids = [int(i) for i in rows]
-        except (ValueError, KeyError, TypeError, AttributeError) as error:
-            raise CorruptCheckpointError(
-                f"checkpoint {str(path)!r}: {name} is not a valid log segment ({error})"
-            ) from None
-        segments.append(Segment(name, expected["size"], expected["crc32"], ids))
+            document = parse_json(path, name, _verified(path, name, expected))
+            rows: Any = document.get("rows") if isinstance(document, dict) else None
+            if not isinstance(document, dict) or document.get("format") != LOG_FORMAT:
+                raise _corrupt(path, name, "is not a log segment (key format)")
+            if not _rows_ok(rows):
+                raise _corrupt(path, name, "key rows is not a table of {iteration: row}")
+        except CorruptCheckpointError as error:
+            damaged.append((name, str(error)))
+            continue
+        segments.append(Segment(name, expected["size"], expected["crc32"], [int(i) for i in rows]))
         merged.update(rows)
+    if not _rows_ok(inline):
+        raise _corrupt(path, STATE, "key log.rows is not a table of {iteration: row}")
     merged.update(inline)
+    inline_rows = [int(i) for i in inline]
+    log["rows"] = {i: merged[i] for i in sorted(merged, key=int) if merged[i]}
+    return segments, inline_rows, damaged
+
+
+def _check_index(path: Path, index: Any, ints: Any) -> None:
+    if not isinstance(index, list):
+        raise _corrupt(path, STATE, "key arrays is not a list")
+    for k, entry in enumerate(index):
+        if not (
+            isinstance(entry, dict)
+            and isinstance(entry.get("path"), list)
+            and all(type(p) in (str, int) for p in entry["path"])
+            and entry.get("kind") in ("array", "scalar")
+            and isinstance(entry.get("dtype"), str)
+            and len(entry["dtype"]) < 200
+            and isinstance(entry.get("shape"), list)
+            and len(entry["shape"]) <= 64
+            and all(_is_int(n) for n in entry["shape"])
+            and _is_int(entry.get("offset"), 0, MAX_FILE_BYTES)
+        ):
+            raise _corrupt(path, STATE, f"key arrays[{k}] is not a valid array entry: {entry!r:.200}")
+    if not isinstance(ints, list):
+        raise _corrupt(path, STATE, "key ints is not a list")
+    for k, entry in enumerate(ints):
+        if not (
+            isinstance(entry, dict)
+            and isinstance(entry.get("path"), list)
+            and all(type(p) in (str, int) for p in entry["path"])
+            and isinstance(entry.get("hex"), str)
+            and HEX_RE.match(entry["hex"])
+        ):
+            raise _corrupt(path, STATE, f"key ints[{k}] is not a valid big-int entry: {entry!r:.200}")
+
+
+def _read_array(path: Path, buffer: bytearray, entry: Mapping[str, Any]) -> np.ndarray:
+    """The array *entry* of ``arrays.npy`` (held in *buffer*): header checked, then a view."""
+    import numpy as np
+
+    where = f"checkpoint {str(path)!r}: {ARRAYS} array {key_path(entry['path'])!r}"
+    offset = entry["offset"]
+    head = io.BytesIO(bytes(buffer[offset : offset + NPY_HEADER_MAX]))
     try:
-        inline_rows = [int(i) for i in inline]
-        order = sorted(merged, key=int)
+        version = np.lib.format.read_magic(head)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(head, max_header_size=1 << 16)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(head, max_header_size=1 << 16)
+        else:
+            raise ValueError(f"unsupported .npy version {version}")
     except ValueError as error:
+        if "pickle" in str(error) or "object" in str(error).lower():
+            raise UnsafeCheckpointError(
+                f"{where} holds a pickle payload (object dtype); epochal never unpickles "
+                "checkpoint data, refusing to load it"
+            ) from None
+        raise CorruptCheckpointError(f"{where} has a bad .npy header: {str(error)[:200]}") from None
+    except (OSError, EOFError, KeyError, TypeError, SyntaxError, MemoryError, RecursionError) as error:
+        raise CorruptCheckpointError(f"{where} has a bad .npy header: {str(error)[:200]}") from None
+    if dtype.hasobject:
+        raise UnsafeCheckpointError(
+            f"{where} holds a pickle payload (object dtype); epochal never unpickles "
+            "checkpoint data, refusing to load it"
+        )
+    if dtype.str != entry["dtype"] or list(shape) != entry["shape"]:
         raise CorruptCheckpointError(
-            f"checkpoint {str(path)!r}: a log row key is not an int ({error})"
-        ) from None
-    log["rows"] = {i: merged[i] for i in order if merged[i]}
-    return segments, inline_rows
+            f"{where} is {dtype.str} {list(shape)}, the index says {entry['dtype']} {entry['shape']}"
+        )
+    count = math.prod(shape)
+    start = offset + head.tell()
+    if start + count * dtype.itemsize > len(buffer):
+        raise CorruptCheckpointError(
+            f"{where} needs {count * dtype.itemsize} bytes, {ARRAYS} has {max(len(buffer) - start, 0)} left"
+        )
+    if dtype.itemsize == 0:
+        array = np.zeros(shape, dtype)
+    else:
+        array = np.frombuffer(buffer, dtype, count, start).reshape(shape, order="F" if fortran else "C")
+    if not array.flags.aligned:
+        array = array.copy(order="K")
+    return array
+
+
+def _set_checked(path: Path, tree: Any, entry: Mapping[str, Any], value: Any) -> Any:
+    """Put *value* where *entry*'s key path says, which must lead to a ``null`` in the tree."""
+    keys = entry["path"]
+    if not keys:
+        return value
+    try:
+        parent, last = _get_path(tree, keys[:-1]), keys[-1]
+        if not (
+            (type(parent) is dict and type(last) is str and last in parent)
+            or (type(parent) is list and type(last) is int and 0 <= last < len(parent))
+        ):
+            raise TypeError(last)
+    except (KeyError, IndexError, TypeError):
+        where = key_path(keys)
+        raise _corrupt(path, STATE, f"has no key {where!r} for an array or big int") from None
+    parent[last] = value  # type: ignore[index]
+    return tree
+
+
+def _get_path(tree: Any, path: Sequence[Any]) -> Any:
+    key: Any
+    for key in path:
+        if (type(tree) is dict and type(key) is str) or (type(tree) is list and type(key) is int):
+            tree = tree[key]  # type: ignore[index]
+        else:
+            raise TypeError(key)
+    return tree
 
 
 def read_checkpoint_info(path: Path, model_only: bool = False) -> ReadCheckpoint:
     """Read and verify the checkpoint at *path*, as :func:`read_checkpoint`; also return its segments.
 
     :raises ForeignCheckpointError: *path* is not an epochal checkpoint.
-    :raises CorruptCheckpointError: a file is missing, truncated, or fails its checksum.
+    :raises CorruptCheckpointError: a file is missing, truncated, fails its checksum or holds
+        values of the wrong type.
     :raises UnsafeCheckpointError: an array holds a pickle payload (object dtype).
     """
-    import numpy as np
-
     path = Path(path)
     if not path.is_dir():
         if not path.exists():
@@ -745,50 +1099,28 @@ def read_checkpoint_info(path: Path, model_only: bool = False) -> ReadCheckpoint
         raise foreign_file_error(path)
     manifest = read_manifest(path)
     files = manifest["files"]
-    state_bytes = _read_verified(path, STATE, files[STATE])
-    try:
-        document = json.loads(state_bytes)
-        tree, index, ints = document["tree"], document["arrays"], document["ints"]
-        if document.get("format") != f"{FORMAT}-state":
-            raise ValueError(f"format {document.get('format')!r}")
-    except (ValueError, KeyError, TypeError) as error:
-        raise CorruptCheckpointError(
-            f"checkpoint {str(path)!r}: {STATE} is not a valid state ({error})"
-        ) from None
+    document = parse_json(path, STATE, _verified(path, STATE, files[STATE]))
+    if not isinstance(document, dict) or document.get("format") != f"{FORMAT}-state":
+        raise _corrupt(path, STATE, "is not a checkpoint state (key format)")
+    tree: Any = document.get("tree")
+    index: Any = document.get("arrays")
+    ints: Any = document.get("ints")
+    _check_index(path, index, ints)
     if model_only:
         index = [e for e in index if e["path"][:1] == ["model"]]
         ints = [e for e in ints if e["path"][:1] == ["model"]]
-    arrays = _read_verified(path, ARRAYS, files[ARRAYS]) if index else b""
-    stream = io.BytesIO(arrays)
+    arrays = _verified(path, ARRAYS, files[ARRAYS]) if index else bytearray()
     for entry in index:
-        where = f"checkpoint {str(path)!r}: {ARRAYS} array {key_path(entry['path'])!r}"
-        try:
-            stream.seek(entry["offset"])
-            array = np.lib.format.read_array(stream, allow_pickle=False)
-        except ValueError as error:
-            if "pickle" in str(error):
-                raise UnsafeCheckpointError(
-                    f"{where} holds a pickle payload (object dtype); epochal never unpickles "
-                    "checkpoint data, refusing to load it"
-                ) from None
-            raise CorruptCheckpointError(f"{where} cannot be read: {error}") from None
-        except (OSError, EOFError, KeyError, TypeError) as error:
-            raise CorruptCheckpointError(f"{where} cannot be read: {error}") from None
-        if array.dtype.str != entry["dtype"] or list(array.shape) != entry["shape"]:
-            raise CorruptCheckpointError(
-                f"{where} is {array.dtype.str} {list(array.shape)}, the index says "
-                f"{entry['dtype']} {entry['shape']}"
-            )
-        try:
-            tree = _set_path(tree, entry["path"], array[()] if entry["kind"] == "scalar" else array)
-        except (KeyError, IndexError, TypeError):
-            raise CorruptCheckpointError(f"{where}: its key path is not in {STATE}") from None
+        if entry["offset"] >= len(arrays):
+            raise _corrupt(path, STATE, f"key arrays: offset {entry['offset']} is past the end of {ARRAYS}")
+        array = _read_array(path, arrays, entry)
+        tree = _set_checked(path, tree, entry, array[()] if entry["kind"] == "scalar" else array)
     for entry in ints:
-        tree = _set_path(tree, entry["path"], int(entry["hex"], 16))
+        tree = _set_checked(path, tree, entry, int(entry["hex"], 16))
     if not isinstance(tree, dict):
-        raise CorruptCheckpointError(f"checkpoint {str(path)!r}: the state is not a dict")
-    segments, inline = ([], []) if model_only else _read_segments(path, manifest, tree)
-    return ReadCheckpoint(path, manifest, segments, inline, tree)
+        raise _corrupt(path, STATE, "key tree is not a table (the state is a dict)")
+    segments, inline, damaged = ([], [], []) if model_only else _read_segments(path, manifest, tree)
+    return ReadCheckpoint(path, manifest, segments, inline, tree, damaged)
 
 
 def foreign_file_error(path: Path) -> ForeignCheckpointError | UnsafeCheckpointError:
@@ -822,15 +1154,25 @@ def is_finite_number(value: Any) -> bool:
     return not isinstance(value, bool) and math.isfinite(number)
 
 
-def load_latest(directory: Path, model_only: bool = False) -> tuple[dict[str, Any], CheckpointInfo]:
-    """Read the newest complete checkpoint of *directory* that verifies.
+def warn_damaged_segments(read: ReadCheckpoint, stacklevel: int = 3) -> None:
+    """Warn once for the log segments of *read* that failed verification, naming the rows lost."""
+    import warnings
 
-    A corrupt newest checkpoint is reported with a :class:`RuntimeWarning` and the one before it
-    is tried, and so on.
+    for name, why in read.damaged:
+        match = re.match(r"^log-\d+-i(\d+)-(\d+)\.json$", name)
+        rows = f"rows {int(match[1])}..{int(match[2])}" if match else "its rows"
+        warnings.warn(
+            f"{why}; the training log's {rows} held by it are lost (model, optimizer, RNG and "
+            "plugin state are intact and are used)",
+            RuntimeWarning,
+            stacklevel=stacklevel,
+        )
 
-    :raises CheckpointNotFoundError: when *directory* holds no complete checkpoint.
-    :raises CorruptCheckpointError: when every checkpoint fails verification.
-    :raises UnsafeCheckpointError: when the newest readable one holds a pickle payload.
+
+def find_latest(directory: Path, model_only: bool = False) -> tuple[ReadCheckpoint, list[tuple[Path, str]]]:
+    """Read the newest complete checkpoint of *directory* that verifies, as :func:`load_latest`.
+
+    Return it and the newer checkpoints that failed verification, with why.
     """
     import warnings
 
@@ -839,20 +1181,34 @@ def load_latest(directory: Path, model_only: bool = False) -> tuple[dict[str, An
         extra = f"; ignored: {'; '.join(f'{n} ({why})' for n, why in ignored)}" if ignored else ""
         raise CheckpointNotFoundError(f"no complete checkpoint in {str(directory)!r}{extra}")
     for name, why in ignored:
-        warnings.warn(f"ignoring {name} in {str(directory)!r}: {why}", RuntimeWarning, stacklevel=2)
-    failures = []
+        warnings.warn(f"ignoring {name} in {str(directory)!r}: {why}", RuntimeWarning, stacklevel=3)
+    failures: list[tuple[Path, str]] = []
+    unsafe = False
     for info in reversed(infos):
         try:
             read = read_checkpoint_info(info.path, model_only=model_only)
-        except CorruptCheckpointError as error:
-            failures.append(str(error))
-            warnings.warn(f"{error}; trying the previous checkpoint", RuntimeWarning, stacklevel=2)
+        except (CorruptCheckpointError, UnsafeCheckpointError, ForeignCheckpointError) as error:
+            unsafe = unsafe or isinstance(error, UnsafeCheckpointError)
+            failures.append((info.path, str(error)))
+            warnings.warn(f"{error}; trying the previous checkpoint", RuntimeWarning, stacklevel=3)
             continue
-        if failures:
-            warnings.warn(
-                f"using checkpoint {str(info.path)!r} instead of the newer corrupt one(s)",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        return read.state, CheckpointInfo(info.path, read.manifest, read.segments, read.inline_rows)
-    raise CorruptCheckpointError(f"every checkpoint in {str(directory)!r} is corrupt: " + "; ".join(failures))
+        warn_damaged_segments(read, stacklevel=4)
+        return read, failures
+    kind = UnsafeCheckpointError if unsafe else CorruptCheckpointError
+    raise kind(f"every checkpoint in {str(directory)!r} is corrupt: " + "; ".join(why for _, why in failures))
+
+
+def load_latest(directory: Path, model_only: bool = False) -> tuple[dict[str, Any], CheckpointInfo]:
+    """Read the newest complete checkpoint of *directory* that verifies.
+
+    A damaged checkpoint is reported with one :class:`RuntimeWarning` naming the file and why,
+    and the one before it is tried, and so on. A damaged log segment costs only its rows (a
+    warning names them); the rest of that checkpoint is used.
+
+    :raises CheckpointNotFoundError: when *directory* holds no complete checkpoint.
+    :raises CorruptCheckpointError: when every checkpoint fails verification (a checkpoint
+        holding a pickle payload counts as failing it, with a warning saying so).
+    :raises UnsafeCheckpointError: when every checkpoint fails and one held a pickle payload.
+    """
+    read, _ = find_latest(directory, model_only)
+    return read.state, CheckpointInfo(read.path, read.manifest, read.segments, read.inline_rows)

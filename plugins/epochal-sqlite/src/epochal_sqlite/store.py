@@ -219,7 +219,10 @@ def _create_file(path: Path) -> None:
     Readers polling for the file never see it half-made: it appears with its schema, in WAL
     mode. When another process created it first, its file is kept.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
+    missing = [p for p in (path.parent, *path.parent.parents) if not p.is_dir()]
+    for directory in reversed(missing):
+        directory.mkdir(exist_ok=True)
+        _fsync_dir(directory.parent)
     temp = path.with_name(f".{path.name}.{os.getpid()}.new")
     try:
         conn = sqlite3.connect(temp, isolation_level=None)
@@ -228,6 +231,8 @@ def _create_file(path: Path) -> None:
             migrate(conn, temp)
         finally:
             conn.close()
+        with open(temp, "rb") as file:  # its bytes on disk before its name is
+            os.fsync(file.fileno())
         try:
             os.link(temp, path)  # fails if the file exists now: never replace another's file
         except FileExistsError:
@@ -235,10 +240,25 @@ def _create_file(path: Path) -> None:
         except OSError:  # a filesystem without hard links
             if not path.exists():
                 os.replace(temp, path)
+        _fsync_dir(path.parent)  # the new name survives a power loss
     finally:
         for leftover in (temp, temp.with_name(temp.name + "-wal"), temp.with_name(temp.name + "-shm")):
             with contextlib.suppress(OSError):
                 leftover.unlink()
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make the entries just created in *directory* durable (no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # pragma: no cover - Windows
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover - filesystems that refuse fsync on directories
+        pass
+    finally:
+        os.close(fd)
 
 
 def _quote(path: Path) -> str:
