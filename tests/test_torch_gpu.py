@@ -19,11 +19,12 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
 ]
 
+from epochal_checkpoint.plugin import Checkpoint, read_from  # noqa: E402
+from epochal_monitor.plugin import Monitor  # noqa: E402
+
 from epochal import Loop, hookimpl  # noqa: E402
 from epochal.testing import epochal_command  # noqa: E402
 from epochal.torch import TorchModel  # noqa: E402
-from epochal_checkpoint.plugin import Checkpoint, read_from  # noqa: E402
-from epochal_monitor.plugin import Monitor  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "digits_torch.toml"
 
@@ -41,7 +42,9 @@ def numpy_batches(count: int = 8) -> list[tuple[np.ndarray, np.ndarray]]:
 def model(precision: str = "32-true", seed: int = 0) -> TorchModel:
     module = mlp(seed)
     optimizer = torch.optim.AdamW(module.parameters(), lr=0.01)
-    return TorchModel(module, optimizer, torch.nn.functional.cross_entropy, device="auto", precision=precision)
+    return TorchModel(
+        module, optimizer, torch.nn.functional.cross_entropy, device="auto", precision=precision
+    )
 
 
 @pytest.mark.parametrize("precision", ["32-true", "16-mixed", "bf16-mixed", "bf16-true"])
@@ -92,8 +95,8 @@ def test_training_steps_never_wait_for_the_device(precision: str) -> None:
 
 def test_check_resume_on_the_gpu(tmp_path: Path) -> Any:
     result = epochal_command(
-        "check-resume", str(EXAMPLE), "--at", "50", "--set", "loop.max_epochs=2", "--set", "model.device=cuda",
-        "--set", "model.precision=bf16-mixed", "--disable", "progress", cwd=tmp_path, timeout=600,
+        "check-resume", str(EXAMPLE), "--at", "50", "--set", "loop.max_epochs=2",
+        "--set", "model.device=cuda", "--set", "model.precision=bf16-mixed", "--disable", "progress", cwd=tmp_path, timeout=600,
         env={"CUBLAS_WORKSPACE_CONFIG": ":4096:8"},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr + result.stdout

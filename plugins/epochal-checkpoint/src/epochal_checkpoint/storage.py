@@ -789,7 +789,10 @@ def check_manifest(path: Path, manifest: Any) -> dict[str, Any]:
         return _corrupt(path, MANIFEST, f"key {key} is not {what}: {manifest.get(key)!r:.100}")
 
     for key in ("sequence", "saved_at_ns", "epoch", "iteration"):
-        if (key in manifest or (version >= 3 and key == "saved_at_ns")) and not _is_int(manifest.get(key)):
+        # the order of format-3 checkpoints: a missing one would rank a checkpoint silently as
+        # the oldest, so that it is never read, never reported
+        required = version >= 3 and key in ("sequence", "saved_at_ns")
+        if (key in manifest or required) and not _is_int(manifest.get(key)):
             raise bad(key, "a non-negative integer")
     for key in ("run_id", "name", "reason"):
         if (key in manifest or (version >= 3 and key == "name")) and not isinstance(manifest.get(key), str):
