@@ -96,7 +96,8 @@ def test_training_steps_never_wait_for_the_device(precision: str) -> None:
 def test_check_resume_on_the_gpu(tmp_path: Path) -> Any:
     result = epochal_command(
         "check-resume", str(EXAMPLE), "--at", "50", "--set", "loop.max_epochs=2",
-        "--set", "model.device=cuda", "--set", "model.precision=bf16-mixed", "--disable", "progress", cwd=tmp_path, timeout=600,
+        "--set", "model.device=cuda", "--set", "model.precision=bf16-mixed", "--disable", "progress",
+        cwd=tmp_path, timeout=600,
         env={"CUBLAS_WORKSPACE_CONFIG": ":4096:8"},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr + result.stdout
