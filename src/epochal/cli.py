@@ -72,14 +72,37 @@ def cli(ctx: click.Context, traceback: bool) -> None:
     ctx.meta["epochal.traceback"] = traceback
 
 
+_PLUGINS_HELP = (
+    "Call order for this run: these plugins first, in this order; every other installed plugin "
+    "still loads after them (unless [plugins] autoload = false). a,b,c"
+)
+_ONLY_HELP = "Load only these plugins, in this order (no autoloading): a,b,c."
+
+
+def _plugin_choice(config: dict[str, Any], order: tuple[str, ...], only: tuple[str, ...]) -> list[str] | None:
+    """The --plugins order, or --only's list (which also turns autoloading off in *config*)."""
+    if only and order:
+        raise click.UsageError("--plugins and --only exclude each other (--only sets the order too)")
+    if only:
+        config.setdefault("plugins", {})["autoload"] = False
+        return _split(only)
+    return _split(order) if order else None
+
+
 @cli.command()
 @click.argument("config_file", type=click.Path(dir_okay=False))
-@click.option("--plugins", "order", multiple=True, help="Plugin order for this run: a,b,c.")
-@click.option("--disable", multiple=True, help="Plugins not to load this run: x,y.")
+@click.option("--plugins", "order", multiple=True, metavar="A,B", help=_PLUGINS_HELP)
+@click.option("--only", multiple=True, metavar="A,B", help=_ONLY_HELP)
+@click.option("--disable", multiple=True, metavar="X,Y", help="Plugins not to load this run: x,y.")
 @click.option(
     "--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", help="Override a config value."
 )
 @click.option("--resume", is_flag=True, help="Resume from the latest complete checkpoint.")
+@click.option(
+    "--profile",
+    is_flag=True,
+    help="Print the timing plugin's table (where the time went) when training ends.",
+)
 @click.option(
     "--trace-plugins",
     "trace",
@@ -92,30 +115,80 @@ def cli(ctx: click.Context, traceback: bool) -> None:
 def run(
     config_file: str,
     order: tuple[str, ...],
+    only: tuple[str, ...],
     disable: tuple[str, ...],
     overrides: tuple[str, ...],
     resume: bool,
+    profile: bool,
     trace: str | None,
 ) -> None:
-    """Train as CONFIG_FILE (TOML) says."""
-    from epochal.config import load_config
-    from epochal.runner import build_loop
+    """Train as CONFIG_FILE (TOML) says.
 
+    Every installed plugin runs unless disabled (--disable, [plugins] disable) or autoloading is
+    off; --plugins only puts the named ones first, --only runs the named ones and no other. The
+    run ends with a summary: last and best metrics, the checkpoint directory, the log database
+    and the commands to resume and to plot.
+    """
+    import time
+
+    from epochal.config import load_config
+    from epochal.errors import ConfigError
+    from epochal.runner import build_loop
+    from epochal.summary import RunSummary
+
+    if profile:
+        overrides = (*overrides, "plugins.timing.table=true")
     config = load_config(config_file, overrides)
-    loop = build_loop(config, _split(order) if order else None, _split(disable), resume)
+    loop = build_loop(config, _plugin_choice(config, order, only), _split(disable), resume)
+    if profile and "timing" not in loop.plugins:
+        raise ConfigError(
+            "--profile needs the 'timing' plugin (pip install plugins/epochal-timing), not loaded"
+        )
+    if not resume:
+        _refuse_other_runs_checkpoints(loop, config_file)
     if trace is not None:
         loop.trace_plugins = trace
-    log = loop.run()
-    status = log.status
-    click.echo(
-        f"epochal: run {loop.run_id} {status['status']} after {loop.epoch} epoch(s), "
-        f"{loop.iteration} batch(es): {status['finish_reason']}"
+    argv = (
+        [arg for arg in sys.argv[sys.argv.index(config_file) + 1 :] if arg != "--resume"]
+        if (config_file in sys.argv)
+        else []
     )
-    for stream, metrics in loop.last_metrics.items():
-        shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items())
-        click.echo(f"epochal: {stream}: {shown}")
-    if status["status"] == "interrupted" and loop.signal_received is not None:
+    summary = RunSummary(config_file, argv)
+    loop.plugin_set.pm.register(summary, name="epochal.summary")
+    loop.hooks.rebuild()
+    started = time.perf_counter()
+    log = loop.run()
+    for line in summary.lines(loop, time.perf_counter() - started):
+        click.echo(line)
+    if log.status["status"] == "interrupted" and loop.signal_received is not None:
         sys.exit(128 + loop.signal_received)
+
+
+def _refuse_other_runs_checkpoints(loop: Any, config_file: str) -> None:
+    """A fresh run into a checkpoint directory holding an earlier run's checkpoints is an error.
+
+    Mixing two runs' checkpoints in one directory makes ``--resume`` pick whichever is newest;
+    the user says which they want: continue (``--resume``) or another directory.
+    """
+    from pathlib import Path
+
+    from epochal.errors import ConfigError
+
+    plugin = loop.plugins.get("checkpoint")
+    if not callable(getattr(plugin, "directory", None)):
+        return
+    try:
+        directory = Path(plugin.directory(loop))
+    except EpochalError:
+        return  # no directory configured: the plugin says so when training starts
+    found = sorted(p.name for p in directory.glob("ckpt-*") if p.is_dir()) if directory.is_dir() else []
+    if found:
+        raise ConfigError(
+            f"checkpoint directory {str(directory)!r} already holds {len(found)} checkpoint(s) of an "
+            f"earlier run (newest: {found[-1]}). To continue that run: epochal run {config_file} --resume. "
+            f"To start afresh: choose another directory (--set loop.run_dir=DIR, or "
+            "--set plugins.checkpoint.dir=DIR when the config sets it) or delete that one."
+        )
 
 
 @cli.command(name="plugins")
@@ -231,7 +304,7 @@ def check_resume_command(
     from epochal.resumecheck import check_resume
 
     config = load_config(config_file, overrides)
-    report = check_resume(config, at, _split(order) if order else None, _split(disable))
+    report = check_resume(config, at, _split(order) if order else None, _split(disable), say=click.echo)
     if report.left_out:
         click.echo(f"left out (not deterministic): {', '.join(report.left_out)}")
     if report.ok:

@@ -125,6 +125,8 @@ class Checkpoint:
         self._resumed: tuple[storage.CheckpointInfo, dict[str, Any]] | None = None
         #: the path of the newest checkpoint written by this run (None before the first).
         self.last_saved: Path | None = None
+        #: the checkpoint this run resumed from (None for a fresh run).
+        self.resumed_path: Path | None = None
 
     # -- hooks ------------------------------------------------------------------------------------
 
@@ -145,6 +147,7 @@ class Checkpoint:
         # of the checkpoint resumed from, so the loop's state stays identical to a straight run's.
         self._lineage = [str(run_id) for run_id in info.manifest.get("lineage", [])]
         self._resumed = (info, state["log"]["rows"])
+        self.resumed_path = info.path
         return state
 
     @hookimpl

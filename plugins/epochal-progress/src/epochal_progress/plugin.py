@@ -1,8 +1,10 @@
 """The ``progress`` plugin: a tqdm progress bar per training epoch and per evaluation stream.
 
-Ancestor: Blocks' ``ProgressBar``. Each bar knows its total when the stream has a ``len()``,
-shows the rate and ETA, and the chosen metrics in its postfix (the last batch's values while the
-epoch runs; the epoch's records, e.g. ``train.loss`` and ``valid.loss``, when it ends).
+Ancestor: Blocks' ``ProgressBar``; Keras' and Lightning's bars for what is shown. Each bar knows
+its total when the stream has a ``len()`` and shows the rate and ETA; the epoch's bar shows the
+running means of the train step's metrics over the epoch so far (not the last batch's values).
+When the epoch ends its bar gives way to one block: the epoch, its wall time, the train means
+and every eval stream's metrics, wrapped to the terminal's width so no metric name is cut.
 
 Per-batch work is kept to a counter increment and a comparison: the clock is read only every
 ``stride`` batches, a stride that doubles while ``mininterval`` has not passed and shrinks after
@@ -14,6 +16,7 @@ garble them.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import sys
 import time
 import warnings
@@ -42,6 +45,18 @@ def _length(stream: Any) -> int | None:
         return None
 
 
+def _columns(stream: Any) -> int:
+    """The width of the terminal *stream* writes to (``$COLUMNS`` first, 80 if unknown)."""
+    import os
+
+    if os.environ.get("COLUMNS", "").isdigit():
+        return int(os.environ["COLUMNS"])
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, OSError, ValueError):
+        return shutil.get_terminal_size((80, 24)).columns
+
+
 class _Bar:
     """A tqdm bar plus the throttling state of its updates."""
 
@@ -59,11 +74,13 @@ class Progress:
 
     :param enabled: show bars at all.
     :param force: show bars even when stdout is not a terminal (logs, CI).
-    :param metrics: the metrics shown in the postfix: a train step output of that name while
-        the epoch runs, and every record ``<anything>.<name>`` of the epoch's row at its end.
+    :param metrics: the metric names shown (None: every numeric one): the running means of the
+        train step's outputs while the epoch runs, then the train means and every eval stream's
+        metrics of those names in the epoch's block.
     :param mininterval: the least number of seconds between two refreshes of a bar.
     :param eval_bars: show a bar for every evaluation stream as well.
-    :param leave: keep each finished epoch's bar on screen (eval bars are always removed).
+    :param leave: keep each finished epoch's bar on screen above its block (eval bars are
+        always removed).
     :param file: where bars are drawn: ``stderr`` or ``stdout``.
     :param ncols: the bars' width in characters (None: the terminal's width).
     """
@@ -74,10 +91,10 @@ class Progress:
         self,
         enabled: bool = True,
         force: bool = False,
-        metrics: Sequence[str] = ("loss", "accuracy"),
+        metrics: Sequence[str] | None = None,
         mininterval: float = 0.1,
         eval_bars: bool = True,
-        leave: bool = True,
+        leave: bool = False,
         file: Literal["stderr", "stdout"] = "stderr",
         ncols: int | None = None,
     ) -> None:
@@ -87,13 +104,13 @@ class Progress:
             )
         if file not in ("stderr", "stdout"):
             raise _option_error("file", f"must be 'stderr' or 'stdout', not {file!r}")
-        if isinstance(metrics, str) or not all(isinstance(m, str) for m in metrics):
+        if metrics is not None and (isinstance(metrics, str) or not all(isinstance(m, str) for m in metrics)):
             raise _option_error("metrics", f"must be a list of metric names, not {metrics!r}")
         if ncols is not None and (isinstance(ncols, bool) or not isinstance(ncols, int) or ncols < 1):
             raise _option_error("ncols", f"must be a positive integer, not {ncols!r}")
         self.enabled = enabled
         self.force = force
-        self.metrics = tuple(metrics)
+        self.metrics = None if metrics is None else frozenset(metrics)
         self.mininterval = float(mininterval)
         self.eval_bars = eval_bars
         self.leave = leave
@@ -106,6 +123,11 @@ class Progress:
         self._stack: contextlib.ExitStack | None = None
         self._clock = time.perf_counter
         self._tqdm: Any = None
+        #: train output name → [sum, batches] over the epoch so far.
+        self._sums: dict[str, list[Any]] = {}
+        self._skip: set[str] = set()
+        self._eval_metrics: dict[str, dict[str, Any]] = {}
+        self._epoch_started = 0.0
 
     # -- bars ---------------------------------------------------------------------------------
 
@@ -139,7 +161,7 @@ class Progress:
         if self._clock() < state.next_refresh:
             state.stride *= 2
             return
-        self._flush(state, self._postfix_from(outputs) if outputs is not None and self.metrics else None)
+        self._flush(state, self._postfix_from_means() if outputs is not None else None)
         state.stride = max(1, state.stride // 8)
 
     def _flush(self, state: _Bar, postfix: Mapping[str, str] | None) -> None:
@@ -150,25 +172,61 @@ class Progress:
         state.bar.update(pending)
         state.next_refresh = self._clock() + self.mininterval
 
-    def _postfix_from(self, outputs: Mapping[str, Any]) -> dict[str, str]:
+    def _shown(self, name: str) -> bool:
+        return self.metrics is None or name in self.metrics
+
+    def _means(self) -> dict[str, float]:
+        return {name: total / count for name, (total, count) in self._sums.items() if count}
+
+    def _postfix_from_means(self) -> dict[str, str]:
         shown = {}
-        for name in self.metrics:
-            if name in outputs:
-                text = _format(outputs[name])
-                if text is not None:
-                    shown[name] = text
+        for name, value in self._means().items():
+            text = _format(value)
+            if text is not None:
+                shown[name] = text
         return shown
 
-    def _postfix_from_row(self, row: Mapping[str, Any]) -> dict[str, str]:
-        shown = {}
-        for key, value in row.items():
-            if key in self.metrics or key.rpartition(".")[2] in self.metrics:
-                if key.endswith((".best", ".best_so_far", ".running")):
-                    continue
-                text = _format(value)
-                if text is not None:
-                    shown[key] = text
-        return shown
+    def _accumulate(self, outputs: Mapping[str, Any]) -> None:
+        sums = self._sums
+        for name, value in outputs.items():
+            cell = sums.get(name)
+            if cell is not None:
+                cell[0] += value
+                cell[1] += 1
+            elif name not in self._skip:
+                if self._shown(name) and _format(value) is not None and not isinstance(value, bool):
+                    sums[name] = [value, 1]
+                else:
+                    self._skip.add(name)
+
+    def epoch_block(self, loop: Any, width: int) -> str:
+        """The lines written when an epoch ends, each at most *width* characters wide.
+
+        ``epoch 3/20 · 1.2s · train loss 0.4123 accuracy 0.9012 · valid loss ...``; when that is
+        too wide every stream gets its own indented line, and a stream's metrics wrap in turn.
+        """
+        limit = f"/{loop.max_epochs}" if loop.max_epochs else ""
+        head = f"epoch {loop.epoch}{limit} · {self._clock() - self._epoch_started:.2f}s"
+        groups = []
+        row = loop.log.current_row  # the monitor plugin's exact epoch means, where it wrote them
+        train = {k: row.get(f"train.{k}", v) for k, v in self._means().items()}
+        for stream, metrics in [("train", train), *self._eval_metrics.items()]:
+            items = [f"{name} {text}" for name, value in metrics.items() if (text := _format(value))]
+            if items:
+                groups.append((stream, items))
+        line = " · ".join([head, *(f"{stream} {' '.join(items)}" for stream, items in groups)])
+        if len(line) <= width:
+            return line
+        lines = [head]
+        for stream, items in groups:
+            current = f"  {stream}"
+            for item in items:
+                if len(current) + 1 + len(item) > width and current.strip() != stream:
+                    lines.append(current)
+                    current = " " * (len(stream) + 2)
+                current += " " + item
+            lines.append(current)
+        return "\n".join(lines)
 
     def _close(self, state: _Bar | None, postfix: Mapping[str, str] | None = None) -> None:
         if state is None:
@@ -198,6 +256,8 @@ class Progress:
 
     def _open_epoch(self, loop: Any, initial: int) -> None:
         self._close(self._epoch)
+        self._sums, self._skip, self._eval_metrics = {}, set(), {}
+        self._epoch_started = self._clock()
         total = _length(getattr(loop, "data", {}).get("train"))
         limit = f"/{loop.max_epochs}" if loop.max_epochs else ""
         self._epoch = self._open(f"epoch {loop.epoch + 1}{limit}", total, initial, self.leave)
@@ -246,10 +306,11 @@ class Progress:
 
     @hookimpl
     def after_batch(self, outputs: Mapping[str, Any]) -> None:
-        """Count the batch; refresh the bar when due."""
+        """Count the batch, add its metrics to the epoch's means; refresh the bar when due."""
         state = self._epoch
         if state is None:
             return
+        self._accumulate(outputs)
         state.pending += 1
         if state.pending >= state.stride:
             self._tick(state, outputs)
@@ -277,17 +338,23 @@ class Progress:
             self._tick(state, None)
 
     @hookimpl
-    def after_evaluation(self) -> None:
-        """Close the stream's bar."""
+    def after_evaluation(self, stream: str, metrics: Mapping[str, Any]) -> None:
+        """Close the stream's bar; keep its metrics for the epoch's block."""
         state, self._eval = self._eval, None
         self._close(state)
+        if self.active:
+            self._eval_metrics[stream] = {k: v for k, v in metrics.items() if self._shown(k)}
 
     @hookimpl
     def after_epoch(self, loop: Any) -> None:
-        """Close the epoch's bar with the epoch's records in its postfix."""
+        """Close the epoch's bar and write the epoch's block under it."""
         state, self._epoch = self._epoch, None
-        if state is not None:
-            self._close(state, self._postfix_from_row(loop.log.current_row) if self.metrics else None)
+        if state is None:
+            return
+        self._close(state, self._postfix_from_means())
+        stream = self._stream()
+        width = self.ncols or _columns(stream)
+        self._tqdm.write(self.epoch_block(loop, max(20, width - 1)), file=stream)
 
     @hookimpl
     def on_interrupt(self) -> None:
