@@ -193,6 +193,9 @@ def _refuse_other_runs_checkpoints(loop: Any, config_file: str) -> None:
 
 @cli.command(name="plugins")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option(
+    "--csv", "as_csv", is_flag=True, help="Print CSV: position, name, status, distribution, version, hooks."
+)
 @click.option("--order", "show_order", is_flag=True, help="Show the call order of every hook.")
 @click.option(
     "--config", "config_file", type=click.Path(dir_okay=False), help="Use this run config's plugin settings."
@@ -208,15 +211,21 @@ def _refuse_other_runs_checkpoints(loop: Any, config_file: str) -> None:
 )
 def plugins_command(
     as_json: bool,
+    as_csv: bool,
     show_order: bool,
     config_file: str | None,
     order: tuple[str, ...],
     disable: tuple[str, ...],
     check_file: str | None,
 ) -> None:
-    """List installed plugins: distribution, version, hooks, status, position."""
+    """List installed plugins: distribution, version, hooks, status, position.
+
+    Warns (on stderr) about a plugin distribution that declares a range of epochal versions
+    this epochal is not in.
+    """
     from epochal._dispatch import HOOK_ARGS
     from epochal.config import load_config, plugins_for
+    from epochal.console import print_csv, print_table
     from epochal.plugins import PluginLoadWarning
 
     if check_file:
@@ -240,6 +249,15 @@ def plugins_command(
         for hook, names in orders.items():
             click.echo(f"{hook}: {' -> '.join(names) if names else '(none)'}")
         return
+    if as_csv:
+        print_csv(
+            ("position", "name", "status", "distribution", "version", "hooks"),
+            [
+                (i["position"], i["name"], i["status"], i["distribution"], i["version"], " ".join(i["hooks"]))
+                for i in infos
+            ],
+        )
+        return
     if not infos:
         click.echo("no plugins installed")
         return
@@ -253,13 +271,40 @@ def plugins_command(
         )
         for i in infos
     ]
-    header = ("#", "name", "status", "distribution", "hooks")
-    widths = [max(len(r[c]) for r in [header, *rows]) for c in range(4)]
-    for row in [header, *rows]:
-        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4])
+    print_table(("#", "name", "status", "distribution", "hooks"), rows, numeric=(0,))
     for i in infos:
         if i["error"]:
             click.echo(f"{i['name']}: {i['error']}", err=True)
+    for line in _core_mismatches(i["distribution"] for i in infos):
+        click.echo(f"warning: {line}", err=True)
+
+
+def _core_mismatches(distributions: Any) -> list[str]:
+    """One line per plugin distribution whose declared ``epochal`` range excludes this epochal."""
+    from importlib import metadata
+
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    core = metadata.version("epochal")
+    lines = []
+    for name in sorted({d for d in distributions if d and d != "epochal"}):
+        try:
+            requirements = metadata.requires(name) or []
+        except metadata.PackageNotFoundError:
+            continue
+        for text in requirements:
+            try:
+                requirement = Requirement(text)
+            except InvalidRequirement:
+                continue
+            if requirement.name != "epochal" or requirement.marker is not None:
+                continue
+            if requirement.specifier and not requirement.specifier.contains(core, prereleases=True):
+                lines.append(
+                    f"{name} supports epochal{requirement.specifier}, but epochal {core} is installed: "
+                    f"it may fail; install a {name} release made for epochal {core}"
+                )
+    return lines
 
 
 @cli.command(name="new-plugin")
@@ -318,13 +363,14 @@ def check_resume_command(
 
 
 @cli.command()
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (docstrings as written, reST).")
 def hooks(as_json: bool) -> None:
-    """Document every hook a plugin can implement."""
+    """Document every hook a plugin can implement (as plain text)."""
     import inspect
 
     from epochal import hookspecs
     from epochal._dispatch import HOOK_ARGS
+    from epochal.console import plain_text
 
     docs = {name: inspect.getdoc(getattr(hookspecs, name)) or "" for name in HOOK_ARGS}
     if as_json:
@@ -336,7 +382,7 @@ def hooks(as_json: bool) -> None:
         return
     for name, doc in docs.items():
         click.echo(f"{name}({', '.join(HOOK_ARGS[name])})")
-        click.echo("    " + doc.replace("\n", "\n    ").rstrip() + "\n")
+        click.echo("    " + plain_text(doc).replace("\n", "\n    ").rstrip() + "\n")
 
 
 def _format_warning(message: Warning | str, category: type[Warning], *args: object, **kwargs: object) -> str:

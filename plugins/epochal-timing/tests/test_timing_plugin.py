@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -114,7 +115,7 @@ def test_the_slow_plugin_is_named_first() -> None:
 
 def Timing_table(loop: Loop) -> list[str]:  # noqa: N802 - reads like the table it returns
     timing = loop.plugins["timing"]
-    return [line.split(" " * 3)[0].rstrip() for line in timing.format_table().splitlines()]  # type: ignore[attr-defined]
+    return [re.split(r"(?<=\S) {2,}", line)[0] for line in timing.format_table().splitlines()]  # type: ignore[attr-defined]
 
 
 def test_hooks_are_unwrapped_after_training_and_after_an_error() -> None:

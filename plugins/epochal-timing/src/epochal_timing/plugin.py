@@ -285,6 +285,6 @@ class Timing:
             ("stage / plugin.hook", "calls", "total s", "mean µs", "% wall"),
             rows,
             title=f"timing: {wall:.3f} s of training in this process",
-            width=width or 100,
+            width=width or 100,  # a file or pipe: the table's own width is below 100
             numeric=(1, 2, 3, 4),
         )
