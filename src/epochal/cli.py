@@ -200,7 +200,8 @@ def _refuse_other_runs_checkpoints(loop: Any, config_file: str) -> None:
 @click.option(
     "--config", "config_file", type=click.Path(dir_okay=False), help="Use this run config's plugin settings."
 )
-@click.option("--plugins", "order", multiple=True, help="Plugin order: a,b,c.")
+@click.option("--plugins", "order", multiple=True, metavar="A,B", help=_PLUGINS_HELP)
+@click.option("--only", multiple=True, metavar="A,B", help=_ONLY_HELP)
 @click.option("--disable", multiple=True, help="Plugins to leave out: x,y.")
 @click.option(
     "--check",
@@ -215,6 +216,7 @@ def plugins_command(
     show_order: bool,
     config_file: str | None,
     order: tuple[str, ...],
+    only: tuple[str, ...],
     disable: tuple[str, ...],
     check_file: str | None,
 ) -> None:
@@ -231,14 +233,15 @@ def plugins_command(
     if check_file:
         from epochal.runner import check_run
 
-        checked = check_run(load_config(check_file), _split(order) if order else None, _split(disable))
+        checked_config = load_config(check_file)
+        checked = check_run(checked_config, _plugin_choice(checked_config, order, only), _split(disable))
         click.echo(f"ok: {check_file}: plugins in call order: {', '.join(checked.plugins) or 'none'}")
         return
 
     config = load_config(config_file) if config_file else {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PluginLoadWarning)  # shown as status "failed" instead
-        plugin_set = plugins_for(config, _split(order) if order else None, _split(disable))
+        plugin_set = plugins_for(config, _plugin_choice(config, order, only), _split(disable))
     infos = [info.as_dict() for info in plugin_set.infos]
     orders = {hook: plugin_set.call_order(hook) for hook in HOOK_ARGS}
     if as_json:
@@ -332,7 +335,8 @@ def new_plugin_command(name: str, directory: str) -> None:
 @click.option(
     "--at", type=click.IntRange(min=1), default=None, help="Interrupt after this batch (default: half way)."
 )
-@click.option("--plugins", "order", multiple=True, help="Plugin order: a,b,c.")
+@click.option("--plugins", "order", multiple=True, metavar="A,B", help=_PLUGINS_HELP)
+@click.option("--only", multiple=True, metavar="A,B", help=_ONLY_HELP)
 @click.option("--disable", multiple=True, help="Plugins to leave out: x,y.")
 @click.option(
     "--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", help="Override a config value."
@@ -341,6 +345,7 @@ def check_resume_command(
     config_file: str,
     at: int | None,
     order: tuple[str, ...],
+    only: tuple[str, ...],
     disable: tuple[str, ...],
     overrides: tuple[str, ...],
 ) -> None:
@@ -349,7 +354,8 @@ def check_resume_command(
     from epochal.resumecheck import check_resume
 
     config = load_config(config_file, overrides)
-    report = check_resume(config, at, _split(order) if order else None, _split(disable), say=click.echo)
+    choice = _plugin_choice(config, order, only)
+    report = check_resume(config, at, choice, _split(disable), say=click.echo)
     if report.left_out:
         click.echo(f"left out (not deterministic): {', '.join(report.left_out)}")
     if report.ok:
