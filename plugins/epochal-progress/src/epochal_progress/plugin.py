@@ -21,6 +21,7 @@ import sys
 import time
 import warnings
 from collections.abc import Mapping, Sequence
+from operator import itemgetter
 from typing import Any, Literal
 
 from epochal import PluginError, hookimpl
@@ -57,15 +58,21 @@ def _columns(stream: Any) -> int:
         return shutil.get_terminal_size((80, 24)).columns
 
 
+#: the most batches between two clock reads, and so between two folds of the running means.
+_FOLD_EVERY = 1024
+
+
 class _Bar:
     """A tqdm bar plus the throttling state of its updates."""
 
-    __slots__ = ("bar", "next_refresh", "pending", "stride")
+    __slots__ = ("bar", "due", "next_refresh", "pending", "stride")
 
     def __init__(self, bar: Any) -> None:
         self.bar = bar
         self.pending = 0
         self.stride = 1
+        #: the value of ``pending`` at which ``_tick`` is called next.
+        self.due = 1
         self.next_refresh = 0.0
 
 
@@ -123,9 +130,15 @@ class Progress:
         self._stack: contextlib.ExitStack | None = None
         self._clock = time.perf_counter
         self._tqdm: Any = None
-        #: train output name → [sum, batches] over the epoch so far.
-        self._sums: dict[str, list[Any]] = {}
-        self._skip: set[str] = set()
+        #: train output name → sum over the epoch's ``_count`` batches folded so far (every
+        #: batch returned these keys); ``_irregular``: name → [sum, batches] once one did not.
+        self._keys: tuple[str, ...] | None = None
+        self._sums: dict[str, Any] = {}
+        self._count = 0
+        self._irregular: dict[str, list[Any]] = {}
+        #: the outputs of the batches not folded into the sums yet (see _fold).
+        self._buffer: list[Mapping[str, Any]] = []
+        self._append = self._buffer.append
         self._eval_metrics: dict[str, dict[str, Any]] = {}
         self._epoch_started = 0.0
 
@@ -155,20 +168,25 @@ class Progress:
     def _tick(self, state: _Bar, outputs: Mapping[str, Any] | None) -> None:
         """Called every ``state.stride`` batches: refresh the bar if ``mininterval`` passed.
 
-        Too early, the stride doubles (the clock is read a logarithmic number of times while
-        the interval runs); after a refresh it is cut to an eighth, about four clock reads per interval.
+        Too early, the stride doubles up to :data:`_FOLD_EVERY` (the clock is read a logarithmic
+        number of times while the interval runs); after a refresh it is cut to an eighth, about
+        four clock reads per interval.
         """
+        if outputs is not None:
+            self._fold()
         if self._clock() < state.next_refresh:
-            state.stride *= 2
+            state.stride = min(state.stride * 2, _FOLD_EVERY)
+            state.due = state.pending + state.stride
             return
-        self._flush(state, self._postfix_from_means() if outputs is not None else None)
         state.stride = max(1, state.stride // 8)
+        self._flush(state, self._postfix_from_means() if outputs is not None else None)
 
     def _flush(self, state: _Bar, postfix: Mapping[str, str] | None) -> None:
         """Update *state*'s bar with its pending batches (and *postfix*) now."""
         if postfix:
             state.bar.set_postfix(postfix, refresh=False)
         pending, state.pending = state.pending, 0
+        state.due = state.stride
         state.bar.update(pending)
         state.next_refresh = self._clock() + self.mininterval
 
@@ -176,7 +194,12 @@ class Progress:
         return self.metrics is None or name in self.metrics
 
     def _means(self) -> dict[str, float]:
-        return {name: total / count for name, (total, count) in self._sums.items() if count}
+        self._fold()
+        count = self._count
+        means = {name: total / count for name, total in self._sums.items()} if count else {}
+        for name, (total, n) in self._irregular.items():
+            means[name] = total / n
+        return means
 
     def _postfix_from_means(self) -> dict[str, str]:
         shown = {}
@@ -186,18 +209,49 @@ class Progress:
                 shown[name] = text
         return shown
 
-    def _accumulate(self, outputs: Mapping[str, Any]) -> None:
-        sums = self._sums
-        for name, value in outputs.items():
-            cell = sums.get(name)
-            if cell is not None:
-                cell[0] += value
-                cell[1] += 1
-            elif name not in self._skip:
-                if self._shown(name) and _format(value) is not None and not isinstance(value, bool):
-                    sums[name] = [value, 1]
+    def _fold(self) -> None:
+        """Add the outputs of the batches since the last fold to the running means' sums.
+
+        Per batch, ``after_batch`` only appends the outputs mapping to a list; the sums are made
+        here, every ``stride`` batches (at most :data:`_FOLD_EVERY`), one ``sum(map(...))`` per
+        key in C, so the means cost next to nothing per batch.
+        """
+        buffer = self._buffer
+        if not buffer:
+            return
+        if self._keys is None:
+            first = buffer[0]
+            self._keys = tuple(
+                name
+                for name, value in first.items()
+                if self._shown(name) and not isinstance(value, bool) and _format(value) is not None
+            )
+        if not self._irregular:
+            try:
+                totals = {name: sum(map(itemgetter(name), buffer)) for name in self._keys}
+            except (KeyError, TypeError):  # a batch without a key, or with a non-number
+                pass
+            else:
+                sums = self._sums
+                for name, total in totals.items():
+                    sums[name] = sums.get(name, 0) + total
+                self._count += len(buffer)
+                buffer.clear()
+                return
+            for name, total in self._sums.items():
+                self._irregular[name] = [total, self._count]
+            self._sums, self._count = {}, 0
+        for outputs in buffer:
+            for name, value in outputs.items():
+                if isinstance(value, bool) or _format(value) is None or not self._shown(name):
+                    continue
+                cell = self._irregular.get(name)
+                if cell is not None:
+                    cell[0] += value
+                    cell[1] += 1
                 else:
-                    self._skip.add(name)
+                    self._irregular[name] = [value, 1]
+        buffer.clear()
 
     def epoch_block(self, loop: Any, width: int) -> str:
         """The lines written when an epoch ends, each at most *width* characters wide.
@@ -256,7 +310,9 @@ class Progress:
 
     def _open_epoch(self, loop: Any, initial: int) -> None:
         self._close(self._epoch)
-        self._sums, self._skip, self._eval_metrics = {}, set(), {}
+        self._keys, self._sums, self._count, self._irregular = None, {}, 0, {}
+        self._buffer.clear()
+        self._eval_metrics = {}
         self._epoch_started = self._clock()
         total = _length(getattr(loop, "data", {}).get("train"))
         limit = f"/{loop.max_epochs}" if loop.max_epochs else ""
@@ -310,9 +366,9 @@ class Progress:
         state = self._epoch
         if state is None:
             return
-        self._accumulate(outputs)
+        self._append(outputs)
         state.pending += 1
-        if state.pending >= state.stride:
+        if state.pending >= state.due:
             self._tick(state, outputs)
 
     @hookimpl
@@ -334,7 +390,7 @@ class Progress:
         if state is None:
             return
         state.pending += 1
-        if state.pending >= state.stride:
+        if state.pending >= state.due:
             self._tick(state, None)
 
     @hookimpl
