@@ -148,3 +148,20 @@ def test_docs_cli_lists_every_command_as_click_has_them() -> None:
     for path in paths:
         assert f"| `{path}" in page
     assert "`--only`" in page and "`--profile`" in page
+
+
+def test_no_hint_names_a_distribution_no_index_has() -> None:
+    for source in [*ROOT.glob("src/epochal/*.py"), *ROOT.glob("plugins/*/src/*/*.py")]:
+        text = source.read_text()
+        assert not re.search(r"pip install ['\"]?epochal-", text), source
+
+
+def test_resume_without_a_checkpoint_plugin_names_the_install(
+    tmp_path: Path, epochal_cli: EpochalCli
+) -> None:
+    from epochal.testing import digits_config
+
+    digits_config(tmp_path / "run.toml", ["monitor"], max_epochs=1)
+    result = epochal_cli("run", "run.toml", "--resume")
+    assert result.returncode == 2
+    assert "pip install plugins/epochal-checkpoint" in result.stderr

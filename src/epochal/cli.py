@@ -142,7 +142,8 @@ def run(
     loop = build_loop(config, _plugin_choice(config, order, only), _split(disable), resume)
     if profile and "timing" not in loop.plugins:
         raise ConfigError(
-            "--profile needs the 'timing' plugin (pip install plugins/epochal-timing), not loaded"
+            "--profile needs the 'timing' plugin, which this run does not load (from a clone of "
+            "epochal: pip install plugins/epochal-timing; or name it in --only, or do not disable it)"
         )
     if not resume:
         _refuse_other_runs_checkpoints(loop, config_file)

@@ -108,7 +108,7 @@ def check_resume(
         if not probe.plugin_set.implements("resume_state"):
             raise ConfigError(
                 "check-resume needs a plugin that saves and restores checkpoints (resume_state), "
-                "and none is loaded: pip install epochal-checkpoint"
+                "and none is loaded (from a clone of epochal: pip install plugins/epochal-checkpoint)"
             )
         disable += left_out
         straight = build_loop(_config_in(config, Path(tmp) / "straight"), order, disable)
