@@ -1,4 +1,4 @@
-"""Capture and restore torch's CPU random number generator without requiring torch.
+"""Capture and restore torch's CPU (and CUDA) random number generators without requiring torch.
 
 Used by the loop to make resumed runs exact for models that draw from torch's RNG (dropout,
 random initialisation, samplers). The state is a numpy ``uint8`` array, so it is saved like any
@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 
 
-def torch_rng_state() -> dict[str, np.ndarray] | None:
-    """Return ``{"cpu": uint8 array}``, torch's CPU RNG state, or None if torch is not in use.
+def torch_rng_state() -> dict[str, Any] | None:
+    """Return ``{"cpu": uint8 array}`` (and ``"cuda": [uint8 array per device]`` once CUDA is
+    initialised: dropout on a GPU draws from those), or None if torch is not in use.
 
     "Not in use" means torch has not been imported by this process: its RNG cannot have been
     drawn from, and a process that imports it later starts from the same default state.
@@ -25,7 +26,10 @@ def torch_rng_state() -> dict[str, np.ndarray] | None:
     if "torch" not in sys.modules:
         return None
     torch = importlib.import_module("torch")
-    return {"cpu": torch.get_rng_state().numpy().copy()}
+    state: dict[str, Any] = {"cpu": torch.get_rng_state().numpy().copy()}
+    if torch.cuda.is_initialized():
+        state["cuda"] = [s.numpy().copy() for s in torch.cuda.get_rng_state_all()]
+    return state
 
 
 def set_torch_rng_state(state: Mapping[str, Any] | None) -> None:
@@ -38,16 +42,24 @@ def set_torch_rng_state(state: Mapping[str, Any] | None) -> None:
     """
     if state is None:
         return
-    if set(state) != {"cpu"}:
-        raise ValueError(f"torch RNG state must have the single key 'cpu', got {sorted(state)}")
-    cpu = state["cpu"]
-    if not isinstance(cpu, np.ndarray) or cpu.dtype != np.uint8 or cpu.ndim != 1:
-        raise ValueError(
-            "torch RNG state 'cpu' must be a 1-D uint8 numpy array, got "
-            f"{getattr(cpu, 'dtype', type(cpu).__name__)} {getattr(cpu, 'shape', '')}"
-        )
+    if "cpu" not in state or not set(state) <= {"cpu", "cuda"}:
+        raise ValueError(f"torch RNG state must have the key 'cpu' (and 'cuda'), got {sorted(state)}")
+    arrays = [("cpu", state["cpu"])]
+    cuda = state.get("cuda", [])
+    if not isinstance(cuda, list):
+        raise ValueError(f"torch RNG state 'cuda' must be a list, got {type(cuda).__name__}")
+    arrays += [(f"cuda.{i}", a) for i, a in enumerate(cuda)]
+    for where, array in arrays:
+        if not isinstance(array, np.ndarray) or array.dtype != np.uint8 or array.ndim != 1:
+            raise ValueError(
+                f"torch RNG state {where!r} must be a 1-D uint8 numpy array, got "
+                f"{getattr(array, 'dtype', type(array).__name__)} {getattr(array, 'shape', '')}"
+            )
     try:
         torch = importlib.import_module("torch")
     except ImportError:
         return
-    torch.set_rng_state(torch.from_numpy(cpu.copy()))
+    torch.set_rng_state(torch.from_numpy(state["cpu"].copy()))
+    if cuda and torch.cuda.is_available():
+        for index, array in enumerate(cuda[: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(torch.from_numpy(array.copy()), index)

@@ -112,6 +112,23 @@ def after_batch(loop: Loop, batch: Any, outputs: Mapping[str, Any]) -> None:
 
 
 @hookspec
+def before_optimizer_step(loop: Loop, optimizer: Any) -> None:
+    """Called by a model between ``backward()`` and the optimizer's step, when it steps.
+
+    :class:`epochal.torch.TorchModel` calls it once per optimizer step: after the gradients of
+    ``accumulate_grad_batches`` batches have been summed and unscaled (``16-mixed``), before
+    they are clipped and applied. A plugin may read the gradients (``p.grad``) to log norms or
+    detect anomalies, or change them in place. Models without an optimizer never call it.
+
+    :param loop: the training loop (``loop.iteration`` counts the batches done before this one).
+    :param optimizer: the optimizer about to step (``torch.optim.Optimizer``); its
+        ``param_groups`` hold the parameters and their gradients.
+
+    The return value is ignored.
+    """
+
+
+@hookspec
 def after_epoch(loop: Loop) -> None:
     """Called after every completed training epoch and its evaluation.
 

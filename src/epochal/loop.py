@@ -30,7 +30,15 @@ STATE_FORMAT = 1
 
 
 class Model(Protocol):
-    """What the loop needs from a model: framework-agnostic steps and state."""
+    """What the loop needs from a model: framework-agnostic steps and state.
+
+    Step results are numbers, or scalars the loop need not read at once (0-d tensors left on
+    their device: ``float(value)`` reads one). A model may also have these methods, which the
+    loop calls when present: ``attach(loop)`` once when the loop is made (so that the model can
+    call hooks of its own, such as ``before_optimizer_step``), ``begin_evaluation(stream)``
+    before an evaluation stream, and ``end_evaluation(stream) -> Mapping[str, Any]`` after it,
+    whose values (metrics over the whole stream) replace the batch means of the same name.
+    """
 
     def train_step(self, batch: Any) -> Mapping[str, Any]:
         """Train on one batch; return metrics (``{"loss": 0.3}``)."""
@@ -43,6 +51,16 @@ class Model(Protocol):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a state returned by :meth:`state_dict`."""
+
+
+def _wrap_stream(stream: Any, seed: int | None) -> Any:
+    """A torch DataLoader as a resumable :class:`epochal.torch.LoaderStream`; others as given."""
+    if type(stream).__module__.startswith("torch.utils.data"):
+        from epochal.torch.data import LoaderStream, is_dataloader
+
+        if is_dataloader(stream):
+            return LoaderStream(stream, seed=seed or 0)
+    return stream
 
 
 class EmptyDataError(EpochalError):
@@ -104,7 +122,7 @@ class Loop:
             if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
                 raise ConfigError(f"{name} must be a non-negative integer, not {limit!r}")
         self.model = model
-        self.data = dict(data)
+        self.data = {name: _wrap_stream(stream, seed) for name, stream in data.items()}
         self._plugin_set = plugins if isinstance(plugins, PluginSet) else compose(plugins or {})
         self._plugin_set.check_dependencies()
         #: plugin instances by name, in call order.
@@ -144,6 +162,9 @@ class Loop:
         self._signum: int | None = None
         self._interrupts = 0
         self._warned: set[str] = set()
+        attach = getattr(model, "attach", None)
+        if callable(attach):
+            attach(self)
 
     # -- public API for plugins ---------------------------------------------------------------
 
@@ -183,31 +204,54 @@ class Loop:
         return self._stop_reason
 
     def evaluate(self, stream: str) -> dict[str, float]:
-        """Run the evaluation stream *stream*; log and return its batch-size-weighted means."""
+        """Run the evaluation stream *stream*; log and return its metrics.
+
+        A metric is the batch-size-weighted mean of the step results of that name, unless the
+        model's ``end_evaluation`` returns a value for it over the whole stream.
+        """
         if stream not in self.data or stream == "train":
             raise ConfigError(f"no evaluation stream {stream!r}; streams: {', '.join(self.eval_streams)}")
         hooks = self.hooks
         if hooks.before_evaluation is not None:
             hooks.before_evaluation(self, stream)
-        totals: dict[str, float] = {}
+        model = self.model
+        begin = getattr(model, "begin_evaluation", None)
+        if callable(begin):
+            begin(stream)
+        totals: dict[str, Any] = {}
+        skipped: set[str] = set()
         seen = 0
-        eval_step = self.model.eval_step
+        eval_step = model.eval_step
         for batch in self._iterate(stream):
             size = batch_size(batch)
             if size == 0 and self._empty_batch(stream):
                 continue
             outputs = eval_step(batch)
             for key, value in outputs.items():
+                if key in skipped:
+                    continue
+                # Summed as they are: a 0-d tensor stays on its device until the stream ends.
+                if isinstance(value, (str, bytes)) or not hasattr(value, "__float__"):
+                    skipped.add(key)  # not a number: hooks see it in outputs, it is not averaged
+                    continue
                 try:
-                    totals[key] = totals.get(key, 0.0) + float(value) * size
-                except (TypeError, ValueError):
-                    continue  # not a number: hooks see it in outputs, it is not averaged
+                    totals[key] = totals.get(key, 0.0) + value * size
+                except TypeError:
+                    skipped.add(key)
             seen += size
             if hooks.after_eval_batch is not None:
                 hooks.after_eval_batch(self, stream, batch, outputs)
         if seen == 0:
             self._empty_stream(stream)
-        metrics = {key: total / seen for key, total in totals.items()} if seen else {}
+        metrics: dict[str, Any] = {}
+        for key, total in totals.items() if seen else ():
+            try:
+                metrics[key] = float(total / seen)
+            except (TypeError, ValueError):  # e.g. an array of several values
+                continue
+        end = getattr(model, "end_evaluation", None)
+        if seen and callable(end):
+            metrics.update(end(stream))
         row = self.log.current_row
         for key, value in metrics.items():
             row[f"{stream}.{key}"] = value

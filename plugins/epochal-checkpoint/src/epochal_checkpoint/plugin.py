@@ -25,9 +25,13 @@ from epochal_checkpoint.errors import (
     ForeignCheckpointError,
     StateMismatchError,
 )
+from epochal_checkpoint.export import export_weights
 
 if TYPE_CHECKING:
     from epochal.loop import Loop
+
+#: the weights files ``export`` writes into the checkpoint directory.
+LAST_WEIGHTS, BEST_WEIGHTS = "last.safetensors", "best.safetensors"
 
 #: the hooks that raise at a batch boundary: an error from another plugin's implementation of
 #: one of them leaves the model, the streams and the counters consistent, so it can be saved.
@@ -56,6 +60,10 @@ class Checkpoint:
     :param monitor: the log key ranking checkpoints for ``keep_best`` (e.g. ``valid.loss``).
     :param mode: ``min`` or ``max``: which values of ``monitor`` are best.
     :param async_save: copy the state in memory and write it in a background thread.
+    :param export: also write the model's weights as a ``.safetensors`` file in the checkpoint
+        directory: ``"last"`` (``last.safetensors`` when training ends), ``"best"``
+        (``best.safetensors`` whenever a save has the best ``monitor`` value so far), ``"both"``
+        or ``"none"``. ``safetensors.torch.load_file`` reads them into the same module.
     """
 
     run_after = ("monitor", "early_stopping", "finish_after")
@@ -75,8 +83,13 @@ class Checkpoint:
         monitor: str | None = None,
         mode: Literal["min", "max"] = "min",
         async_save: bool = False,
+        export: Literal["none", "last", "best", "both"] = "none",
     ) -> None:
         where = "[plugins.checkpoint]"
+        if export not in ("none", "last", "best", "both"):
+            raise ConfigError(f"{where} export must be 'none', 'last', 'best' or 'both', not {export!r}")
+        if export in ("best", "both") and not monitor:
+            raise ConfigError(f'{where} export = "{export}" needs monitor = "<log key>" (e.g. valid.loss)')
         if keep_last is not None and (isinstance(keep_last, bool) or keep_last < 0):
             raise ConfigError(
                 f"{where} keep_last must be a non-negative integer or absent, not {keep_last!r}"
@@ -108,6 +121,9 @@ class Checkpoint:
         )
         self.keep_last, self.keep_best, self.monitor, self.mode = keep_last, keep_best, monitor, mode
         self.async_save = async_save
+        self.export = export
+        #: the best ``monitor`` value exported to best.safetensors so far (None: none yet).
+        self._best_exported: float | None = None
         #: run ids of this run and the runs it resumed from (from the resumed checkpoint's
         #: manifest): only their checkpoints are pruned.
         self._lineage: list[str] = []
@@ -181,6 +197,7 @@ class Checkpoint:
         self._base = None
         if loop.resumed and resumed is not None:  # its segments are linked by the next save
             self._base = incremental.resumed_base(loop.log, *resumed)
+        self._best_exported = exported_metric(directory / BEST_WEIGHTS) if loop.resumed else None
         self._plugin_set = {
             info.name: {"distribution": info.distribution, "version": info.version}
             for info in loop.plugin_set.infos
@@ -215,6 +232,8 @@ class Checkpoint:
             self._save(loop, "end")
         self.wait()
         self._spare = []
+        if self.export in ("last", "both") and self._directory is not None:
+            export_weights(loop.model.state_dict(), self._directory / LAST_WEIGHTS, self._metadata(loop))
 
     @hookimpl
     def on_error(self, loop: Loop, error: BaseException) -> None:
@@ -272,9 +291,14 @@ class Checkpoint:
             "batch_in_epoch": loop.batch_in_epoch,
             "reason": reason,
             "monitor": self.monitor,
+            "mode": self.mode,
             "metric": metric,
             "plugins": self._plugin_set,
         }
+        if self.export in ("best", "both") and metric is not None and self._improves(metric):
+            meta = {**self._metadata(loop), "epochal.monitor": self.monitor, "epochal.metric": repr(metric)}
+            export_weights(state["model"], self._directory / BEST_WEIGHTS, meta)
+            self._best_exported = metric
         name = storage.checkpoint_name(*key)
         self._last_key = key
         if self.async_save:
@@ -287,6 +311,26 @@ class Checkpoint:
             self._thread.start()
         else:
             self._write(self._directory, name, snapshot, manifest, log_save)
+
+    def _improves(self, metric: float) -> bool:
+        best = self._best_exported
+        return best is None or (metric < best if self.mode == "min" else metric > best)
+
+    @staticmethod
+    def _metadata(loop: Loop) -> dict[str, Any]:
+        return {
+            "epochal.run_id": loop.run_id,
+            "epochal.epoch": loop.epoch,
+            "epochal.iteration": loop.iteration,
+        }
+
+    @staticmethod
+    @hookimpl
+    def register_commands(cli: Any) -> None:
+        """Add ``epochal export``: a checkpoint's model weights as a safetensors file."""
+        from epochal_checkpoint.commands import export_command
+
+        cli.add_command(export_command)
 
     def _background_write(
         self,
@@ -458,10 +502,17 @@ def structure_mismatches(expected: Any, found: Any, where: str) -> list[str]:
 def check_model(loop: Loop, model_state: Any, where: Path) -> None:
     """Load *model_state* into ``loop.model``, or raise one error naming the checkpoint.
 
+    A model with a ``check_state(state) -> list[str]`` method checks the state itself;
+    otherwise its keys, array shapes and dtypes are compared with the model's own state.
+
     :raises StateMismatchError: listing missing/unexpected keys and shape/dtype mismatches, or
         carrying the model's own refusal.
     """
-    problems = structure_mismatches(loop.model.state_dict(), model_state, "model")
+    check_state = getattr(loop.model, "check_state", None)
+    if callable(check_state):  # the model knows what fits it (a fresh optimizer has no state yet)
+        problems = list(check_state(model_state))
+    else:
+        problems = structure_mismatches(loop.model.state_dict(), model_state, "model")
     if problems:
         raise StateMismatchError(f"checkpoint {str(where)!r} does not fit the model: " + "; ".join(problems))
     try:
@@ -496,3 +547,17 @@ def check_fits(loop: Loop, state: Mapping[str, Any], where: Path) -> None:
                     f"checkpoint {str(where)!r}: stream {name!r} cannot continue from the saved "
                     f"position: {type(error).__name__}: {error}"
                 ) from error
+
+
+def exported_metric(path: Path) -> float | None:
+    """The ``monitor`` value recorded in an exported weights file (None: none or unreadable)."""
+    if not path.is_file():
+        return None
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="numpy") as handle:
+            value = (handle.metadata() or {}).get("epochal.metric")
+        return float(value) if value is not None else None
+    except Exception:  # a damaged or foreign file: the next best save replaces it
+        return None

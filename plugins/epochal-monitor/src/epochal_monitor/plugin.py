@@ -24,6 +24,8 @@ from epochal.triggers import every_n_batches as _every_n_batches
 Aggregation = Literal["mean", "sum", "min", "max", "last"]
 AGGREGATIONS: tuple[str, ...] = ("mean", "sum", "min", "max", "last")
 _MEAN, _SUM, _MIN, _MAX, _LAST = range(5)
+#: aggregations that need no comparison, so device scalars are summed without being read.
+_LAZY = frozenset({_MEAN, _SUM, _LAST})
 _NAN = float("nan")
 
 
@@ -44,6 +46,21 @@ def _non_negative(option: str, value: int | None) -> int | None:
 def _encode(value: float) -> float | str:
     """A float as JSON-able data: finite floats as themselves, others as "nan"/"inf"/"-inf"."""
     return value if math.isfinite(value) else repr(value)
+
+
+def _on_device(value: Any) -> bool:
+    """Whether *value* lives on an accelerator (a CUDA tensor): reading it makes the host wait."""
+    device = getattr(value, "device", None)
+    return device is not None and getattr(device, "type", "cpu") != "cpu"
+
+
+def _read_all(values: list[Any]) -> list[float]:
+    """Device scalars as floats, read in one copy (torch tensors) or one by one."""
+    if values and type(values[0]).__module__.startswith("torch"):
+        import torch
+
+        return [float(v) for v in torch.stack([v.detach().reshape(()) for v in values]).tolist()]
+    return [float(v) for v in values]
 
 
 def _decode(value: Any) -> float:
@@ -138,8 +155,20 @@ class Monitor:
                 acc[1] = value
             acc[2] += 1
 
-    @staticmethod
-    def _result(acc: list[Any]) -> float:
+    @classmethod
+    def _settle(cls, acc: list[Any]) -> None:
+        """Fold the device scalars kept in *acc* (beyond its three fields) into it, in order."""
+        if len(acc) <= 3:
+            return
+        pending = acc[3:]
+        del acc[3:]
+        values = _read_all([value for value, _ in pending])
+        for value, (_, size) in zip(values, pending):
+            cls._update(acc, value, size)
+
+    @classmethod
+    def _result(cls, acc: list[Any]) -> float:
+        cls._settle(acc)
         kind, a, b = acc
         if kind == _MEAN:
             return float(a / b) if b else _NAN
@@ -171,6 +200,17 @@ class Monitor:
         running = self.every_n_batches
         for key, raw in outputs.items():
             if key in self._skip:
+                continue
+            if _on_device(raw) and self._kind(key) in _LAZY:
+                # Kept as it is: reading it now would make the host wait for the device. The
+                # epoch's device scalars are read together, in one copy, when a record is due.
+                if size < 0:
+                    size = self._batch_size(batch)
+                for accs in (epoch, window) if running else (epoch,):
+                    acc = accs.get(key)
+                    if acc is None:
+                        acc = accs[key] = self._start(self._kind(key))
+                    acc.append((raw, size))
                 continue
             try:
                 value = float(raw)
@@ -213,7 +253,9 @@ class Monitor:
         row = loop.log.current_row
         prefix = self.prefix
         for key, acc in self._epoch.items():
-            row[f"{prefix}.{key}"] = self._result(acc)
+            value = row[f"{prefix}.{key}"] = self._result(acc)
+            if value - value != 0.0 and key not in self._skip:  # NaN or infinite, summed lazily
+                self._non_finite(f"{prefix}.{key}", value, loop)
         self._epoch = {}
 
     def _non_finite(self, record: str, value: float, loop: Any) -> None:
@@ -233,6 +275,8 @@ class Monitor:
         """The accumulators of the unfinished epoch and window, and the metrics already reported."""
 
         def dump(accs: dict[str, list[Any]]) -> dict[str, Any]:
+            for acc in accs.values():
+                self._settle(acc)
             return {
                 key: [AGGREGATIONS[kind], None if a is None else _encode(a), b]
                 for key, (kind, a, b) in accs.items()

@@ -1,0 +1,242 @@
+"""epochal + TorchModel against a hand-written PyTorch loop (and Lightning), side by side.
+
+What is measured: the wall time of whole training runs (``EPOCHS`` epochs of ``STEPS`` steps on
+the same synthetic batches, already on the device), divided by the number of steps. The cases:
+
+* ``raw loop``: ``zero_grad / forward / loss / backward / step``, reading the loss on the host
+  every 100 steps (what a hand-written loop that logs does).
+* ``epochal, no plugins``: ``Loop(TorchModel(...), plugins={})``.
+* ``epochal, six plugins``: monitor (epoch means), early_stopping (never triggers), checkpoint
+  every epoch, sqlite_log, timing, progress (forced, drawn to /dev/null); and the same with the
+  checkpoint's ``async_save`` (the state is copied to host memory, written in the background).
+* ``lightning, bare`` and ``lightning + callbacks`` (progress bar, ModelCheckpoint every epoch,
+  EarlyStopping, Timer, CSVLogger), where Lightning is installed.
+
+Models: a small MLP (launch-bound: the framework's per-step cost shows) and torchvision's
+ResNet-18 on 3x32x32 images (compute-bound), where torchvision is installed. Rounds are
+interleaved (every case once per round) and the median is reported, with each case's ratio to
+the raw loop. Run ``python bench/torch_loop.py`` (CUDA when available, else the CPU);
+``BENCH_DEVICE``, ``BENCH_EPOCHS``, ``BENCH_STEPS``, ``BENCH_REPEATS``, ``BENCH_MODELS``
+(``mlp,resnet18``), ``BENCH_JSON`` (a file for the figures) override the defaults.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+DEVICE = torch.device(os.environ.get("BENCH_DEVICE") or ("cuda" if torch.cuda.is_available() else "cpu"))
+ON_GPU = DEVICE.type == "cuda"
+EPOCHS = int(os.environ.get("BENCH_EPOCHS", 3))
+STEPS = int(os.environ.get("BENCH_STEPS", 300 if ON_GPU else 200))
+REPEATS = int(os.environ.get("BENCH_REPEATS", 3 if ON_GPU else 5))
+MODELS = os.environ.get("BENCH_MODELS", "mlp,resnet18" if ON_GPU else "mlp").split(",")
+
+
+def sync() -> None:
+    if ON_GPU:
+        torch.cuda.synchronize()
+
+
+def make_mlp() -> tuple[torch.nn.Module, list[tuple[torch.Tensor, torch.Tensor]]]:
+    torch.manual_seed(0)
+    width, batch = (1024, 512) if ON_GPU else (256, 64)
+    module = torch.nn.Sequential(
+        torch.nn.Linear(128, width), torch.nn.ReLU(), torch.nn.Linear(width, width), torch.nn.ReLU(),
+        torch.nn.Linear(width, 10),
+    )  # fmt: skip
+    data = [
+        (torch.randn(batch, 128, device=DEVICE), torch.randint(0, 10, (batch,), device=DEVICE))
+        for _ in range(16)
+    ]
+    return module.to(DEVICE), data
+
+
+def make_resnet18() -> tuple[torch.nn.Module, list[tuple[torch.Tensor, torch.Tensor]]]:
+    import torchvision
+
+    torch.manual_seed(0)
+    module = torchvision.models.resnet18(num_classes=10)
+    data = [
+        (torch.randn(256, 3, 32, 32, device=DEVICE), torch.randint(0, 10, (256,), device=DEVICE))
+        for _ in range(8)
+    ]
+    return module.to(DEVICE), data
+
+
+def batches(data: list[Any]) -> list[Any]:
+    return [data[i % len(data)] for i in range(STEPS)]
+
+
+def raw_loop(module: torch.nn.Module, data: list[Any], workdir: Path) -> None:
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9)
+    steps = batches(data)
+    for _ in range(EPOCHS):
+        for i, (x, y) in enumerate(steps):
+            optimizer.zero_grad(set_to_none=True)
+            loss = torch.nn.functional.cross_entropy(module(x), y)
+            loss.backward()
+            optimizer.step()
+            if i % 100 == 0:
+                loss.item()
+    sync()
+
+
+def epochal_loop(
+    plugins: str, async_save: bool = False
+) -> Callable[[torch.nn.Module, list[Any], Path], None]:
+    def run(module: torch.nn.Module, data: list[Any], workdir: Path) -> None:
+        from epochal import Loop, load_plugins
+        from epochal.torch import TorchModel
+
+        optimizer = torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9)
+        model = TorchModel(module, optimizer, torch.nn.functional.cross_entropy, device=DEVICE)
+        if plugins == "none":
+            plugin_set: Any = {}
+        else:
+            plugin_set = load_plugins(
+                order=["monitor", "early_stopping", "checkpoint", "sqlite_log", "timing", "progress"],
+                autoload=False,
+                options={
+                    "early_stopping": {"monitor": "train.loss", "patience": 10**9},
+                    "checkpoint": {"dir": str(workdir / "ckpt"), "keep_last": 1, "async_save": async_save},
+                    "sqlite_log": {"path": str(workdir / "log.sqlite")},
+                    "progress": {"force": True},
+                },
+            )
+        Loop(model, {"train": batches(data)}, plugins=plugin_set, max_epochs=EPOCHS, run_dir=workdir,
+             handle_signals=False).run()  # fmt: skip
+        sync()
+
+    return run
+
+
+def lightning_loop(callbacks: bool) -> Callable[[torch.nn.Module, list[Any], Path], None]:
+    def run(module: torch.nn.Module, data: list[Any], workdir: Path) -> None:
+        import lightning
+
+        class Wrapped(lightning.LightningModule):
+            def __init__(self) -> None:
+                super().__init__()
+                self.net = module
+
+            def training_step(self, batch: Any, index: int) -> torch.Tensor:
+                x, y = batch
+                loss = torch.nn.functional.cross_entropy(self.net(x), y)
+                if callbacks:
+                    self.log("train_loss", loss, on_step=False, on_epoch=True)
+                return loss
+
+            def configure_optimizers(self) -> Any:
+                return torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
+
+        extra: dict[str, Any] = {"enable_checkpointing": False, "enable_progress_bar": False, "logger": False}
+        if callbacks:
+            from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint, Timer, TQDMProgressBar
+            from lightning.pytorch.loggers import CSVLogger
+
+            extra = {
+                "callbacks": [
+                    TQDMProgressBar(refresh_rate=100),
+                    ModelCheckpoint(dirpath=workdir / "ckpt", every_n_epochs=1),
+                    EarlyStopping("train_loss", patience=10**9),
+                    Timer(),
+                ],
+                "logger": CSVLogger(workdir),
+            }
+        trainer = lightning.Trainer(
+            max_epochs=EPOCHS, accelerator="gpu" if ON_GPU else "cpu", devices=1, num_sanity_val_steps=0,
+            enable_model_summary=False, default_root_dir=workdir, **extra,
+        )  # fmt: skip
+        from torch.utils.data import DataLoader
+
+        # batch_size=None: the batches as they are (a plain list would read as several loaders)
+        trainer.fit(Wrapped(), train_dataloaders=DataLoader(batches(data), batch_size=None))
+        sync()
+
+    return run
+
+
+def cases() -> dict[str, Callable[[torch.nn.Module, list[Any], Path], None]]:
+    found: dict[str, Callable[[torch.nn.Module, list[Any], Path], None]] = {
+        "raw loop": raw_loop,
+        "epochal, no plugins": epochal_loop("none"),
+        "epochal, six plugins": epochal_loop("six"),
+        "epochal, six, async ckpt": epochal_loop("six", async_save=True),
+    }
+    if os.environ.get("BENCH_LIGHTNING", "1") == "1":
+        try:
+            import lightning  # noqa: F401
+
+            found["lightning, bare"] = lightning_loop(False)
+            found["lightning + callbacks"] = lightning_loop(True)
+        except ImportError:
+            pass
+    return found
+
+
+def main() -> None:
+    warnings.filterwarnings("ignore")
+    makers = {"mlp": make_mlp, "resnet18": make_resnet18}
+    results: dict[str, dict[str, float]] = {}
+    for name in MODELS:
+        try:
+            module, data = makers[name]()
+        except ImportError as error:
+            print(f"{name}: skipped ({error})")
+            continue
+        initial = {k: v.clone() for k, v in module.state_dict().items()}
+        times: dict[str, list[float]] = {case: [] for case in cases()}
+        for run in cases().values():  # warm-up: kernels, cuDNN autotuning, imports
+            module.load_state_dict(initial)
+            module.to(DEVICE)
+            with tempfile.TemporaryDirectory() as tmp, _quiet():
+                run(module, data, Path(tmp))
+        for _ in range(REPEATS):
+            for case, run in cases().items():
+                module.load_state_dict(initial)
+                module.to(DEVICE)  # Lightning moves the module back to the CPU when it ends
+                with tempfile.TemporaryDirectory() as tmp, _quiet():
+                    gc.collect()
+                    sync()
+                    start = time.perf_counter()
+                    run(module, data, Path(tmp))
+                    times[case].append((time.perf_counter() - start) / (EPOCHS * STEPS))
+        medians = {case: statistics.median(t) for case, t in times.items()}
+        results[name] = medians
+        floor = medians["raw loop"]
+        print(f"\n{name} on {_device_name()} ({EPOCHS} x {STEPS} steps, median of {REPEATS} rounds)")
+        for case, value in medians.items():
+            print(f"  {case:24s} {value * 1e3:9.3f} ms/step  {value / floor:6.3f}x raw")
+    if path := os.environ.get("BENCH_JSON"):
+        Path(path).write_text(json.dumps({"device": _device_name(), "results": results}, indent=2))
+
+
+def _device_name() -> str:
+    return torch.cuda.get_device_name(DEVICE) if ON_GPU else "CPU"
+
+
+@contextlib.contextmanager
+def _quiet() -> Any:
+    with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), contextlib.redirect_stderr(null):
+        saved = sys.stdout
+        try:
+            yield
+        finally:
+            sys.stdout = saved
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""Scheduler classes of ``torch.optim.lr_scheduler`` by name, their arguments checked.
+
+Imported only when a run names the ``lr_scheduler`` plugin, so that an installed but unused
+epochal-schedule costs a numpy run no torch import.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.optim import lr_scheduler
+
+from epochal import ConfigError, PluginError
+from epochal.config import resolve
+from epochal.errors import did_you_mean
+
+__all__ = ["SCHEDULERS", "build", "check_arguments", "hyperparameters", "scheduler_class"]
+
+
+def _is_scheduler(value: Any) -> bool:
+    return inspect.isclass(value) and (
+        issubclass(value, lr_scheduler.LRScheduler) or value is lr_scheduler.ReduceLROnPlateau
+    )
+
+
+#: the scheduler classes of torch.optim.lr_scheduler, by name.
+SCHEDULERS: dict[str, type] = {
+    name: cls
+    for name, cls in vars(lr_scheduler).items()
+    if not name.startswith("_") and _is_scheduler(cls) and name != "LRScheduler"
+}
+_CALLABLE_ARGUMENTS = ("lr_lambda", "scale_fn")
+
+
+def scheduler_class(name: Any, where: str) -> type:
+    if not isinstance(name, str) or name not in SCHEDULERS:
+        raise PluginError(
+            f"{where} name = {name!r} is not a scheduler of torch.optim.lr_scheduler"
+            f"{did_you_mean(str(name), SCHEDULERS)}; schedulers: {', '.join(sorted(SCHEDULERS))}"
+        )
+    return SCHEDULERS[name]
+
+
+def check_arguments(cls: type, arguments: Mapping[str, Any], where: str) -> None:
+    params = dict(inspect.signature(cls).parameters)
+    params.pop("optimizer", None)
+    valid = ", ".join(params) or "none"
+    for key in arguments:
+        if key not in params:
+            raise PluginError(
+                f"{where} {key!r} is not an argument of {cls.__name__}{did_you_mean(key, params)}; "
+                f"its arguments: {valid}"
+            )
+    missing = [n for n, p in params.items() if p.default is p.empty and n not in arguments]
+    if missing:
+        raise PluginError(f"{where} {cls.__name__} needs {', '.join(missing)}; its arguments: {valid}")
+
+
+def build(name: str, arguments: Mapping[str, Any], optimizer: torch.optim.Optimizer, where: str) -> Any:
+    cls = scheduler_class(name, where)
+    check_arguments(cls, arguments, where)
+    kwargs = dict(arguments)
+    for key in _CALLABLE_ARGUMENTS:
+        if isinstance(kwargs.get(key), str):
+            kwargs[key] = resolve(kwargs[key], f"{where} {key}")
+    if "schedulers" in kwargs:
+        children = kwargs["schedulers"]
+        tables = isinstance(children, list) and all(isinstance(c, Mapping) and "name" in c for c in children)
+        if not tables:
+            raise ConfigError(f"{where} schedulers must be a list of tables, each with a name")
+        kwargs["schedulers"] = [
+            build(
+                c["name"], {k: v for k, v in c.items() if k != "name"}, optimizer, f"{where} schedulers[{n}]"
+            )
+            for n, c in enumerate(children)
+        ]
+    try:
+        return cls(optimizer, **kwargs)
+    except Exception as error:  # whatever torch's constructor raises, it is the arguments' fault
+        message = str(error).strip("'\"")
+        raise ConfigError(f"{where} torch refused {name}({_describe(arguments)}): {message}") from None
+
+
+def _without_name(table: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in table.items() if k != "name"}
+
+
+def _describe(arguments: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in arguments.items())
+
+
+def hyperparameters(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    return [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]

@@ -1,0 +1,186 @@
+"""The ``lr_scheduler`` plugin: any ``torch.optim.lr_scheduler`` class, configured in TOML.
+
+::
+
+    [plugins.lr_scheduler]
+    name = "OneCycleLR"        # a class of torch.optim.lr_scheduler
+    interval = "batch"         # step after every optimizer step ("epoch": after every epoch)
+    max_lr = 0.1               # the other keys are the class's own arguments
+    total_steps = 3000
+
+``ReduceLROnPlateau`` steps after each epoch's evaluation with the log value named by
+``monitor``. ``SequentialLR`` and ``ChainedScheduler`` take ``schedulers = [{name = ...,
+...}, ...]``; ``LambdaLR``-style callables are given as ``"module:function"``. The learning rate
+used by each epoch (or optimizer step) is written into the log as ``lr`` (``lr.groupN`` for
+further parameter groups). The scheduler's state is saved in checkpoints and restored exactly.
+
+A model without an optimizer but with a numeric ``lr`` attribute (a numpy model) is scheduled
+through a one-parameter stand-in optimizer whose learning rate is copied into ``model.lr``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal
+
+from epochal import ConfigError, PluginError, hookimpl
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["LRScheduler"]
+
+WHERE = "[plugins.lr_scheduler]"
+
+
+class LRScheduler:
+    """Step a ``torch.optim.lr_scheduler`` scheduler of the model's optimizer.
+
+    :param name: the scheduler class, e.g. ``"StepLR"``, ``"CosineAnnealingLR"``,
+        ``"OneCycleLR"``, ``"ReduceLROnPlateau"``.
+    :param interval: ``"epoch"`` (after each epoch, after its evaluation) or ``"batch"``
+        (after each optimizer step: with gradient accumulation, every N batches).
+    :param frequency: step every *frequency* epochs or optimizer steps.
+    :param monitor: the log key ``ReduceLROnPlateau`` watches (e.g. ``"valid.loss"``).
+    :param log: write the learning rate into the log (``lr``, ``lr.group1``, ...).
+    :param arguments: the scheduler's own keyword arguments (``step_size``, ``T_max``, ...).
+    """
+
+    autoload = False  # loads only when named: a schedule needs a scheduler name
+    run_after = ("monitor",)
+    run_before = ("early_stopping", "checkpoint", "sqlite_log")
+    state_version = 1
+
+    def __init__(
+        self,
+        name: str,
+        interval: Literal["epoch", "batch"] = "epoch",
+        frequency: int = 1,
+        monitor: str = "valid.loss",
+        log: bool = True,
+        **arguments: Any,
+    ) -> None:
+        from epochal_schedule.build import check_arguments, scheduler_class
+
+        cls = scheduler_class(name, WHERE)
+        check_arguments(cls, arguments, WHERE)
+        if interval not in ("epoch", "batch"):
+            raise PluginError(f"{WHERE} interval must be 'epoch' or 'batch', not {interval!r}")
+        if isinstance(frequency, bool) or not isinstance(frequency, int) or frequency < 1:
+            raise PluginError(f"{WHERE} frequency must be a positive integer, not {frequency!r}")
+        self.name = name
+        self.interval = interval
+        self.frequency = frequency
+        self.monitor = monitor
+        self.log = log
+        self.arguments = dict(arguments)
+        self.plateau = cls.__name__ == "ReduceLROnPlateau"
+        #: the scheduler (made in before_training, when the optimizer is known).
+        self.scheduler: Any = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.steps = 0
+        self._proxy_model: Any = None
+        self._pending: Mapping[str, Any] | None = None
+
+    # -- the optimizer ------------------------------------------------------------------------
+
+    def _optimizer_of(self, model: Any) -> torch.optim.Optimizer:
+        import torch
+
+        optimizer = getattr(model, "optimizer", None)
+        if isinstance(optimizer, torch.optim.Optimizer):
+            return optimizer
+        lr = getattr(model, "lr", None)
+        if isinstance(lr, (int, float)) and not isinstance(lr, bool):
+            self._proxy_model = model
+            return torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=float(lr))
+        raise PluginError(
+            f"plugin 'lr_scheduler': the model ({type(model).__name__}) has no torch optimizer "
+            "(model.optimizer) and no numeric learning rate (model.lr) to schedule"
+        )
+
+    def _sync_proxy(self) -> None:
+        if self._proxy_model is not None and self.optimizer is not None:
+            self._proxy_model.lr = self.optimizer.param_groups[0]["lr"]
+
+    # -- hooks --------------------------------------------------------------------------------
+
+    @hookimpl
+    def before_training(self, loop: Any) -> None:
+        """Make the scheduler (and on a resumed run restore its state and the rates)."""
+        from epochal.torch import from_plain
+        from epochal_schedule.build import build
+
+        self.optimizer = self._optimizer_of(loop.model)
+        self.scheduler = build(self.name, self.arguments, self.optimizer, WHERE)
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            # Making a scheduler steps it once and rewrites the rates; the saved ones win.
+            self.scheduler.load_state_dict(from_plain(pending["scheduler"]))
+            for group, saved in zip(self.optimizer.param_groups, pending["param_groups"], strict=True):
+                group.update(from_plain(saved))
+            self.steps = int(pending["steps"])
+        self._sync_proxy()
+
+    @hookimpl
+    def after_batch(self, loop: Any) -> None:
+        """With ``interval = "batch"``: log the rate and step after each optimizer step."""
+        if self.interval != "batch" or not getattr(loop.model, "optimizer_stepped", True):
+            return
+        self.steps += 1
+        if self.steps % self.frequency == 0:
+            self._step(loop)
+
+    @hookimpl
+    def after_epoch(self, loop: Any) -> None:
+        """With ``interval = "epoch"``: log the epoch's rate and step (after evaluation)."""
+        if self.interval == "epoch" and loop.epoch % self.frequency == 0:
+            self._step(loop)
+
+    def _step(self, loop: Any) -> None:
+        assert self.optimizer is not None
+        if self.log:
+            row = loop.log.current_row
+            for i, group in enumerate(self.optimizer.param_groups):
+                row["lr" if i == 0 else f"lr.group{i}"] = float(group["lr"])
+        if self._proxy_model is not None:
+            self.optimizer.step()  # a no-op (no gradients) that tells torch the optimizer stepped
+        if self.plateau:
+            value = loop.log.current_row.get(self.monitor)
+            stream, _, key = self.monitor.partition(".")
+            if value is None:
+                value = loop.last_metrics.get(stream, {}).get(key)
+            if value is None:
+                raise ConfigError(
+                    f"{WHERE} monitor {self.monitor!r} is not in the log at epoch {loop.epoch} "
+                    "(ReduceLROnPlateau needs it); this row has: "
+                    f"{', '.join(sorted(loop.log.current_row)) or 'nothing'}"
+                )
+            self.scheduler.step(float(value))
+        else:
+            self.scheduler.step()
+        self._sync_proxy()
+
+    # -- state --------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The scheduler's state, the optimizer's rates and the steps counted."""
+        from epochal.torch import to_plain
+        from epochal_schedule.build import hyperparameters
+
+        if self.scheduler is None:
+            return self._pending if self._pending is not None else {}  # type: ignore[return-value]
+        assert self.optimizer is not None
+        return {
+            "scheduler": to_plain(self.scheduler.state_dict()),
+            "param_groups": to_plain(hyperparameters(self.optimizer)),
+            "steps": self.steps,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Keep a saved state until before_training makes the scheduler."""
+        if state:
+            missing = {"scheduler", "param_groups", "steps"} - set(state)
+            if missing:
+                raise PluginError(f"plugin 'lr_scheduler': saved state lacks {sorted(missing)}")
+            self._pending = state

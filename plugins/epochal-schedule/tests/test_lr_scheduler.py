@@ -1,0 +1,168 @@
+"""The lr_scheduler plugin: schedules per epoch and per optimizer step, ReduceLROnPlateau,
+nested and callable arguments, numpy models, exact resume (CLI), bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from epochal_schedule import LRScheduler
+
+from epochal import Loop, PluginError, load_plugins
+from epochal.testing import epochal_command
+from epochal.torch import TorchModel
+
+DIGITS = Path(__file__).resolve().parents[3] / "examples" / "digits.toml"
+
+
+def halve(epoch: int) -> float:
+    """A LambdaLR factor, named in TOML as "module:function"."""
+    return 0.5**epoch
+
+
+def batches(count: int = 4) -> list[tuple[np.ndarray, np.ndarray]]:
+    rng = np.random.default_rng(0)
+    return [(rng.standard_normal((8, 4)).astype(np.float32), rng.integers(0, 3, 8)) for _ in range(count)]
+
+
+def torch_model(lr: float = 0.1, **options: Any) -> TorchModel:
+    torch.manual_seed(0)
+    module = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.SGD(module.parameters(), lr=lr)
+    return TorchModel(module, optimizer, torch.nn.functional.cross_entropy, device="cpu", **options)
+
+
+def lrs(loop: Loop, key: str = "lr") -> list[float]:
+    return [value for _, value in loop.log.history(key)]
+
+
+def run(scheduler: LRScheduler, model: Any = None, epochs: int = 4, **data: Any) -> Loop:
+    loop = Loop(
+        model or torch_model(),
+        {"train": batches(), **data},
+        plugins={"lr_scheduler": scheduler},
+        max_epochs=epochs,
+    )
+    loop.run()
+    return loop
+
+
+def test_step_lr_per_epoch_logs_the_rate_each_epoch_used() -> None:
+    loop = run(LRScheduler("StepLR", step_size=2, gamma=0.5))
+    assert lrs(loop) == pytest.approx([0.1, 0.1, 0.05, 0.05])
+    assert loop.model.optimizer.param_groups[0]["lr"] == pytest.approx(0.025)
+
+
+def test_batch_interval_steps_once_per_optimizer_step() -> None:
+    model = torch_model(accumulate_grad_batches=2)
+    loop = run(LRScheduler("LinearLR", interval="batch", start_factor=0.5, total_iters=4), model, epochs=2)
+    assert lrs(loop) == pytest.approx([0.05, 0.0625, 0.075, 0.0875])  # 8 batches, 4 optimizer steps
+    assert model.optimizer_steps == 4
+
+
+def test_reduce_on_plateau_watches_an_eval_metric() -> None:
+    scheduler = LRScheduler("ReduceLROnPlateau", monitor="valid.loss", patience=0, factor=0.5, threshold=10.0)
+    loop = run(scheduler, epochs=3, valid=batches(2))
+    assert lrs(loop) == pytest.approx([0.1, 0.05, 0.025])  # "no improvement" every epoch
+
+
+def test_nested_schedulers_and_callables_from_toml_values() -> None:
+    sequential = LRScheduler(
+        "SequentialLR",
+        schedulers=[
+            {"name": "ConstantLR", "factor": 0.5, "total_iters": 2},
+            {"name": "ExponentialLR", "gamma": 0.1},
+        ],
+        milestones=[2],
+    )
+    assert lrs(run(sequential)) == pytest.approx([0.05, 0.05, 0.1, 0.01])
+    by_name = LRScheduler("LambdaLR", lr_lambda=f"{__name__}:halve")
+    assert lrs(run(by_name, epochs=3)) == pytest.approx([0.1, 0.05, 0.025])
+
+
+def test_several_parameter_groups_are_logged_each() -> None:
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 3))
+    optimizer = torch.optim.SGD(
+        [{"params": module[0].parameters()}, {"params": module[1].parameters(), "lr": 1.0}], lr=0.1
+    )
+    model = TorchModel(module, optimizer, torch.nn.functional.cross_entropy, device="cpu")
+    loop = run(LRScheduler("ExponentialLR", gamma=0.5), model, epochs=2)
+    assert lrs(loop) == pytest.approx([0.1, 0.05])
+    assert lrs(loop, "lr.group1") == pytest.approx([1.0, 0.5])
+
+
+class NumpyModel:
+    def __init__(self) -> None:
+        self.lr = 0.2
+        self.seen: list[float] = []
+
+    def train_step(self, batch: Any) -> dict[str, float]:
+        self.seen.append(self.lr)
+        return {"loss": 1.0}
+
+    def eval_step(self, batch: Any) -> dict[str, float]:
+        return {"loss": 1.0}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: Any) -> None:
+        pass
+
+
+def test_a_numpy_model_with_an_lr_attribute_is_scheduled() -> None:
+    model = NumpyModel()
+    run(LRScheduler("StepLR", step_size=1, gamma=0.5), model, epochs=3)
+    assert model.seen == pytest.approx([0.2] * 4 + [0.1] * 4 + [0.05] * 4)
+
+
+def test_state_round_trips_and_a_resumed_schedule_continues(tmp_path: Path) -> None:
+    pytest.importorskip("epochal_checkpoint")
+    config = tmp_path / "run.toml"
+    schedule = (
+        '[plugins.lr_scheduler]\nname = "OneCycleLR"\ninterval = "batch"\nmax_lr = 0.5\ntotal_steps = 140\n'
+    )
+    config.write_text(
+        DIGITS.read_text().replace("[plugins.early_stopping]", schedule + "\n[plugins.early_stopping]")
+    )
+    result = epochal_command(
+        "check-resume", str(config), "--at", "40", "--set", "loop.max_epochs=2", "--disable", "progress",
+        cwd=tmp_path, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "ok: interrupted after batch 40 of " in result.stdout
+    assert "plugin states match" in result.stdout
+    assert "lr_scheduler.step()` before `optimizer.step()" not in result.stderr
+    listed = epochal_command("plugins", "--config", str(config), "--json", cwd=tmp_path)
+    assert any(p["name"] == "lr_scheduler" and p["status"] == "loaded" for p in json.loads(listed.stdout))
+
+
+def test_bad_options_name_the_table_and_key() -> None:
+    with pytest.raises(PluginError, match=r"name = 'StepLRR' is not a scheduler .*did you mean 'StepLR'"):
+        LRScheduler("StepLRR")
+    with pytest.raises(
+        PluginError, match=r"'stepsize' is not an argument of StepLR \(did you mean 'step_size'\?\)"
+    ):
+        LRScheduler("StepLR", stepsize=3)
+    with pytest.raises(PluginError, match=r"\[plugins.lr_scheduler\] StepLR needs step_size"):
+        LRScheduler("StepLR")
+    with pytest.raises(PluginError, match="interval must be 'epoch' or 'batch'"):
+        LRScheduler("StepLR", step_size=1, interval="step")
+    no_rate = NumpyModel()
+    no_rate.lr = "fast"  # type: ignore[assignment]
+    with pytest.raises(PluginError, match="has no torch optimizer"):
+        run(LRScheduler("StepLR", step_size=1), model=no_rate)
+
+
+def test_it_loads_only_when_named() -> None:
+    plugins = load_plugins(order=[], autoload=True)
+    assert "lr_scheduler" not in plugins.plugins
+    assert (
+        "lr_scheduler"
+        in load_plugins(order=[], options={"lr_scheduler": {"name": "StepLR", "step_size": 1}}).plugins
+    )

@@ -1,0 +1,154 @@
+"""A ``torch.utils.data.DataLoader`` as a resumable stream: same order, also mid-epoch.
+
+A DataLoader that shuffles draws its order from torch's global generator each time an epoch
+starts, and so does its choice of worker seeds: a run resumed in the middle of an epoch would
+see other batches, and its model another random stream. :class:`LoaderStream` derives both
+from ``(seed, epoch)`` alone, as :class:`epochal.data.BatchStream` does, and keeps its position
+in the epoch as state. Resuming at batch *k* builds a one-off DataLoader over the remaining
+batches of the same order (same dataset, collate function, workers, pinning), so no sample is
+loaded twice. The loop wraps every DataLoader it is given in a LoaderStream by itself.
+
+Worker processes get seeds from ``(seed, epoch)`` too; which worker loads which batch after a
+mid-epoch resume differs, so random augmentations drawn inside workers repeat exactly only
+when they derive from the sample (not from the worker's generator).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+__all__ = ["LoaderStream", "is_dataloader"]
+
+_STATE_KEYS = frozenset({"seed", "epoch", "position"})
+
+
+def is_dataloader(stream: Any) -> bool:
+    """Whether *stream* is a ``torch.utils.data.DataLoader``."""
+    return isinstance(stream, DataLoader)
+
+
+def _generator(seed: int, epoch: int, purpose: int) -> torch.Generator:
+    value = int(np.random.SeedSequence([seed, epoch, purpose]).generate_state(1, np.uint64)[0] >> 1)
+    return torch.Generator().manual_seed(value)
+
+
+class _Batches(torch.utils.data.Sampler[list[int]]):
+    def __init__(self, batches: list[list[int]]) -> None:
+        self.batches = batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+class LoaderStream:
+    """A DataLoader whose order and position derive from ``(seed, epoch)`` and are its state.
+
+    :param loader: the DataLoader (map-style or iterable dataset, any sampler, any workers).
+    :param seed: with the epoch, determines the shuffling and the workers' seeds.
+
+    A map-style dataset resumes by building the remaining batches; an iterable dataset (no
+    sampler) resumes by skipping the batches already seen. A sampler with ``set_epoch`` (such
+    as ``DistributedSampler``) is told the epoch instead of being given a generator.
+    """
+
+    def __init__(self, loader: DataLoader[Any], seed: int = 0) -> None:
+        if not is_dataloader(loader):
+            raise TypeError(f"LoaderStream needs a torch DataLoader, not {type(loader).__name__}")
+        self.loader = loader
+        self._seed = int(seed)
+        self._epoch = 0
+        self._position = 0
+
+    def __len__(self) -> int:
+        """The number of batches per epoch (when the DataLoader knows it)."""
+        return len(self.loader)
+
+    def _prepare(self, epoch: int) -> None:
+        loader = self.loader
+        sampler = getattr(loader, "sampler", None)
+        if callable(getattr(sampler, "set_epoch", None)):
+            sampler.set_epoch(epoch)  # type: ignore[union-attr]
+        elif sampler is not None and hasattr(sampler, "generator"):
+            sampler.generator = _generator(self._seed, epoch, 0)
+        loader.generator = _generator(self._seed, epoch, 1)
+
+    def __iter__(self) -> Iterator[Any]:
+        """Yield the remaining batches of the current epoch, advancing the stored position."""
+        epoch, position = self._epoch, self._position
+        self._prepare(epoch)
+        loader = self.loader
+        if position == 0:
+            iterator = iter(loader)
+        elif not isinstance(loader.dataset, IterableDataset) and loader.batch_sampler is not None:
+            # map-style: the rest of this epoch's batches
+            batches = list(loader.batch_sampler)[position:]
+            self._prepare(epoch)  # the workers' seeds as the full epoch's loader had them
+            iterator = iter(self._rest(batches))
+        else:
+            iterator = iter(loader)
+            for _ in range(position):
+                next(iterator, None)
+        k = position
+        for batch in iterator:
+            if (self._epoch, self._position) != (epoch, k):
+                raise RuntimeError("the state of the LoaderStream changed during an iteration")
+            k += 1
+            self._position = k
+            yield batch
+        if (self._epoch, self._position) == (epoch, k):
+            self._epoch, self._position = epoch + 1, 0
+
+    def _rest(self, batches: list[list[int]]) -> DataLoader[Any]:
+        loader = self.loader
+        options: dict[str, Any] = {
+            "batch_sampler": _Batches(batches),
+            "num_workers": loader.num_workers,
+            "collate_fn": loader.collate_fn,
+            "pin_memory": loader.pin_memory,
+            "timeout": loader.timeout,
+            "worker_init_fn": loader.worker_init_fn,
+            "multiprocessing_context": loader.multiprocessing_context,
+            "generator": loader.generator,
+        }
+        if loader.num_workers:
+            options["prefetch_factor"] = loader.prefetch_factor
+        return DataLoader(loader.dataset, **options)
+
+    def state_dict(self) -> dict[str, int]:
+        """``{"seed", "epoch", "position"}`` as plain ints."""
+        return {"seed": self._seed, "epoch": self._epoch, "position": self._position}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a state from :meth:`state_dict` of a stream with the same seed.
+
+        :raises ValueError: on missing or unknown keys, another seed, or a bad epoch/position.
+        """
+        if set(state) != _STATE_KEYS:
+            raise ValueError(
+                f"invalid LoaderStream state: keys {sorted(map(str, state))}, expected {sorted(_STATE_KEYS)}"
+            )
+        for key in sorted(_STATE_KEYS):
+            value = state[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(
+                    f"invalid LoaderStream state: {key!r} must be a non-negative int, got {value!r}"
+                )
+        if state["seed"] != self._seed:
+            raise ValueError(
+                f"cannot load the state of a LoaderStream seeded with {state['seed']} into one seeded "
+                f"with {self._seed}: the batches would differ"
+            )
+        self._epoch, self._position = int(state["epoch"]), int(state["position"])
+
+    def __repr__(self) -> str:
+        """A summary of the stream's loader and state."""
+        where = f"epoch={self._epoch}, position={self._position}"
+        return f"LoaderStream({self.loader!r}, seed={self._seed}, {where})"

@@ -1,0 +1,324 @@
+"""The PyTorch adapter: train a ``torch.nn.Module`` in an epochal loop (``epochal[torch]``).
+
+:class:`TorchModel` wraps a module, an optimizer and a loss function into an object with the
+model protocol of epochal (``train_step``, ``eval_step``, ``state_dict``, ``load_state_dict``)::
+
+    model = TorchModel(net, torch.optim.AdamW(net.parameters()), torch.nn.functional.cross_entropy,
+                       metrics={"accuracy": accuracy, "f1": torchmetrics.F1Score(...)},
+                       device="auto", precision="bf16-mixed", accumulate_grad_batches=4,
+                       gradient_clip_val=1.0)
+
+Its state holds numpy arrays and plain values only (:mod:`epochal.torch.state`), so a
+checkpoint needs neither pickle nor torch to be read, and restoring it is bitwise exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+import torch
+
+from epochal.errors import ConfigError
+from epochal.torch.checks import check_module, check_optimizer, compare_keys
+from epochal.torch.device import Precision, move_to, resolve_device
+from epochal.torch.state import from_plain, to_plain
+
+__all__ = ["TorchModel"]
+
+Metric = Callable[[Any, Any], Any]
+
+
+def is_stream_metric(metric: Any) -> bool:
+    """Whether *metric* follows torchmetrics' protocol (``update``/``compute``/``reset``)."""
+    return all(callable(getattr(metric, name, None)) for name in ("update", "compute", "reset"))
+
+
+class TorchModel:
+    """A ``torch.nn.Module`` with its optimizer and loss, as an epochal model.
+
+    :param module: the network; it is called with the inputs of a batch (``module(x)``, or
+        ``module(*x)`` for a tuple, ``module(**x)`` for a dict). A ``torch.compile``\\ d module
+        works; its state is saved under the original module's names.
+    :param optimizer: the optimizer of the module's parameters (made before or after moving
+        the module: the parameters are moved in place).
+    :param loss_fn: ``loss_fn(outputs, targets)`` returns the scalar loss tensor.
+    :param metrics: ``{name: metric}``: a function ``(outputs, targets) -> number`` (a batch
+        mean, averaged over a stream weighted by batch sizes), or an object with
+        ``update(outputs, targets)``/``compute()``/``reset()`` (torchmetrics' protocol), computed
+        over a whole evaluation stream. Functions apply to training and evaluation batches,
+        metric objects to evaluation streams.
+    :param device: ``"auto"`` (cuda, else mps, else cpu), ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
+    :param precision: ``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"`` or ``"bf16-true"``.
+    :param accumulate_grad_batches: step the optimizer every N batches, gradients summed over
+        them (each batch's loss divided by N). The windows run over consecutive batches of the
+        run, across epoch boundaries; a partial window is saved in checkpoints.
+    :param gradient_clip_val: clip gradients before each optimizer step (None: no clipping).
+    :param gradient_clip_algorithm: ``"norm"`` (total 2-norm) or ``"value"`` (each element).
+
+    A batch is ``(inputs, targets)`` or a mapping with ``"inputs"`` and ``"targets"``; arrays
+    and tensors in it (nested in tuples, lists, dicts) are moved to the device. Each step
+    returns ``{"loss": tensor, **metrics}``: 0-d tensors left on the device, so a step does
+    not wait for the device; ``float(value)`` reads one.
+
+    Between ``backward()`` and the optimizer step, the loop's ``before_optimizer_step`` hook is
+    called (gradients unscaled, not yet clipped), so a plugin can read or change gradients.
+    """
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: Callable[[Any, Any], torch.Tensor],
+        metrics: Mapping[str, Any] | None = None,
+        *,
+        device: str | torch.device = "auto",
+        precision: str = "32-true",
+        accumulate_grad_batches: int = 1,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: Literal["norm", "value"] = "norm",
+    ) -> None:
+        if isinstance(accumulate_grad_batches, bool) or not isinstance(accumulate_grad_batches, int):
+            raise ConfigError(
+                "TorchModel accumulate_grad_batches must be a positive integer, "
+                f"not {accumulate_grad_batches!r}"
+            )
+        if accumulate_grad_batches < 1:
+            raise ConfigError(
+                f"TorchModel accumulate_grad_batches must be at least 1, not {accumulate_grad_batches}"
+            )
+        if gradient_clip_val is not None and (
+            isinstance(gradient_clip_val, bool)
+            or not isinstance(gradient_clip_val, (int, float))
+            or not gradient_clip_val > 0
+        ):
+            raise ConfigError(
+                f"TorchModel gradient_clip_val must be a positive number or None, not {gradient_clip_val!r}"
+            )
+        if gradient_clip_algorithm not in ("norm", "value"):
+            raise ConfigError(
+                "TorchModel gradient_clip_algorithm must be 'norm' or 'value', "
+                f"not {gradient_clip_algorithm!r}"
+            )
+        self.device = resolve_device(device)
+        self.precision = Precision(precision, self.device)
+        self.accumulate_grad_batches = accumulate_grad_batches
+        self.gradient_clip_val = gradient_clip_val
+        self.gradient_clip_algorithm = gradient_clip_algorithm
+        #: the module as given (possibly compiled); its state is the original module's.
+        self.module = module.to(self.device)
+        if self.precision.param_dtype is not None:
+            self.module.to(self.precision.param_dtype)
+        self.optimizer = optimizer
+        self.loss_fn = loss_fn
+        metrics = dict(metrics or {})
+        self.metrics = metrics
+        self._batch_metrics: dict[str, Metric] = {k: m for k, m in metrics.items() if not is_stream_metric(m)}
+        self._stream_metrics: dict[str, Any] = {k: m for k, m in metrics.items() if is_stream_metric(m)}
+        for metric in self._stream_metrics.values():
+            if isinstance(metric, torch.nn.Module):
+                metric.to(self.device)
+        #: batches whose gradients are accumulated but not yet applied.
+        self.accumulated = 0
+        #: optimizer steps taken; ``optimizer_stepped`` tells whether the last batch took one.
+        self.optimizer_steps = 0
+        self.optimizer_stepped = False
+        self._loop: Any = None
+
+    # -- the loop -----------------------------------------------------------------------------
+
+    def attach(self, loop: Any) -> None:
+        """Called by the loop that runs this model, so that steps can call its hooks."""
+        self._loop = loop
+
+    @property
+    def raw_module(self) -> torch.nn.Module:
+        """The module whose parameters are trained (inside ``torch.compile``'s wrapper)."""
+        module = self.module
+        while True:
+            inner = getattr(module, "_orig_mod", None)
+            if not isinstance(inner, torch.nn.Module):
+                return module
+            module = inner
+
+    def _split(self, batch: Any) -> tuple[Any, Any]:
+        batch = move_to(batch, self.device, self.precision.param_dtype)
+        if isinstance(batch, Mapping):
+            return batch["inputs"], batch["targets"]
+        inputs, targets = batch
+        return inputs, targets
+
+    def _forward(self, inputs: Any) -> Any:
+        if isinstance(inputs, Mapping):
+            return self.module(**inputs)
+        if isinstance(inputs, (tuple, list)):
+            return self.module(*inputs)
+        return self.module(inputs)
+
+    # -- steps --------------------------------------------------------------------------------
+
+    def train_step(self, batch: Any) -> dict[str, Any]:
+        """Forward, backward, and (every ``accumulate_grad_batches``) an optimizer step."""
+        inputs, targets = self._split(batch)
+        if not self.module.training:  # train() walks every submodule: only when needed
+            self.module.train()
+        precision = self.precision
+        with precision.autocast():
+            outputs = self._forward(inputs)
+            loss = self.loss_fn(outputs, targets)
+        window = self.accumulate_grad_batches
+        precision.backward(loss / window if window > 1 else loss)
+        self.accumulated += 1
+        self.optimizer_stepped = self.accumulated >= window
+        if self.optimizer_stepped:
+            self._optimizer_step()
+        return self._results(loss, outputs, targets)
+
+    def _optimizer_step(self) -> None:
+        optimizer = self.optimizer
+        self.precision.unscale(optimizer)
+        loop = self._loop
+        if loop is not None:
+            hook = loop.hooks.before_optimizer_step
+            if hook is not None:
+                hook(loop, optimizer)
+        if self.gradient_clip_val is not None:
+            params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+            if self.gradient_clip_algorithm == "norm":
+                torch.nn.utils.clip_grad_norm_(params, self.gradient_clip_val)
+            else:
+                torch.nn.utils.clip_grad_value_(params, self.gradient_clip_val)
+        self.precision.step(optimizer)
+        optimizer.zero_grad(set_to_none=True)
+        self.accumulated = 0
+        self.optimizer_steps += 1
+
+    def eval_step(self, batch: Any) -> dict[str, Any]:
+        """The loss and batch metrics on *batch* in eval mode, without gradients.
+
+        Metric objects are updated with the batch; :meth:`end_evaluation` computes them. The
+        training mode of every submodule is restored afterwards.
+        """
+        inputs, targets = self._split(batch)
+        modes = [(m, m.training) for m in self.module.modules()]
+        self.module.eval()
+        try:
+            with torch.no_grad(), self.precision.autocast():
+                outputs = self._forward(inputs)
+                loss = self.loss_fn(outputs, targets)
+                for metric in self._stream_metrics.values():
+                    metric.update(outputs, targets)
+        finally:
+            for submodule, mode in modes:
+                submodule.training = mode
+        return self._results(loss, outputs, targets)
+
+    def begin_evaluation(self, stream: str) -> None:
+        """Reset the metric objects before an evaluation stream."""
+        for metric in self._stream_metrics.values():
+            metric.reset()
+
+    def end_evaluation(self, stream: str) -> dict[str, Any]:
+        """The metric objects' values over the whole stream (numbers, or lists for tensors)."""
+        results: dict[str, Any] = {}
+        for name, metric in self._stream_metrics.items():
+            value = metric.compute()
+            if isinstance(value, torch.Tensor):
+                value = value.item() if value.numel() == 1 else value.tolist()
+            results[name] = value
+        return results
+
+    def _results(self, loss: torch.Tensor, outputs: Any, targets: Any) -> dict[str, Any]:
+        results: dict[str, Any] = {"loss": loss.detach()}
+        if self._batch_metrics:
+            if isinstance(outputs, torch.Tensor):
+                outputs = outputs.detach()
+            with torch.no_grad():
+                for name, fn in self._batch_metrics.items():
+                    value = fn(outputs, targets)
+                    results[name] = value.detach() if isinstance(value, torch.Tensor) else value
+        return results
+
+    # -- state --------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"module", "optimizer", "steps"}`` (+ ``"scaler"`` under 16-mixed) as plain data.
+
+        ``steps`` holds the accumulation window's position and, inside a window, the
+        gradients gathered so far, so a run resumed mid-window continues exactly.
+        """
+        module = self.raw_module
+        optimizer = self.optimizer.state_dict()
+        state: dict[str, Any] = {
+            "module": {k: to_plain(v) for k, v in module.state_dict().items()},
+            "optimizer": {
+                "state": {str(pid): to_plain(s) for pid, s in optimizer["state"].items()},
+                "param_groups": [to_plain(group) for group in optimizer["param_groups"]],
+            },
+            "steps": {"accumulated": self.accumulated, "optimizer_steps": self.optimizer_steps},
+        }
+        if self.accumulated:
+            state["steps"]["grads"] = {
+                name: to_plain(p.grad) for name, p in module.named_parameters() if p.grad is not None
+            }
+        if self.precision.scaler is not None:
+            state["scaler"] = to_plain(self.precision.scaler.state_dict())
+        return state
+
+    def check_state(self, state: Any) -> list[str]:
+        """Every reason *state* cannot be loaded into this model (empty: it fits).
+
+        ``steps`` may be missing (a state saved by an earlier epochal) and ``scaler`` present
+        or missing (a state saved under another precision: the scaler starts afresh).
+        """
+        problems = compare_keys("", {"module", "optimizer", "steps", "scaler"}, state, missing_ok=True)
+        if isinstance(state, Mapping) and (missing := {"module", "optimizer"} - set(state)):
+            problems.append(f"missing keys {sorted(missing)}")
+        if problems:
+            return problems
+        problems += check_module("module.", self.raw_module.state_dict(), state["module"])
+        if not problems:
+            problems += check_optimizer(self.optimizer, state["optimizer"])
+        steps = state.get("steps", {"accumulated": 0})
+        accumulated = steps.get("accumulated") if isinstance(steps, Mapping) else None
+        if isinstance(accumulated, bool) or not isinstance(accumulated, int) or accumulated < 0:
+            problems.append(f"steps.accumulated must be a non-negative integer, not {accumulated!r}")
+        elif accumulated >= self.accumulate_grad_batches:
+            problems.append(
+                f"steps.accumulated: saved {accumulated} batches into an accumulation window, but "
+                f"accumulate_grad_batches is {self.accumulate_grad_batches}"
+            )
+        return problems
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore a state returned by :meth:`state_dict`, bitwise, onto the model's device.
+
+        :raises ValueError: naming every missing or unexpected key and every shape or dtype
+            mismatch, before anything is changed.
+        """
+        problems = self.check_state(state)
+        if problems:
+            raise ValueError("cannot load TorchModel state: " + "; ".join(problems))
+        module = self.raw_module
+        live = module.state_dict()
+        module.load_state_dict({k: from_plain(v, live[k]) for k, v in state["module"].items()})
+        saved = state["optimizer"]
+        current = self.optimizer.state_dict()
+        self.optimizer.load_state_dict(
+            {
+                # on the host: torch moves each value where its parameter's policy wants it
+                "state": {int(pid): from_plain(s) for pid, s in saved["state"].items()},
+                "param_groups": [
+                    from_plain(group, template)
+                    for group, template in zip(saved["param_groups"], current["param_groups"], strict=True)
+                ],
+            }
+        )
+        steps = state.get("steps", {})
+        self.accumulated = int(steps.get("accumulated", 0))
+        self.optimizer_steps = int(steps.get("optimizer_steps", 0))
+        grads = steps.get("grads", {})
+        for name, param in module.named_parameters():
+            param.grad = from_plain(grads[name], param) if name in grads else None
+        if self.precision.scaler is not None and "scaler" in state:
+            self.precision.scaler.load_state_dict(from_plain(state["scaler"]))

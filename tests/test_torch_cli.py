@@ -1,0 +1,135 @@
+"""PyTorch runs through the CLI on examples/digits_torch.toml: check-resume for every optimizer
+and feature, --resume, the load plugin, export, and one clear error for each bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("epochal_checkpoint")  # installed with every plugin by tox
+pytest.importorskip("epochal_schedule")
+
+from safetensors.torch import load_file  # noqa: E402
+
+from epochal.examples.digits_torch import DigitsCNN  # noqa: E402
+from epochal.testing import epochal_command  # noqa: E402
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "digits_torch.toml"
+QUIET = ("--disable", "progress,timing,sqlite_log")
+
+
+def run(tmp_path: Path, *args: str, timeout: float = 300):
+    return epochal_command(*args, cwd=tmp_path, timeout=timeout)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        ["model.optimizer=adam"],
+        ["model.optimizer=adamw", "model.accumulate_grad_batches=3"],  # interrupted inside a window
+        ["model.optimizer=sgd", "data.loader=true", "data.num_workers=2"],
+        ["model.optimizer=adadelta", "model.precision=bf16-true"],
+        ["model.optimizer=groups", "model.precision=16-mixed", "model.gradient_clip_algorithm=value"],
+        ["model.precision=bf16-mixed", "data.loader=false", 'model.compile="aot_eager"'],
+    ],
+    ids=["adam", "adamw-accumulate", "sgd-loader-workers", "adadelta-bf16", "groups-16-mixed", "compile"],
+)  # fmt: skip
+def test_check_resume_is_bitwise(tmp_path: Path, settings: list[str]) -> None:
+    sets = [a for s in ["loop.max_epochs=2", "plugins.lr_scheduler.T_max=2", *settings] for a in ("--set", s)]
+    result = run(tmp_path, "check-resume", str(EXAMPLE), "--at", "50", *sets, *QUIET)
+    assert result.returncode == 0, result.stderr
+    assert "ok: interrupted after batch 50 of 90 and resumed" in result.stdout
+
+
+def test_resume_continues_bitwise_and_the_load_plugin_starts_from_a_checkpoint(tmp_path: Path) -> None:
+    common = ("--set", "plugins.checkpoint.export=last", *QUIET)
+    straight = run(
+        tmp_path, "run", str(EXAMPLE), "--set", "loop.max_epochs=2", "--set", "loop.run_dir=a", *common
+    )
+    assert straight.returncode == 0, straight.stderr
+    sets = ("--set", "loop.run_dir=b", "--set", "plugins.checkpoint.dir=b/ckpt", *common)
+    first = run(tmp_path, "run", str(EXAMPLE), "--set", "loop.max_epochs=1", *sets)
+    assert first.returncode == 0, first.stderr
+    resumed = run(tmp_path, "run", str(EXAMPLE), "--set", "loop.max_epochs=2", "--resume", *sets)
+    assert resumed.returncode == 0, resumed.stderr
+    a = load_file(str(tmp_path / "runs/digits_torch/checkpoints/last.safetensors"))
+    b = load_file(str(tmp_path / "b/ckpt/last.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    start = "plugins.load.path=b/ckpt/ckpt-e0001-i000045"
+    sets = ("--set", "loop.run_dir=c", "--set", "plugins.checkpoint.dir=c/ckpt", "--set", start, *common)
+    loaded = run(tmp_path, "run", str(EXAMPLE), "--set", "loop.max_epochs=2", *sets)
+    assert loaded.returncode == 0, loaded.stderr
+    assert "finished after 2 epoch(s), 90 batch(es)" in loaded.stdout  # continued from epoch 1
+    c = load_file(str(tmp_path / "c/ckpt/last.safetensors"))
+    assert all(torch.equal(a[k], c[k]) for k in a)
+
+
+def test_a_model_that_has_not_stepped_saves_and_resumes(tmp_path: Path) -> None:
+    sets = ("--set", "plugins.checkpoint.dir=ck", *QUIET)
+    assert run(tmp_path, "run", str(EXAMPLE), "--set", "loop.max_epochs=0", *sets).returncode == 0
+    assert (tmp_path / "ck" / "ckpt-e0000-i000000").is_dir()
+    resumed = run(tmp_path, "run", str(EXAMPLE), "--set", "loop.max_epochs=1", "--resume", *sets)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "finished after 1 epoch(s), 45 batch(es)" in resumed.stdout
+
+
+def test_a_checkpoint_of_another_architecture_is_refused_naming_the_key(tmp_path: Path) -> None:
+    sets = ("--set", "plugins.checkpoint.dir=ck", *QUIET)
+    assert run(tmp_path, "run", str(EXAMPLE), "--set", "loop.max_epochs=1", *sets).returncode == 0
+    before = sorted(p.name for p in (tmp_path / "ck").iterdir())
+    refused = run(tmp_path, "run", str(EXAMPLE), "--resume", "--set", "model.channels=8", *sets)
+    assert refused.returncode == 2
+    assert "does not fit the model" in refused.stderr
+    assert "module.features.0.weight: shape [16, 1, 3, 3] != expected [8, 1, 3, 3]" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == before  # nothing lost
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("model.precision=fp16", "precision 'fp16' is not one of 32-true, 16-mixed, bf16-mixed, bf16-true"),
+        ("model.accumulate_grad_batches=0", "accumulate_grad_batches must be at least 1, not 0"),
+        ("model.gradient_clip_algorithm=l2", "'gradient_clip_algorithm' of 'make_model' must be Literal["),
+        ("plugins.lr_scheduler.name=CosineLR", "'CosineLR' is not a scheduler of torch.optim.lr_scheduler"),
+        ("plugins.lr_scheduler.T_maximum=3", "'T_maximum' is not an argument of CosineAnnealingLR (did you"),
+        ("plugins.lr_scheduler.last_epoch=5", "torch refused CosineAnnealingLR(T_max=15, last_epoch=5)"),
+        ("model.optimizer=adamm", "optimizer 'adamm' is not one of adam, adamw, sgd, adadelta, groups"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_clear_error_before_training(tmp_path: Path, setting: str, message: str) -> None:
+    result = run(
+        tmp_path, "run", str(EXAMPLE), "--set", setting, "--set", "plugins.checkpoint.dir=ck", *QUIET
+    )
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert result.stderr.count("Error:") == 1 and "Traceback" not in result.stderr
+    assert not (tmp_path / "ck").exists() or not any((tmp_path / "ck").glob("ckpt-*"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_a_cuda_device_without_cuda_is_a_clear_error(tmp_path: Path) -> None:
+    result = run(tmp_path, "run", str(EXAMPLE), "--set", "model.device=cuda", *QUIET)
+    assert result.returncode == 2
+    assert "device 'cuda': CUDA is not available on this machine" in result.stderr
+
+
+def test_export_writes_weights_the_module_loads(tmp_path: Path) -> None:
+    sets = ("--set", "loop.max_epochs=2", "--set", "plugins.checkpoint.dir=ck", *QUIET)
+    assert run(tmp_path, "run", str(EXAMPLE), *sets).returncode == 0
+    assert (tmp_path / "ck" / "best.safetensors").is_file()  # the example exports the best
+    newest = run(tmp_path, "export", "ck", "-o", "newest.safetensors")
+    assert newest.returncode == 0, newest.stderr
+    assert "wrote 6 tensors of checkpoint" in newest.stdout
+    module = DigitsCNN()
+    assert not module.load_state_dict(load_file(str(tmp_path / "newest.safetensors"))).missing_keys
+    best = run(tmp_path, "export", "ck", "--best", "-o", "best.safetensors")
+    assert best.returncode == 0, best.stderr
+    exported = load_file(str(tmp_path / "best.safetensors"))
+    saved = load_file(str(tmp_path / "ck" / "best.safetensors"))
+    assert all(torch.equal(exported[k], saved[k]) for k in saved)
+    missing = run(tmp_path, "export", "nowhere")
+    assert missing.returncode == 2 and "no checkpoint at 'nowhere'" in missing.stderr
