@@ -135,6 +135,9 @@ def main() -> None:
             {
                 "no plugins": lambda: {},
                 "progress (force, default mininterval)": lambda: {"progress": Progress(force=True)},
+                "progress, metrics = [] (no running means)": lambda: {
+                    "progress": Progress(force=True, metrics=[])
+                },
             },
             batches,
         )
@@ -151,6 +154,8 @@ def main() -> None:
     print("| loop | ns/batch | ratio |\n|---|---:|---:|")
     print(f"| Loop, no-op step, no plugins | {base:.0f} | 1.00 |")
     print(f"| same + progress (bars to /dev/null) | {bars:.0f} | **{bars / base:.2f}** (bound: 2.00) |")
+    means = result["progress, metrics = [] (no running means)"]
+    print(f"| same + progress, `metrics = []` (no running means) | {means:.0f} | {means / base:.2f} |")
     short_base, short_bars = short["no plugins"], short["progress (force, default mininterval)"]
     print(f"| {SHORT}-batch epochs: no plugins | {short_base:.0f} | 1.00 |")
     print(

@@ -72,10 +72,28 @@ def cli(ctx: click.Context, traceback: bool) -> None:
     ctx.meta["epochal.traceback"] = traceback
 
 
+_PLUGINS_HELP = (
+    "Call order for this run: these plugins first, in this order; every other installed plugin "
+    "still loads after them (unless [plugins] autoload = false). a,b,c"
+)
+_ONLY_HELP = "Load only these plugins, in this order (no autoloading): a,b,c."
+
+
+def _plugin_choice(config: dict[str, Any], order: tuple[str, ...], only: tuple[str, ...]) -> list[str] | None:
+    """The --plugins order, or --only's list (which also turns autoloading off in *config*)."""
+    if only and order:
+        raise click.UsageError("--plugins and --only exclude each other (--only sets the order too)")
+    if only:
+        config.setdefault("plugins", {})["autoload"] = False
+        return _split(only)
+    return _split(order) if order else None
+
+
 @cli.command()
 @click.argument("config_file", type=click.Path(dir_okay=False))
-@click.option("--plugins", "order", multiple=True, help="Plugin order for this run: a,b,c.")
-@click.option("--disable", multiple=True, help="Plugins not to load this run: x,y.")
+@click.option("--plugins", "order", multiple=True, metavar="A,B", help=_PLUGINS_HELP)
+@click.option("--only", multiple=True, metavar="A,B", help=_ONLY_HELP)
+@click.option("--disable", multiple=True, metavar="X,Y", help="Plugins not to load this run: x,y.")
 @click.option(
     "--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", help="Override a config value."
 )
@@ -89,6 +107,11 @@ def cli(ctx: click.Context, traceback: bool) -> None:
     "if any, else start fresh (preemptible jobs); `--resume PATH`: that checkpoint.",
 )
 @click.option(
+    "--profile",
+    is_flag=True,
+    help="Print the timing plugin's table (where the time went) when training ends.",
+)
+@click.option(
     "--trace-plugins",
     "trace",
     is_flag=False,
@@ -100,9 +123,11 @@ def cli(ctx: click.Context, traceback: bool) -> None:
 def run(
     config_file: str,
     order: tuple[str, ...],
+    only: tuple[str, ...],
     disable: tuple[str, ...],
     overrides: tuple[str, ...],
     resume: str | None,
+    profile: bool,
     trace: str | None,
 ) -> None:
     """Train as CONFIG_FILE (TOML) says.
@@ -110,14 +135,37 @@ def run(
     Interrupted by a signal, it exits with 128 + the signal number (SIGTERM: 143, SIGINT: 130)
     after the plugins saved what they save on an interrupt; a third Ctrl-C stops at once
     (nothing saved) with 130.
-    """
-    from epochal.config import load_config
-    from epochal.runner import build_loop
 
+    Every installed plugin runs unless disabled (--disable, [plugins] disable) or autoloading is
+    off; --plugins only puts the named ones first, --only runs the named ones and no other. The
+    run ends with a summary: last and best metrics, the checkpoint directory, the log database
+    and the commands to resume and to plot.
+    """
+    import time
+
+    from epochal.config import load_config
+    from epochal.errors import ConfigError
+    from epochal.runner import build_loop
+    from epochal.summary import RunSummary
+
+    if profile:
+        overrides = (*overrides, "plugins.timing.table=true")
     config = load_config(config_file, overrides)
-    loop = build_loop(config, _split(order) if order else None, _split(disable), resume or False)
+    loop = build_loop(config, _plugin_choice(config, order, only), _split(disable), resume or False)
+    if profile and "timing" not in loop.plugins:
+        raise ConfigError(
+            "--profile needs the 'timing' plugin, which this run does not load (from a clone of "
+            "epochal: pip install plugins/epochal-timing; or name it in --only, or do not disable it)"
+        )
+    if not resume:
+        _refuse_other_runs_checkpoints(loop, config_file)
     if trace is not None:
         loop.trace_plugins = trace
+    argv = _without_resume(sys.argv[sys.argv.index(config_file) + 1 :]) if config_file in sys.argv else []
+    summary = RunSummary(config_file, argv)
+    loop.plugin_set.pm.register(summary, name="epochal.summary")
+    loop.hooks.rebuild()
+    started = time.perf_counter()
     try:
         log = loop.run()
     except KeyboardInterrupt:  # a third Ctrl-C: stopped at once, nothing saved
@@ -127,25 +175,68 @@ def run(
             err=True,
         )
         sys.exit(128 + signal.SIGINT)
-    status = log.status
-    click.echo(
-        f"epochal: run {loop.run_id} {status['status']} after {loop.epoch} epoch(s), "
-        f"{loop.iteration} batch(es): {status['finish_reason']}"
-    )
-    for stream, metrics in loop.last_metrics.items():
-        shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items())
-        click.echo(f"epochal: {stream}: {shown}")
-    if status["status"] == "interrupted" and loop.signal_received is not None:
+    for line in summary.lines(loop, time.perf_counter() - started):
+        click.echo(line)
+    if log.status["status"] == "interrupted" and loop.signal_received is not None:
         sys.exit(128 + loop.signal_received)
+
+
+def _without_resume(args: list[str]) -> list[str]:
+    """*args* without ``--resume`` and the value it took (``auto`` or a path), if any."""
+    out: list[str] = []
+    skip = False
+    for k, arg in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        if arg == "--resume":
+            following = args[k + 1] if k + 1 < len(args) else ""
+            skip = bool(following) and not following.startswith("-")
+            continue
+        if arg.startswith("--resume="):
+            continue
+        out.append(arg)
+    return out
+
+
+def _refuse_other_runs_checkpoints(loop: Any, config_file: str) -> None:
+    """A fresh run into a checkpoint directory holding an earlier run's checkpoints is an error.
+
+    Mixing two runs' checkpoints in one directory makes ``--resume`` pick whichever is newest;
+    the user says which they want: continue (``--resume``) or another directory.
+    """
+    from pathlib import Path
+
+    from epochal.errors import ConfigError
+
+    plugin = loop.plugins.get("checkpoint")
+    if not callable(getattr(plugin, "directory", None)):
+        return
+    try:
+        directory = Path(plugin.directory(loop))
+    except EpochalError:
+        return  # no directory configured: the plugin says so when training starts
+    found = sorted(p.name for p in directory.glob("ckpt-*") if p.is_dir()) if directory.is_dir() else []
+    if found:
+        raise ConfigError(
+            f"checkpoint directory {str(directory)!r} already holds {len(found)} checkpoint(s) of an "
+            f"earlier run (newest: {found[-1]}). To continue that run: epochal run {config_file} --resume. "
+            f"To start afresh: choose another directory (--set loop.run_dir=DIR, or "
+            "--set plugins.checkpoint.dir=DIR when the config sets it) or delete that one."
+        )
 
 
 @cli.command(name="plugins")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option(
+    "--csv", "as_csv", is_flag=True, help="Print CSV: position, name, status, distribution, version, hooks."
+)
 @click.option("--order", "show_order", is_flag=True, help="Show the call order of every hook.")
 @click.option(
     "--config", "config_file", type=click.Path(dir_okay=False), help="Use this run config's plugin settings."
 )
-@click.option("--plugins", "order", multiple=True, help="Plugin order: a,b,c.")
+@click.option("--plugins", "order", multiple=True, metavar="A,B", help=_PLUGINS_HELP)
+@click.option("--only", multiple=True, metavar="A,B", help=_ONLY_HELP)
 @click.option("--disable", multiple=True, help="Plugins to leave out: x,y.")
 @click.option(
     "--check",
@@ -156,28 +247,36 @@ def run(
 )
 def plugins_command(
     as_json: bool,
+    as_csv: bool,
     show_order: bool,
     config_file: str | None,
     order: tuple[str, ...],
+    only: tuple[str, ...],
     disable: tuple[str, ...],
     check_file: str | None,
 ) -> None:
-    """List installed plugins: distribution, version, hooks, status, position."""
+    """List installed plugins: distribution, version, hooks, status, position.
+
+    Warns (on stderr) about a plugin distribution that declares a range of epochal versions
+    this epochal is not in.
+    """
     from epochal._dispatch import HOOK_ARGS
     from epochal.config import load_config, plugins_for
+    from epochal.console import print_csv, print_table
     from epochal.plugins import PluginLoadWarning
 
     if check_file:
         from epochal.runner import check_run
 
-        checked = check_run(load_config(check_file), _split(order) if order else None, _split(disable))
+        checked_config = load_config(check_file)
+        checked = check_run(checked_config, _plugin_choice(checked_config, order, only), _split(disable))
         click.echo(f"ok: {check_file}: plugins in call order: {', '.join(checked.plugins) or 'none'}")
         return
 
     config = load_config(config_file) if config_file else {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PluginLoadWarning)  # shown as status "failed" instead
-        plugin_set = plugins_for(config, _split(order) if order else None, _split(disable))
+        plugin_set = plugins_for(config, _plugin_choice(config, order, only), _split(disable))
     infos = [info.as_dict() for info in plugin_set.infos]
     orders = {hook: plugin_set.call_order(hook) for hook in HOOK_ARGS}
     if as_json:
@@ -187,6 +286,15 @@ def plugins_command(
     if show_order:
         for hook, names in orders.items():
             click.echo(f"{hook}: {' -> '.join(names) if names else '(none)'}")
+        return
+    if as_csv:
+        print_csv(
+            ("position", "name", "status", "distribution", "version", "hooks"),
+            [
+                (i["position"], i["name"], i["status"], i["distribution"], i["version"], " ".join(i["hooks"]))
+                for i in infos
+            ],
+        )
         return
     if not infos:
         click.echo("no plugins installed")
@@ -201,13 +309,40 @@ def plugins_command(
         )
         for i in infos
     ]
-    header = ("#", "name", "status", "distribution", "hooks")
-    widths = [max(len(r[c]) for r in [header, *rows]) for c in range(4)]
-    for row in [header, *rows]:
-        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4])
+    print_table(("#", "name", "status", "distribution", "hooks"), rows, numeric=(0,))
     for i in infos:
         if i["error"]:
             click.echo(f"{i['name']}: {i['error']}", err=True)
+    for line in _core_mismatches(i["distribution"] for i in infos):
+        click.echo(f"warning: {line}", err=True)
+
+
+def _core_mismatches(distributions: Any) -> list[str]:
+    """One line per plugin distribution whose declared ``epochal`` range excludes this epochal."""
+    from importlib import metadata
+
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    core = metadata.version("epochal")
+    lines = []
+    for name in sorted({d for d in distributions if d and d != "epochal"}):
+        try:
+            requirements = metadata.requires(name) or []
+        except metadata.PackageNotFoundError:
+            continue
+        for text in requirements:
+            try:
+                requirement = Requirement(text)
+            except InvalidRequirement:
+                continue
+            if requirement.name != "epochal" or requirement.marker is not None:
+                continue
+            if requirement.specifier and not requirement.specifier.contains(core, prereleases=True):
+                lines.append(
+                    f"{name} supports epochal{requirement.specifier}, but epochal {core} is installed: "
+                    f"it may fail; install a {name} release made for epochal {core}"
+                )
+    return lines
 
 
 @cli.command(name="new-plugin")
@@ -235,7 +370,8 @@ def new_plugin_command(name: str, directory: str) -> None:
 @click.option(
     "--at", type=click.IntRange(min=1), default=None, help="Interrupt after this batch (default: half way)."
 )
-@click.option("--plugins", "order", multiple=True, help="Plugin order: a,b,c.")
+@click.option("--plugins", "order", multiple=True, metavar="A,B", help=_PLUGINS_HELP)
+@click.option("--only", multiple=True, metavar="A,B", help=_ONLY_HELP)
 @click.option("--disable", multiple=True, help="Plugins to leave out: x,y.")
 @click.option(
     "--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", help="Override a config value."
@@ -244,6 +380,7 @@ def check_resume_command(
     config_file: str,
     at: int | None,
     order: tuple[str, ...],
+    only: tuple[str, ...],
     disable: tuple[str, ...],
     overrides: tuple[str, ...],
 ) -> None:
@@ -252,7 +389,8 @@ def check_resume_command(
     from epochal.resumecheck import check_resume
 
     config = load_config(config_file, overrides)
-    report = check_resume(config, at, _split(order) if order else None, _split(disable))
+    choice = _plugin_choice(config, order, only)
+    report = check_resume(config, at, choice, _split(disable), say=click.echo)
     if report.left_out:
         click.echo(f"left out (not deterministic): {', '.join(report.left_out)}")
     if report.ok:
@@ -266,13 +404,14 @@ def check_resume_command(
 
 
 @cli.command()
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (docstrings as written, reST).")
 def hooks(as_json: bool) -> None:
-    """Document every hook a plugin can implement."""
+    """Document every hook a plugin can implement (as plain text)."""
     import inspect
 
     from epochal import hookspecs
     from epochal._dispatch import HOOK_ARGS
+    from epochal.console import plain_text
 
     docs = {name: inspect.getdoc(getattr(hookspecs, name)) or "" for name in HOOK_ARGS}
     if as_json:
@@ -284,7 +423,7 @@ def hooks(as_json: bool) -> None:
         return
     for name, doc in docs.items():
         click.echo(f"{name}({', '.join(HOOK_ARGS[name])})")
-        click.echo("    " + doc.replace("\n", "\n    ").rstrip() + "\n")
+        click.echo("    " + plain_text(doc).replace("\n", "\n    ").rstrip() + "\n")
 
 
 def _format_warning(message: Warning | str, category: type[Warning], *args: object, **kwargs: object) -> str:

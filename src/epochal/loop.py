@@ -302,7 +302,8 @@ class Loop:
         elif self.resume:
             raise ConfigError(
                 "cannot resume: no installed plugin restores checkpoints "
-                "(pip install epochal-checkpoint, or enable the 'checkpoint' plugin)"
+                "(from a clone of epochal: pip install plugins/epochal-checkpoint; "
+                "or enable the 'checkpoint' plugin)"
             )
         if state is not None:
             self.load_state_dict(state)

@@ -1,9 +1,10 @@
 """``epochal check-resume``: does a run interrupted at batch N and resumed match a straight run?
 
 Three runs of the same configuration, each in its own temporary run directory: a straight run;
-a run that receives SIGTERM in-process right after batch N (so it stops the way a scheduler stops
-it: the batch finishes, ``on_interrupt`` and ``after_training`` run and the checkpoint plugin
-saves); and a run started with ``--resume`` from what that run saved. The final model state,
+a run stopped right after batch N the way SIGTERM from a scheduler stops it (the loop takes the
+path its signal handler starts, without a signal being sent or announced: the batch finishes,
+``on_interrupt`` and ``after_training`` run and the checkpoint plugin saves); and a run started
+with ``--resume`` from what that run saved. The final model state,
 the training-log rows, the counters, the RNG states and every plugin's state of the straight and
 the resumed run must be bitwise equal; the first difference is reported with its key path.
 
@@ -15,11 +16,10 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 import signal
 import struct
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,7 +46,7 @@ class ResumeReport:
 
 
 class _InterruptAt:
-    """Sends SIGTERM to this process right after training batch *at*."""
+    """Stops the run right after training batch *at* as the loop's SIGTERM handler would."""
 
     def __init__(self, at: int) -> None:
         self.at = at
@@ -54,7 +54,10 @@ class _InterruptAt:
     @hookimpl
     def after_batch(self, loop: Loop) -> None:
         if loop.iteration == self.at:
-            os.kill(os.getpid(), signal.SIGTERM)
+            # What Loop._on_signal does for SIGTERM, minus its "SIGTERM received" notice: the
+            # user sent no signal, and check-resume says what it is doing in its own words.
+            loop._signum = signal.SIGTERM
+            loop.request_stop(f"check-resume: stopped after batch {self.at} as SIGTERM would")
 
 
 def _config_in(config: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
@@ -91,19 +94,25 @@ def check_resume(
     at: int | None = None,
     order: list[str] | None = None,
     disable: list[str] | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> ResumeReport:
-    """Run *config* straight, interrupted at batch *at* and resumed; compare bitwise."""
+    """Run *config* straight, interrupted at batch *at* and resumed; compare bitwise.
+
+    *say* is told, in a line each, which of the three runs starts.
+    """
     disable = list(disable or [])
+    say = say or (lambda line: None)
     with tempfile.TemporaryDirectory(prefix="epochal-check-resume-") as tmp:
         probe = build_loop(_config_in(config, Path(tmp) / "probe"), order, disable)
         left_out = _nondeterministic(probe)
         if not probe.plugin_set.implements("resume_state"):
             raise ConfigError(
                 "check-resume needs a plugin that saves and restores checkpoints (resume_state), "
-                "and none is loaded: pip install epochal-checkpoint"
+                "and none is loaded (from a clone of epochal: pip install plugins/epochal-checkpoint)"
             )
         disable += left_out
         straight = build_loop(_config_in(config, Path(tmp) / "straight"), order, disable)
+        say("check-resume: 1/3 straight run (in a temporary directory)")
         straight.run()
         total = straight.iteration
         at = total // 2 if at is None else at
@@ -114,6 +123,10 @@ def check_resume(
         stopped = build_loop(_config_in(config, Path(tmp) / "resumed"), order, disable)
         stopped.plugin_set.pm.register(_InterruptAt(at), name="epochal.check-resume")
         stopped.hooks.rebuild()
+        say(
+            f"check-resume: 2/3 the same run, stopped after batch {at} as SIGTERM stops it "
+            "(no signal is sent)"
+        )
         stopped.run()
         if stopped.iteration != at or stopped.log.status["status"] != "interrupted":
             raise ConfigError(
@@ -121,6 +134,7 @@ def check_resume(
                 f"{stopped.log.status['finish_reason']}); is another plugin stopping it earlier?"
             )
         resumed = build_loop(_config_in(config, Path(tmp) / "resumed"), order, disable, resume=True)
+        say(f"check-resume: 3/3 resuming it from its checkpoint at batch {at}, to the end")
         resumed.run()
         difference = first_difference(_comparable(straight), _comparable(resumed))
     return ResumeReport(at=at, iterations=total, difference=difference, left_out=left_out)

@@ -24,7 +24,8 @@ def build_loop(
     if resume and not plugin_set.implements("resume_state"):
         raise ConfigError(
             "--resume needs a plugin that restores checkpoints, and none is loaded "
-            "(pip install epochal-checkpoint, and do not disable 'checkpoint')"
+            "(from a clone of epochal: pip install plugins/epochal-checkpoint; "
+            "and do not leave 'checkpoint' out)"
         )
     model = call_factory(config, "model")
     data = call_factory(config, "data")

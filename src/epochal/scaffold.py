@@ -20,7 +20,7 @@ version = "0.1.0"
 description = "An epochal plugin: {name}"
 readme = "README.md"
 requires-python = ">=3.11"
-dependencies = ["epochal"]
+dependencies = ["{core}"]
 
 [project.optional-dependencies]
 test = ["pytest>=8"]
@@ -124,6 +124,14 @@ def test_installed_entry_point_loads_by_name(epochal_run):
 '''
 
 
+def core_range() -> str:
+    """The requirement on epochal a new plugin declares: this release series (``epochal>=0.1,<0.2``)."""
+    from importlib.metadata import version
+
+    major, minor = (int(part) for part in version("epochal").split(".")[:2])
+    return f"epochal>={major}.{minor},<{major}.{minor + 1}"
+
+
 def new_plugin(name: str, directory: Path) -> Path:
     """Write the plugin distribution for *name* into ``directory / epochal-NAME``; return it."""
     if not _NAME.match(name):
@@ -136,7 +144,7 @@ def new_plugin(name: str, directory: Path) -> Path:
     root = directory / dist
     if root.exists():
         raise ConfigError(f"{root} already exists; choose another name or --dir")
-    values = {"name": name, "dist": dist, "package": package, "cls": cls}
+    values = {"name": name, "dist": dist, "package": package, "cls": cls, "core": core_range()}
     files = {
         "pyproject.toml": PYPROJECT,
         "README.md": README,

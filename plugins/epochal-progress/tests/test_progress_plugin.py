@@ -63,9 +63,11 @@ def test_forced_bars_per_epoch_and_eval_stream_with_metrics(tmp_path: Path, epoc
     assert re.search(r"epoch 1/2: 100%\|.*\| 23/23 \[", err)
     assert re.search(r"epoch 2/2: 100%\|.*\| 23/23 \[", err)
     assert re.search(r"valid: .*\| ?\d+/6 \[", err)
-    final = [line for line in err.replace("\r", "\n").splitlines() if line.startswith("epoch 2/2: 100%")][-1]
-    assert "train.loss=" in final and "valid.loss=" in final and "valid.accuracy=" in final
-    assert "valid.loss.best" not in final
+    lines = err.replace("\r", "\n").splitlines()
+    block = "\n".join(lines[lines.index(next(x for x in lines if x.startswith("epoch 2/2 · "))) :][:3])
+    for words in ("train loss", "accuracy", "valid loss"):
+        assert words in block
+    assert "best" not in block
 
 
 def test_off_when_stdout_is_not_a_terminal(tmp_path: Path, epochal_cli: EpochalCli) -> None:
@@ -189,3 +191,42 @@ def test_bad_options(tmp_path: Path, epochal_cli: EpochalCli, setting: str, culp
     assert result.returncode == 2
     assert culprit in result.stderr and "progress" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+class Counting:
+    """A model whose train loss is the batch's number: 1, 2, 3, ... (the mean is not the last)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def train_step(self, batch: Any) -> dict[str, float]:
+        self.n += 1
+        return {"loss": float(self.n), "note": "text"}
+
+    def eval_step(self, batch: Any) -> dict[str, float]:
+        return {"loss": 0.5, "a_rather_long_metric_name_for_accuracy": 0.25}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: Any) -> None:
+        pass
+
+
+def test_the_bar_and_the_block_show_running_means(capsys: pytest.CaptureFixture[str]) -> None:
+    opts = {"progress": {"force": True, "mininterval": 0.0, "ncols": 60}}
+    plugins = load_plugins(order=["progress"], autoload=False, options=opts)
+    data = {"train": [[0]] * 4, "valid": [[0]] * 2, "test": [[0]]}
+    Loop(Counting(), data, plugins=plugins, max_epochs=1, handle_signals=False).run()
+    err = capsys.readouterr().err
+    lines = err.replace("\r", "\n").splitlines()
+    shown = {
+        m for line in lines if line.startswith("epoch 1/1:") for m in re.findall(r"loss=([0-9.]+)", line)
+    }
+    assert shown and shown <= {"1", "1.5", "2", "2.5"}, shown  # means of 1..n, never the last batch's n
+    block = lines[lines.index(next(x for x in lines if x.startswith("epoch 1/1 · "))) :]
+    text = "\n".join(block)
+    assert "train loss 2.5" in text and "loss 4" not in text and "note" not in text
+    assert "valid loss 0.5" in text and "test loss 0.5" in text
+    assert "a_rather_long_metric_name_for_accuracy 0.25" in text  # wrapped, never cut
+    assert all(len(line) <= 60 for line in block if line.strip())

@@ -68,7 +68,7 @@ def one_line_error(done: subprocess.CompletedProcess[str], *fragments: str) -> s
 
 def test_runs_lists_both_runs_from_the_default_database(project: tuple[Path, str, str]) -> None:
     cwd, first, second = project
-    assert (cwd / "runs" / "digits" / "epochal.sqlite").is_file()
+    assert (cwd / "runs" / "epochal.sqlite").is_file()  # one per project, beside runs/digits
     done = epochal(cwd, "log", "runs")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
@@ -152,12 +152,12 @@ def test_plot_without_matplotlib_says_how_to_install_it(
         "log", "plot", first, "--key", "valid.loss", "-o", str(tmp_path / "x.png"),
         extra_env={"PYTHONPATH": str(tmp_path / "blocker")},
     )  # fmt: skip
-    one_line_error(done, "pip install epochal-sqlite[plot]")
+    one_line_error(done, "pip install matplotlib", "pip install './plugins/epochal-sqlite[plot]'")
 
 
 def test_bad_input_is_one_clear_error_each(project: tuple[Path, str, str], tmp_path: Path) -> None:
     cwd, _, _ = project
-    db = str(cwd / "runs" / "digits" / "epochal.sqlite")
+    db = str(cwd / "runs" / "epochal.sqlite")
     one_line_error(
         epochal(tmp_path, "log", "runs", "--db", "nope.sqlite"), "no such database file: nope.sqlite"
     )

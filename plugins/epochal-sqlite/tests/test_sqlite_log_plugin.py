@@ -93,7 +93,7 @@ def test_every_record_of_every_row_is_written_with_status_and_config(tmp_path: P
     assert not (tmp_path / "log.sqlite.locks").exists()  # the run's lock is gone
 
 
-def test_default_path_is_run_dir_and_many_runs_share_the_file(tmp_path: Path) -> None:
+def test_default_path_is_beside_the_run_dir_and_many_runs_share_the_file(tmp_path: Path) -> None:
     ids = []
     for _ in range(3):
         loop = Loop(
@@ -106,7 +106,8 @@ def test_default_path_is_run_dir_and_many_runs_share_the_file(tmp_path: Path) ->
         )
         loop.run()
         ids.append(loop.run_id)
-    with Reader(tmp_path / "runs" / "exp" / "epochal.sqlite") as reader:
+    assert not (tmp_path / "runs" / "exp" / "epochal.sqlite").exists()
+    with Reader(tmp_path / "runs" / "epochal.sqlite") as reader:
         assert [r.run_id for r in reader.runs()] == ids
         assert reader.resolve("latest").run_id == ids[-1]
         assert reader.resolve(ids[1][:10]).run_id == ids[1]

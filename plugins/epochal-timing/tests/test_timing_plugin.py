@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,7 @@ def test_the_installed_distribution_provides_timing() -> None:
 
 
 def test_epoch_records_per_stage_hook_and_plugin(capsys: pytest.CaptureFixture[str]) -> None:
-    loop = make_loop(["timing", "monitor", "early_stopping"])
+    loop = make_loop(["timing", "monitor", "early_stopping"], {"timing": {"table": True}})
     loop.run()
     rows = epoch_rows(loop)
     assert len(rows) == 2
@@ -114,7 +115,7 @@ def test_the_slow_plugin_is_named_first() -> None:
 
 def Timing_table(loop: Loop) -> list[str]:  # noqa: N802 - reads like the table it returns
     timing = loop.plugins["timing"]
-    return [line.split(" " * 3)[0].rstrip() for line in timing.format_table().splitlines()]  # type: ignore[attr-defined]
+    return [re.split(r"(?<=\S) {2,}", line)[0] for line in timing.format_table().splitlines()]  # type: ignore[attr-defined]
 
 
 def test_hooks_are_unwrapped_after_training_and_after_an_error() -> None:
@@ -153,9 +154,12 @@ def test_records_false_keeps_the_log_clean() -> None:
     assert loop.log.status["timing"]["train_step"]["calls"] == loop.iteration
 
 
-def test_cli_prints_the_table(tmp_path: Path, epochal_cli: EpochalCli) -> None:
+def test_cli_prints_the_table_only_when_asked(tmp_path: Path, epochal_cli: EpochalCli) -> None:
     config = digits_config(tmp_path / "run.toml")
-    result = epochal_cli("run", str(config), "--plugins", "timing,monitor,early_stopping")
+    quiet = epochal_cli("run", str(config), "--only", "timing,monitor,early_stopping")
+    assert quiet.returncode == 0, quiet.stderr
+    assert "stage / plugin.hook" not in quiet.stderr and "timing:" not in quiet.stderr
+    result = epochal_cli("run", str(config), "--only", "timing,monitor,early_stopping", "--profile")
     assert result.returncode == 0, result.stderr
     assert "stage / plugin.hook" in result.stderr
     for name in (
@@ -166,8 +170,16 @@ def test_cli_prints_the_table(tmp_path: Path, epochal_cli: EpochalCli) -> None:
         "early_stopping.after_epoch",
     ):
         assert name in result.stderr
-    quiet = epochal_cli("run", str(config), "--plugins", "timing", "--set", "plugins.timing.table=false")
-    assert quiet.returncode == 0 and "stage / plugin.hook" not in quiet.stderr
+    assert max(len(line) for line in result.stderr.splitlines()) <= 100  # fitted, not 100+ wide
+    table = epochal_cli("run", str(config), "--only", "timing", "--set", "plugins.timing.table=true")
+    assert table.returncode == 0 and "stage / plugin.hook" in table.stderr
+
+
+def test_profile_without_timing_is_a_usage_error(tmp_path: Path, epochal_cli: EpochalCli) -> None:
+    config = digits_config(tmp_path / "run.toml")
+    result = epochal_cli("run", str(config), "--only", "monitor", "--profile")
+    assert result.returncode == 2
+    assert "--profile" in result.stderr and "timing" in result.stderr
 
 
 def test_order_timing_brackets_the_batch(epochal_cli: EpochalCli) -> None:

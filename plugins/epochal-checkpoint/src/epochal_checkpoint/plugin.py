@@ -150,6 +150,8 @@ class Checkpoint:
         #: checkpoints that failed verification when resuming: never counted, never pruned.
         self._damaged: set[str] = set()
         self._lock: DirectoryLock | None = None
+        #: the checkpoint this run resumed from (None for a fresh run).
+        self.resumed_path: Path | None = None
 
     # -- hooks ------------------------------------------------------------------------------------
 
@@ -217,6 +219,7 @@ class Checkpoint:
         self._own = own if same_directory else []
         self._damaged = {path.name for path, _ in failures if _same_dir(path.parent, directory)}
         self._resumed = (info, state["log"]["rows"])
+        self.resumed_path = info.path
 
     def _claim(self, directory: Path, loop: Loop) -> None:
         if self._lock is None or self._lock.directory != directory:

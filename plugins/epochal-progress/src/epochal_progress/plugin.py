@@ -1,8 +1,10 @@
 """The ``progress`` plugin: a tqdm progress bar per training epoch and per evaluation stream.
 
-Ancestor: Blocks' ``ProgressBar``. Each bar knows its total when the stream has a ``len()``,
-shows the rate and ETA, and the chosen metrics in its postfix (the last batch's values while the
-epoch runs; the epoch's records, e.g. ``train.loss`` and ``valid.loss``, when it ends).
+Ancestor: Blocks' ``ProgressBar``; Keras' and Lightning's bars for what is shown. Each bar knows
+its total when the stream has a ``len()`` and shows the rate and ETA; the epoch's bar shows the
+running means of the train step's metrics over the epoch so far (not the last batch's values).
+When the epoch ends its bar gives way to one block: the epoch, its wall time, the train means
+and every eval stream's metrics, wrapped to the terminal's width so no metric name is cut.
 
 Per-batch work is kept to a counter increment and a comparison: the clock is read only every
 ``stride`` batches, a stride that doubles while ``mininterval`` has not passed and shrinks after
@@ -14,10 +16,12 @@ garble them.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import sys
 import time
 import warnings
 from collections.abc import Mapping, Sequence
+from operator import itemgetter
 from typing import Any, Literal
 
 from epochal import PluginError, hookimpl
@@ -42,15 +46,33 @@ def _length(stream: Any) -> int | None:
         return None
 
 
+def _columns(stream: Any) -> int:
+    """The width of the terminal *stream* writes to (``$COLUMNS`` first, 80 if unknown)."""
+    import os
+
+    if os.environ.get("COLUMNS", "").isdigit():
+        return int(os.environ["COLUMNS"])
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, OSError, ValueError):
+        return shutil.get_terminal_size((80, 24)).columns
+
+
+#: the most batches between two clock reads, and so between two folds of the running means.
+_FOLD_EVERY = 1024
+
+
 class _Bar:
     """A tqdm bar plus the throttling state of its updates."""
 
-    __slots__ = ("bar", "next_refresh", "pending", "stride")
+    __slots__ = ("bar", "due", "next_refresh", "pending", "stride")
 
     def __init__(self, bar: Any) -> None:
         self.bar = bar
         self.pending = 0
         self.stride = 1
+        #: the value of ``pending`` at which ``_tick`` is called next.
+        self.due = 1
         self.next_refresh = 0.0
 
 
@@ -59,11 +81,13 @@ class Progress:
 
     :param enabled: show bars at all.
     :param force: show bars even when stdout is not a terminal (logs, CI).
-    :param metrics: the metrics shown in the postfix: a train step output of that name while
-        the epoch runs, and every record ``<anything>.<name>`` of the epoch's row at its end.
+    :param metrics: the metric names shown (None: every numeric one): the running means of the
+        train step's outputs while the epoch runs, then the train means and every eval stream's
+        metrics of those names in the epoch's block.
     :param mininterval: the least number of seconds between two refreshes of a bar.
     :param eval_bars: show a bar for every evaluation stream as well.
-    :param leave: keep each finished epoch's bar on screen (eval bars are always removed).
+    :param leave: keep each finished epoch's bar on screen above its block (eval bars are
+        always removed).
     :param file: where bars are drawn: ``stderr`` or ``stdout``.
     :param ncols: the bars' width in characters (None: the terminal's width).
     """
@@ -74,10 +98,10 @@ class Progress:
         self,
         enabled: bool = True,
         force: bool = False,
-        metrics: Sequence[str] = ("loss", "accuracy"),
+        metrics: Sequence[str] | None = None,
         mininterval: float = 0.1,
         eval_bars: bool = True,
-        leave: bool = True,
+        leave: bool = False,
         file: Literal["stderr", "stdout"] = "stderr",
         ncols: int | None = None,
     ) -> None:
@@ -87,13 +111,13 @@ class Progress:
             )
         if file not in ("stderr", "stdout"):
             raise _option_error("file", f"must be 'stderr' or 'stdout', not {file!r}")
-        if isinstance(metrics, str) or not all(isinstance(m, str) for m in metrics):
+        if metrics is not None and (isinstance(metrics, str) or not all(isinstance(m, str) for m in metrics)):
             raise _option_error("metrics", f"must be a list of metric names, not {metrics!r}")
         if ncols is not None and (isinstance(ncols, bool) or not isinstance(ncols, int) or ncols < 1):
             raise _option_error("ncols", f"must be a positive integer, not {ncols!r}")
         self.enabled = enabled
         self.force = force
-        self.metrics = tuple(metrics)
+        self.metrics = None if metrics is None else frozenset(metrics)
         self.mininterval = float(mininterval)
         self.eval_bars = eval_bars
         self.leave = leave
@@ -106,6 +130,17 @@ class Progress:
         self._stack: contextlib.ExitStack | None = None
         self._clock = time.perf_counter
         self._tqdm: Any = None
+        #: train output name → sum over the epoch's ``_count`` batches folded so far (every
+        #: batch returned these keys); ``_irregular``: name → [sum, batches] once one did not.
+        self._keys: tuple[str, ...] | None = None
+        self._sums: dict[str, Any] = {}
+        self._count = 0
+        self._irregular: dict[str, list[Any]] = {}
+        #: the outputs of the batches not folded into the sums yet (see _fold).
+        self._buffer: list[Mapping[str, Any]] = []
+        self._append = self._buffer.append
+        self._eval_metrics: dict[str, dict[str, Any]] = {}
+        self._epoch_started = 0.0
 
     # -- bars ---------------------------------------------------------------------------------
 
@@ -133,42 +168,119 @@ class Progress:
     def _tick(self, state: _Bar, outputs: Mapping[str, Any] | None) -> None:
         """Called every ``state.stride`` batches: refresh the bar if ``mininterval`` passed.
 
-        Too early, the stride doubles (the clock is read a logarithmic number of times while
-        the interval runs); after a refresh it is cut to an eighth, about four clock reads per interval.
+        Too early, the stride doubles up to :data:`_FOLD_EVERY` (the clock is read a logarithmic
+        number of times while the interval runs); after a refresh it is cut to an eighth, about
+        four clock reads per interval.
         """
+        if outputs is not None:
+            self._fold()
         if self._clock() < state.next_refresh:
-            state.stride *= 2
+            state.stride = min(state.stride * 2, _FOLD_EVERY)
+            state.due = state.pending + state.stride
             return
-        self._flush(state, self._postfix_from(outputs) if outputs is not None and self.metrics else None)
         state.stride = max(1, state.stride // 8)
+        self._flush(state, self._postfix_from_means() if outputs is not None else None)
 
     def _flush(self, state: _Bar, postfix: Mapping[str, str] | None) -> None:
         """Update *state*'s bar with its pending batches (and *postfix*) now."""
         if postfix:
             state.bar.set_postfix(postfix, refresh=False)
         pending, state.pending = state.pending, 0
+        state.due = state.stride
         state.bar.update(pending)
         state.next_refresh = self._clock() + self.mininterval
 
-    def _postfix_from(self, outputs: Mapping[str, Any]) -> dict[str, str]:
+    def _shown(self, name: str) -> bool:
+        return self.metrics is None or name in self.metrics
+
+    def _means(self) -> dict[str, float]:
+        self._fold()
+        count = self._count
+        means = {name: total / count for name, total in self._sums.items()} if count else {}
+        for name, (total, n) in self._irregular.items():
+            means[name] = total / n
+        return means
+
+    def _postfix_from_means(self) -> dict[str, str]:
         shown = {}
-        for name in self.metrics:
-            if name in outputs:
-                text = _format(outputs[name])
-                if text is not None:
-                    shown[name] = text
+        for name, value in self._means().items():
+            text = _format(value)
+            if text is not None:
+                shown[name] = text
         return shown
 
-    def _postfix_from_row(self, row: Mapping[str, Any]) -> dict[str, str]:
-        shown = {}
-        for key, value in row.items():
-            if key in self.metrics or key.rpartition(".")[2] in self.metrics:
-                if key.endswith((".best", ".best_so_far", ".running")):
+    def _fold(self) -> None:
+        """Add the outputs of the batches since the last fold to the running means' sums.
+
+        Per batch, ``after_batch`` only appends the outputs mapping to a list; the sums are made
+        here, every ``stride`` batches (at most :data:`_FOLD_EVERY`), one ``sum(map(...))`` per
+        key in C, so the means cost next to nothing per batch.
+        """
+        buffer = self._buffer
+        if not buffer:
+            return
+        if self._keys is None:
+            first = buffer[0]
+            self._keys = tuple(
+                name
+                for name, value in first.items()
+                if self._shown(name) and not isinstance(value, bool) and _format(value) is not None
+            )
+        if not self._irregular:
+            try:
+                totals = {name: sum(map(itemgetter(name), buffer)) for name in self._keys}
+            except (KeyError, TypeError):  # a batch without a key, or with a non-number
+                pass
+            else:
+                sums = self._sums
+                for name, total in totals.items():
+                    sums[name] = sums.get(name, 0) + total
+                self._count += len(buffer)
+                buffer.clear()
+                return
+            for name, total in self._sums.items():
+                self._irregular[name] = [total, self._count]
+            self._sums, self._count = {}, 0
+        for outputs in buffer:
+            for name, value in outputs.items():
+                if isinstance(value, bool) or _format(value) is None or not self._shown(name):
                     continue
-                text = _format(value)
-                if text is not None:
-                    shown[key] = text
-        return shown
+                cell = self._irregular.get(name)
+                if cell is not None:
+                    cell[0] += value
+                    cell[1] += 1
+                else:
+                    self._irregular[name] = [value, 1]
+        buffer.clear()
+
+    def epoch_block(self, loop: Any, width: int) -> str:
+        """The lines written when an epoch ends, each at most *width* characters wide.
+
+        ``epoch 3/20 · 1.2s · train loss 0.4123 accuracy 0.9012 · valid loss ...``; when that is
+        too wide every stream gets its own indented line, and a stream's metrics wrap in turn.
+        """
+        limit = f"/{loop.max_epochs}" if loop.max_epochs else ""
+        head = f"epoch {loop.epoch}{limit} · {self._clock() - self._epoch_started:.2f}s"
+        groups = []
+        row = loop.log.current_row  # the monitor plugin's exact epoch means, where it wrote them
+        train = {k: row.get(f"train.{k}", v) for k, v in self._means().items()}
+        for stream, metrics in [("train", train), *self._eval_metrics.items()]:
+            items = [f"{name} {text}" for name, value in metrics.items() if (text := _format(value))]
+            if items:
+                groups.append((stream, items))
+        line = " · ".join([head, *(f"{stream} {' '.join(items)}" for stream, items in groups)])
+        if len(line) <= width:
+            return line
+        lines = [head]
+        for stream, items in groups:
+            current = f"  {stream}"
+            for item in items:
+                if len(current) + 1 + len(item) > width and current.strip() != stream:
+                    lines.append(current)
+                    current = " " * (len(stream) + 2)
+                current += " " + item
+            lines.append(current)
+        return "\n".join(lines)
 
     def _close(self, state: _Bar | None, postfix: Mapping[str, str] | None = None) -> None:
         if state is None:
@@ -198,6 +310,10 @@ class Progress:
 
     def _open_epoch(self, loop: Any, initial: int) -> None:
         self._close(self._epoch)
+        self._keys, self._sums, self._count, self._irregular = None, {}, 0, {}
+        self._buffer.clear()
+        self._eval_metrics = {}
+        self._epoch_started = self._clock()
         total = _length(getattr(loop, "data", {}).get("train"))
         limit = f"/{loop.max_epochs}" if loop.max_epochs else ""
         self._epoch = self._open(f"epoch {loop.epoch + 1}{limit}", total, initial, self.leave)
@@ -246,12 +362,13 @@ class Progress:
 
     @hookimpl
     def after_batch(self, outputs: Mapping[str, Any]) -> None:
-        """Count the batch; refresh the bar when due."""
+        """Count the batch, add its metrics to the epoch's means; refresh the bar when due."""
         state = self._epoch
         if state is None:
             return
+        self._append(outputs)
         state.pending += 1
-        if state.pending >= state.stride:
+        if state.pending >= state.due:
             self._tick(state, outputs)
 
     @hookimpl
@@ -273,21 +390,27 @@ class Progress:
         if state is None:
             return
         state.pending += 1
-        if state.pending >= state.stride:
+        if state.pending >= state.due:
             self._tick(state, None)
 
     @hookimpl
-    def after_evaluation(self) -> None:
-        """Close the stream's bar."""
+    def after_evaluation(self, stream: str, metrics: Mapping[str, Any]) -> None:
+        """Close the stream's bar; keep its metrics for the epoch's block."""
         state, self._eval = self._eval, None
         self._close(state)
+        if self.active:
+            self._eval_metrics[stream] = {k: v for k, v in metrics.items() if self._shown(k)}
 
     @hookimpl
     def after_epoch(self, loop: Any) -> None:
-        """Close the epoch's bar with the epoch's records in its postfix."""
+        """Close the epoch's bar and write the epoch's block under it."""
         state, self._epoch = self._epoch, None
-        if state is not None:
-            self._close(state, self._postfix_from_row(loop.log.current_row) if self.metrics else None)
+        if state is None:
+            return
+        self._close(state, self._postfix_from_means())
+        stream = self._stream()
+        width = self.ncols or _columns(stream)
+        self._tqdm.write(self.epoch_block(loop, max(20, width - 1)), file=stream)
 
     @hookimpl
     def on_interrupt(self) -> None:

@@ -1,19 +1,20 @@
 """``epochal log``: list, show, plot and compare the runs of an epochal-sqlite database.
 
 Which database: ``--db PATH``; else ``--config CONFIG.toml`` (its ``[plugins.sqlite_log]
-path``, else ``<[loop] run_dir>/epochal.sqlite``, the run directory defaulting to
-``runs/<config stem>`` as for ``epochal run``); else the environment variable
-``EPOCHAL_SQLITE_DB``; else the one ``epochal.sqlite`` or ``runs/*/epochal.sqlite`` under the
-working directory (an error if there are none or several).
+path``, else ``epochal.sqlite`` beside its run directory, which defaults to ``runs/<config
+stem>`` as for ``epochal run``); else the environment variable ``EPOCHAL_SQLITE_DB``; else the
+project's ``runs/epochal.sqlite`` or ``epochal.sqlite`` in the working directory, or the one
+``runs/*/epochal.sqlite`` (an error if there are none or several).
+
+Tables go through :mod:`epochal.console` (rich, fitted to the terminal); ``--json`` and ``--csv``
+print every value for scripts.
 
 A RUN is a full run id, a unique prefix of one, or ``latest``.
 """
 
 from __future__ import annotations
 
-import csv
 import json
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,7 +22,9 @@ from typing import Any
 
 import click
 
+from epochal.console import print_csv, print_table
 from epochal_sqlite import store
+from epochal_sqlite.plugin import default_path
 
 ENV_DB = "EPOCHAL_SQLITE_DB"
 DEFAULT_MAXIMIZE = ("*acc*", "*accuracy*", "*auc*", "*f1*", "*precision*", "*recall*", "*score*", "*iou*")
@@ -40,15 +43,18 @@ def find_db(db: str | None, config: str | None) -> Path:
         path = settings.get("plugins", {}).get("sqlite_log", {}).get("path")
         if path:
             return Path(path)
-        return Path(settings["loop"]["run_dir"]) / "epochal.sqlite"
+        return default_path(settings["loop"]["run_dir"])
     if os.environ.get(ENV_DB):
         return Path(os.environ[ENV_DB])
-    found = sorted({*Path().glob("epochal.sqlite"), *Path().glob("runs/*/epochal.sqlite")})
+    found = sorted({*Path().glob("epochal.sqlite"), *Path().glob("runs/epochal.sqlite")})
+    if not found:  # logs written before one database per project was the default
+        found = sorted(Path().glob("runs/*/epochal.sqlite"))
     if len(found) == 1:
         return found[0]
     if not found:
         raise store.DatabaseNotFoundError(
-            "no epochal-sqlite database found (no ./epochal.sqlite or runs/*/epochal.sqlite here); "
+            "no epochal-sqlite database found (no runs/epochal.sqlite, ./epochal.sqlite or "
+            "runs/*/epochal.sqlite here); "
             "pass --db PATH or --config CONFIG.toml"
         )
     raise store.DatabaseNotFoundError(
@@ -76,23 +82,26 @@ def log_group() -> None:
     """Query the training logs that the sqlite_log plugin wrote.
 
     The database is --db PATH; else the one of --config CONFIG.toml ([plugins.sqlite_log]
-    path, else <run_dir>/epochal.sqlite); else $EPOCHAL_SQLITE_DB; else the only
-    ./epochal.sqlite or runs/*/epochal.sqlite under the working directory.
-    RUN is a run id, a unique prefix of one, or "latest".
+    path, else epochal.sqlite beside its run_dir); else $EPOCHAL_SQLITE_DB; else
+    runs/epochal.sqlite or ./epochal.sqlite (one per project), or the only
+    runs/*/epochal.sqlite. RUN is a run id, a unique prefix of one, or "latest".
     """
 
 
 @log_group.command(name="runs")
 @_db_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (every column).")
-def runs_command(db: str | None, config: str | None, as_json: bool) -> None:
+@click.option("--csv", "as_csv", is_flag=True, help="Print the table as CSV.")
+def runs_command(db: str | None, config: str | None, as_json: bool, as_csv: bool) -> None:
     """List the runs: id, status, start, duration, epochs, iterations, resumed from."""
+    if as_csv and as_json:
+        raise click.UsageError("--csv and --json exclude each other")
     with store.Reader(find_db(db, config)) as reader:
         runs = reader.runs()
     if as_json:
         click.echo(json.dumps([run.as_dict() for run in runs], indent=2))
         return
-    if not runs:
+    if not runs and not as_csv:
         click.echo("no runs")
         return
     header = ("run_id", "status", "started", "duration", "epochs", "iterations", "resumed_from", "reason")
@@ -104,12 +113,15 @@ def runs_command(db: str | None, config: str | None, as_json: bool) -> None:
             _duration((run.ended or run.updated or run.started) - run.started),
             str(run.epochs_done),
             str(run.iterations_done),
-            (run.resumed_from or "-")[:12],
+            (run.resumed_from or "-") if as_csv else (run.resumed_from or "-")[:12],
             run.error or run.finish_reason or "",
         )
         for run in runs
     ]
-    _table(header, rows)
+    if as_csv:
+        print_csv(header, rows)
+        return
+    print_table(header, rows, numeric=(3, 4, 5), no_wrap=(0, 2))
 
 
 @log_group.command(name="show")
@@ -159,10 +171,10 @@ def show_command(
         click.echo(json.dumps(payload, indent=2, default=str))
         return
     if as_csv:
-        writer = csv.writer(sys.stdout, lineterminator="\n")
-        writer.writerow(["iteration", "run_id", *columns])
-        for iteration, owner, record in rows:
-            writer.writerow([iteration, owner, *(_csv_cell(record.get(c)) for c in columns)])
+        print_csv(
+            ["iteration", "run_id", *columns],
+            [[i, owner, *(_csv_cell(record.get(c)) for c in columns)] for i, owner, record in rows],
+        )
         return
     shown = [r.run_id[:8] for r in runs]
     click.echo(
@@ -180,7 +192,7 @@ def show_command(
         )
         for iteration, owner, record in rows
     ]
-    _table(header, table)
+    print_table(header, table, numeric=range(len(header)), no_wrap=(0,))
 
 
 @log_group.command(name="plot")
@@ -203,7 +215,8 @@ def plot_command(
         import matplotlib
     except ImportError:
         raise store.SQLiteLogError(
-            "epochal log plot needs matplotlib: pip install epochal-sqlite[plot]"
+            "epochal log plot needs matplotlib: pip install matplotlib "
+            "(from a clone of epochal: pip install './plugins/epochal-sqlite[plot]')"
         ) from None
     wanted = _split(keys)
     with store.Reader(find_db(db, config)) as reader:
@@ -254,6 +267,7 @@ def plot_command(
     help=f"Glob patterns of keys where higher is better (default: {', '.join(DEFAULT_MAXIMIZE)}).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--csv", "as_csv", is_flag=True, help="Print the table as CSV (full run ids).")
 def compare_command(
     runs: tuple[str, ...],
     db: str | None,
@@ -261,6 +275,7 @@ def compare_command(
     keys: tuple[str, ...],
     maximize: tuple[str, ...],
     as_json: bool,
+    as_csv: bool,
 ) -> None:
     """Compare the final and best values of the numeric keys RUNS have in common.
 
@@ -269,6 +284,8 @@ def compare_command(
     """
     if len(runs) < 2:
         raise click.UsageError("compare needs at least two runs")
+    if as_csv and as_json:
+        raise click.UsageError("--csv and --json exclude each other")
     higher = store.key_matcher(_split(maximize) or DEFAULT_MAXIMIZE)
     with store.Reader(find_db(db, config)) as reader:
         targets = [reader.resolve(ref) for ref in runs]
@@ -296,18 +313,21 @@ def compare_command(
     if as_json:
         click.echo(json.dumps({"runs": [t.run_id for t in targets], "keys": result}, indent=2))
         return
-    names = [t.run_id[:8] for t in targets]
+    names = [t.run_id if as_csv else t.run_id[:8] for t in targets]
     header = ("key", "best is", *(f"{n} final" for n in names), *(f"{n} best" for n in names))
     table = [
         (
             key,
             "max" if higher(key) else "min",
-            *(_cell(v["final"]) for v in entries),
-            *(_cell(v["best"]) for v in entries),
+            *((v["final"] if as_csv else _cell(v["final"])) for v in entries),
+            *((v["best"] if as_csv else _cell(v["best"])) for v in entries),
         )
         for key, entries in result.items()
     ]
-    _table(header, table)
+    if as_csv:
+        print_csv(header, table)
+        return
+    print_table(header, table, numeric=range(2, len(header)))
 
 
 # -- formatting ---------------------------------------------------------------------------------
@@ -338,9 +358,3 @@ def _duration(seconds: float) -> str:
     minutes, secs = divmod(int(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    widths = [max(len(str(row[c])) for row in [header, *rows]) for c in range(len(header))]
-    for row in [header, *rows]:
-        click.echo("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())

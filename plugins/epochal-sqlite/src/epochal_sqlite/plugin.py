@@ -34,11 +34,22 @@ if TYPE_CHECKING:
 _INSERT = "INSERT OR REPLACE INTO log (run_id, iteration, key, value, value_json) VALUES (?, ?, ?, ?, ?)"
 
 
+def default_path(run_dir: str | Path | None) -> Path:
+    """The database a run in *run_dir* writes to when ``path`` is not set (see :class:`SQLiteLog`)."""
+    if os.environ.get("EPOCHAL_SQLITE_DB"):
+        return Path(os.environ["EPOCHAL_SQLITE_DB"])
+    if run_dir is None:
+        return Path("epochal.sqlite")
+    return Path(run_dir).parent / "epochal.sqlite"
+
+
 class SQLiteLog:
     """Persist every run's training log, status and configuration in a SQLite file.
 
-    :param path: the database file; default ``<run_dir>/epochal.sqlite`` (``epochal.sqlite`` in
-        the working directory when the loop has no run directory). Many runs share one file.
+    :param path: the database file. Default: ``$EPOCHAL_SQLITE_DB``, else ``epochal.sqlite``
+        beside the run directory (``runs/epochal.sqlite`` for ``runs/<config>``: one log per
+        project, shared by the runs of all its configs), else ``epochal.sqlite`` in the working
+        directory when the loop has no run directory. Many runs share one file.
     :param flush_every: write the buffered rows after this many training iterations (rows).
     :param flush_seconds: ... or when this many seconds passed since the last write (0: never
         by time). Rows are also written at every epoch end and when training ends.
@@ -82,12 +93,7 @@ class SQLiteLog:
     def before_training(self, loop: Loop) -> None:
         """Open (create, migrate) the database and insert the run as ``running``."""
         self.close()
-        if self.path is not None:
-            db_path = Path(self.path)
-        elif loop.run_dir is not None:
-            db_path = Path(loop.run_dir) / "epochal.sqlite"
-        else:
-            db_path = Path("epochal.sqlite")
+        db_path = default_path(loop.run_dir) if self.path is None else Path(self.path)
         conn = store.connect(db_path, create=True)
         lock = store.RunLock(db_path, loop.run_id)
         try:

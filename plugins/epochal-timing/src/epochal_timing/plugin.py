@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from epochal import hookimpl
+from epochal.console import render_table, terminal_width
 
 #: hooks never wrapped: called before timing starts, or outside a run.
 UNTIMED = frozenset({"resume_state", "register_commands"})
@@ -61,7 +62,9 @@ class Timing:
     """Record the wall time of every stage and of every plugin's hooks, per epoch and in total.
 
     :param records: write ``timing.*`` records (seconds) into the log row of every epoch.
-    :param table: print a table of the totals to stderr when training ends.
+    :param table: print a table of the totals to stderr when training ends (off by default: a
+        profile is for when it is asked for, as ``epochal run --profile`` does); the records
+        go into the log either way.
     :param per_plugin: time every other plugin's hooks (``timing.plugin.<name>.<hook>`` and
         ``timing.hook.<hook>``). When false, no hook is wrapped and ``train_step`` includes the
         other plugins' ``before_batch``/``after_batch`` time.
@@ -70,7 +73,7 @@ class Timing:
     #: wall-clock records differ between any two runs: `epochal check-resume` leaves timing out.
     deterministic = False
 
-    def __init__(self, records: bool = True, table: bool = True, per_plugin: bool = True) -> None:
+    def __init__(self, records: bool = True, table: bool = False, per_plugin: bool = True) -> None:
         self.records = records
         self.table = table
         self.per_plugin = per_plugin
@@ -187,7 +190,7 @@ class Timing:
         """Put the hooks back, store the totals in ``log.status['timing']``, print the table."""
         self._finish(loop)
         if self.table:
-            print(self.format_table(), file=sys.stderr, flush=True)
+            print(self.format_table(terminal_width(sys.stderr)), file=sys.stderr, flush=True)
 
     @hookimpl
     def on_error(self, loop: Any) -> None:
@@ -258,8 +261,8 @@ class Timing:
             out[f"hook.{hook}"] = {"seconds": sec, "calls": calls}
         return out
 
-    def format_table(self) -> str:
-        """The totals as a text table, stages first, then plugin hooks by time spent."""
+    def format_table(self, width: int | None = None) -> str:
+        """The totals as a table at most *width* columns wide: stages, then plugin hooks by time."""
         summary = self.summary()
         wall = summary.pop("wall")
         stages = [(k, v) for k, v in summary.items() if not k.startswith(("plugin.", "hook."))]
@@ -267,19 +270,21 @@ class Timing:
             ((k[len("plugin.") :], v) for k, v in summary.items() if k.startswith("plugin.")),
             key=lambda item: -item[1]["seconds"],
         )
-        lines = [
-            f"timing: {wall:.3f} s of training in this process",
-            f"{'stage / plugin.hook':<40} {'calls':>9} {'total s':>10} {'mean µs':>11} {'% wall':>7}",
-        ]
 
-        def line(name: str, entry: dict[str, Any]) -> str:
+        def row(name: str, entry: dict[str, Any]) -> tuple[str, ...]:
             seconds, calls = entry["seconds"], entry["calls"]
             mean = f"{seconds / calls * 1e6:.1f}" if calls else "-"
             share = f"{100 * seconds / wall:.1f}" if wall else "-"
-            return f"{name:<40} {calls:>9} {seconds:>10.4f} {mean:>11} {share:>7}"
+            return (name, str(calls), f"{seconds:.4f}", mean, share)
 
-        lines += [line(name, entry) for name, entry in stages]
+        rows = [row(name, entry) for name, entry in stages]
         if plugins:
-            lines.append("plugin hooks:")
-            lines += [line("  " + name, entry) for name, entry in plugins]
-        return "\n".join(lines)
+            rows.append(("plugin hooks:", "", "", "", ""))
+            rows += [row("  " + name, entry) for name, entry in plugins]
+        return render_table(
+            ("stage / plugin.hook", "calls", "total s", "mean µs", "% wall"),
+            rows,
+            title=f"timing: {wall:.3f} s of training in this process",
+            width=width or 100,  # a file or pipe: the table's own width is below 100
+            numeric=(1, 2, 3, 4),
+        )

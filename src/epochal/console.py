@@ -1,0 +1,184 @@
+"""What epochal writes for a person to read: tables fitted to the terminal, and the same rows as CSV.
+
+Every table of the CLI and of the standard plugins (``epochal plugins``, ``epochal log ...``,
+the timing report) goes through :func:`print_table`, so they look alike and wrap their cells
+instead of running past the terminal's width. Scripts get ``--json`` or ``--csv`` instead
+(:func:`print_csv`).
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import sys
+from collections.abc import Sequence
+from typing import IO, Any
+
+__all__ = ["plain_text", "print_csv", "print_table", "render_table", "terminal_width"]
+
+
+#: the width of a table written to a file or a pipe: as wide as its rows (no wrapping).
+UNLIMITED = 100_000
+
+
+def terminal_width(file: IO[str] | None = None, default: int = UNLIMITED) -> int:
+    """The width of the terminal *file* writes to; ``$COLUMNS``, else *default* when not a terminal."""
+    import os
+    import shutil
+
+    file = file or sys.stdout
+    if os.environ.get("COLUMNS", "").isdigit():
+        return int(os.environ["COLUMNS"])
+    try:
+        if file.isatty():
+            return shutil.get_terminal_size((default, 24)).columns
+    except (AttributeError, ValueError):
+        pass
+    return default
+
+
+def _table(
+    header: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    title: str | None,
+    numeric: set[int],
+    no_wrap: set[int],
+) -> Any:
+    from rich.table import Table
+
+    # No box: a header line and aligned columns, as `ps` or `kubectl get` print them, so the
+    # lines stay easy to read back (awk, grep) while long cells wrap within their column.
+    table = Table(title=title, title_justify="left", box=None, pad_edge=False, padding=(0, 2, 0, 0))
+    for index, name in enumerate(header):
+        table.add_column(
+            str(name),
+            justify="right" if index in numeric else "left",
+            overflow="fold",
+            no_wrap=index in no_wrap,
+            min_width=len(str(name)),
+        )
+    for row in rows:
+        table.add_row(*("" if cell is None else str(cell) for cell in row))
+    return table
+
+
+def render_table(
+    header: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    *,
+    title: str | None = None,
+    width: int | None = None,
+    numeric: Sequence[int] = (),
+    no_wrap: Sequence[int] = (),
+) -> str:
+    """*rows* under *header* as text at most *width* columns wide; nothing is cut.
+
+    Long cells wrap within their column. When the columns cannot all fit side by side even so
+    (a log with thirty keys on an 80-column terminal), they are split into several tables, one
+    under the other, each repeating the first column (the row's name: iteration, run id), as
+    pandas prints a wide frame. *numeric* lists the indices of right-aligned columns,
+    *no_wrap* those never wrapped (ids, timestamps).
+    """
+    from rich.console import Console
+
+    width = width or terminal_width()
+    cells = [["" if cell is None else str(cell) for cell in row] for row in rows]
+    groups = _column_groups(header, cells, width, set(no_wrap))
+    console = Console(width=width, color_system=None, force_terminal=False, record=True)
+    with console.capture() as captured:
+        for number, columns in enumerate(groups):
+            if number:
+                console.print()
+            console.print(
+                _table(
+                    [header[c] for c in columns],
+                    [[row[c] for c in columns] for row in cells],
+                    title if number == 0 else None,
+                    {i for i, c in enumerate(columns) if c in numeric},
+                    {i for i, c in enumerate(columns) if c in no_wrap},
+                )
+            )
+    return "\n".join(line.rstrip() for line in captured.get().splitlines())
+
+
+#: the narrowest a wrapped column is made before the table is split instead.
+_WRAP_TO = 24
+_GAP = 2
+
+
+def _column_groups(
+    header: Sequence[str], cells: Sequence[Sequence[str]], width: int, no_wrap: set[int]
+) -> list[list[int]]:
+    """Column indices per table: all in one when they fit, else groups each repeating column 0."""
+
+    def need(column: int) -> int:
+        natural = max([len(str(header[column])), *(len(row[column]) for row in cells)])
+        least = natural if column in no_wrap else min(natural, max(_WRAP_TO, len(str(header[column]))))
+        return least + _GAP
+
+    needs = [need(c) for c in range(len(header))]
+    if sum(needs) <= width or len(header) <= 2:
+        return [list(range(len(header)))]
+    groups: list[list[int]] = []
+    current = [0]
+    used = needs[0]
+    for column in range(1, len(header)):
+        if used + needs[column] > width and len(current) > 1:
+            groups.append(current)
+            current, used = [0], needs[0]
+        current.append(column)
+        used += needs[column]
+    groups.append(current)
+    return groups
+
+
+def print_table(
+    header: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    *,
+    title: str | None = None,
+    file: IO[str] | None = None,
+    numeric: Sequence[int] = (),
+    no_wrap: Sequence[int] = (),
+) -> None:
+    """Print a table fitted to the width of the terminal *file* (stdout by default) writes to."""
+    file = file or sys.stdout
+    width = terminal_width(file)
+    text = render_table(header, rows, title=title, width=width, numeric=numeric, no_wrap=no_wrap)
+    print(text, file=file, flush=True)
+
+
+def print_csv(header: Sequence[str], rows: Sequence[Sequence[Any]], file: IO[str] | None = None) -> None:
+    """Print *rows* under *header* as CSV (for scripts: ``--csv``)."""
+    writer = csv.writer(file or sys.stdout, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(rows)
+
+
+_ROLE = re.compile(r":(?:py:)?(?:func|meth|class|attr|mod|obj|data|exc|const):`~?([^`]+)`")
+_FIELD = re.compile(r"^(\s*):(param|parameter|arg|type|returns?|raises?)\s*([^:]*):", re.MULTILINE)
+
+
+def plain_text(doc: str) -> str:
+    """A reST/Sphinx docstring as text a person reads in a terminal.
+
+    ``:func:`before_training``` becomes ``before_training()``, ``:class:`~a.b.Loop``` becomes
+    ``Loop``, double back-quoted literals lose their quotes and ``:param x:`` fields become ``x:``.
+    """
+
+    def role(match: re.Match[str]) -> str:
+        whole = match.group(0)
+        target = match.group(1).rsplit(".", 1)[-1] if "~" in whole else match.group(1)
+        return f"{target}()" if whole.startswith((":func:", ":meth:")) else target
+
+    def field(match: re.Match[str]) -> str:
+        indent, kind, name = match.group(1), match.group(2), match.group(3).strip()
+        if kind.startswith("return"):
+            return f"{indent}returns:"
+        if kind.startswith("raise"):
+            return f"{indent}raises {name}:"
+        return f"{indent}{name}:"
+
+    text = _ROLE.sub(role, doc)
+    text = re.sub(r"``([^`]+)``", r"\1", text)
+    return _FIELD.sub(field, text)

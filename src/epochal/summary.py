@@ -1,0 +1,174 @@
+"""What ``epochal run`` tells a person: the line about a resumed checkpoint and the closing summary.
+
+:class:`RunSummary` is registered by the CLI beside the run's plugins (it is not a plugin a
+configuration names). It reads each epoch's log row once, in ``after_epoch``, so it costs nothing
+per batch, and after training :meth:`RunSummary.lines` says, TTY or not: how the run ended, the
+last and best value of every metric, where the checkpoints and the log database are, and the
+commands that resume the run and plot its log.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from epochal._markers import hookimpl
+
+#: metrics where higher is better (glob patterns on the metric's name); lower wins otherwise.
+MAXIMIZE = ("*acc*", "*accuracy*", "*auc*", "*f1*", "*precision*", "*recall*", "*score*", "*iou*")
+#: records of a row that are not a stream's metric.
+_NOT_METRICS = (".best", ".best_so_far", ".running")
+
+
+def higher_is_better(key: str) -> bool:
+    """Whether a larger value of metric *key* (``valid.accuracy``) is the better one."""
+    name = key.rpartition(".")[2].lower()
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in MAXIMIZE)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def format_metrics(metrics: dict[str, float], epochs: dict[str, int] | None = None) -> str:
+    """``loss=0.1234, accuracy=0.9611`` (with ``(epoch N)`` after each when *epochs* is given)."""
+    parts = []
+    for name, value in metrics.items():
+        where = f" (epoch {epochs[name]})" if epochs and name in epochs else ""
+        parts.append(f"{name}={value:.4g}{where}")
+    return ", ".join(parts)
+
+
+def resume_line(loop: Any) -> str:
+    """One line naming what *loop* resumed from: checkpoint, run, epoch and iteration."""
+    source = None
+    for plugin in loop.plugins.values():  # epochal-checkpoint's `checkpoint` and `load` say which
+        source = getattr(plugin, "resumed_path", None) or getattr(plugin, "loaded", None) or source
+    where = f"checkpoint {source}" if source is not None else "a saved state"
+    run = f" of run {loop.resumed_from}" if loop.resumed_from else ""
+    middle = f", batch {loop.batch_in_epoch} of epoch {loop.epoch + 1}" if loop.in_epoch else ""
+    return (
+        f"epochal: resumed from {where}{run} at epoch {loop.epoch}, iteration {loop.iteration}"
+        f"{middle} (this run: {loop.run_id})"
+    )
+
+
+class RunSummary:
+    """Collects the metrics of every epoch and writes the closing summary of ``epochal run``."""
+
+    def __init__(self, config_file: str | None = None, argv: Sequence[str] = ()) -> None:
+        self.config_file = config_file
+        self.argv = list(argv)
+        #: stream → metric → last value.
+        self.last: dict[str, dict[str, float]] = {}
+        #: stream → metric → (best value, epoch).
+        self.best: dict[str, dict[str, tuple[float, int]]] = {}
+
+    @hookimpl(tryfirst=True)
+    def on_resumption(self, loop: Any) -> None:
+        """Say what the run resumed from, before any progress bar is drawn; note its earlier epochs."""
+        print(resume_line(loop), file=sys.stderr, flush=True)
+        for _, row in loop.log.rows():
+            epoch = row.get("epochs_done")
+            if isinstance(epoch, int):
+                self._note(loop, row, epoch)
+
+    @hookimpl(trylast=True)
+    def after_epoch(self, loop: Any) -> None:
+        """Note the epoch's train and eval metrics (the other plugins have written their records)."""
+        self._note(loop, loop.log.current_row, loop.epoch)
+
+    def _note(self, loop: Any, row: Any, epoch: int) -> None:
+        streams = ("train", *loop.eval_streams)
+        for key, value in row.items():
+            stream, _, metric = key.partition(".")
+            if stream not in streams or not metric or key.endswith(_NOT_METRICS):
+                continue
+            number = _number(value)
+            if number is None:
+                continue
+            self.last.setdefault(stream, {})[metric] = number
+            best = self.best.setdefault(stream, {})
+            previous = best.get(metric)
+            better = higher_is_better(key)
+            if previous is None or (number > previous[0] if better else number < previous[0]):
+                best[metric] = (number, epoch)
+
+    # -- the summary --------------------------------------------------------------------------
+
+    def lines(self, loop: Any, elapsed: float | None = None) -> list[str]:
+        """The closing summary of *loop*'s run, one ``epochal: ...`` line per fact."""
+        status = loop.log.status
+        took = f" ({elapsed:.3g} s)" if elapsed is not None else ""
+        lines = [
+            f"epochal: run {loop.run_id} {status['status']} after {loop.epoch} epoch(s), "
+            f"{loop.iteration} batch(es): {status['finish_reason']}{took}"
+        ]
+        last = {
+            stream: dict(metrics)
+            for stream, metrics in sorted(self.last.items(), key=lambda i: i[0] != "train")
+        }
+        for stream, metrics in loop.last_metrics.items():  # evaluations after the last epoch too
+            last.setdefault(stream, {}).update(
+                {k: n for k, v in metrics.items() if (n := _number(v)) is not None}
+            )
+        for stream, metrics in last.items():
+            label = "train (epoch means)" if stream == "train" else stream
+            lines.append(f"epochal: last {label}: {format_metrics(metrics)}")
+        for stream, best in self.best.items():
+            if stream == "train" or loop.epoch < 2:
+                continue
+            values = {metric: value for metric, (value, _) in best.items()}
+            epochs = {metric: epoch for metric, (_, epoch) in best.items()}
+            lines.append(f"epochal: best {stream}: {format_metrics(values, epochs)}")
+        checkpoints = self._checkpoints(loop)
+        if checkpoints is not None:
+            lines.append(f"epochal: checkpoints: {checkpoints}")
+        database = self._database(loop)
+        if database is not None:
+            lines.append(f"epochal: log: {database}")
+        if checkpoints is not None and self.config_file:
+            again = ["epochal", "run", self.config_file, *self.argv, "--resume"]
+            lines.append(f"epochal: resume: {shlex.join(again)}")
+        if database is not None:
+            key = self._plot_key()
+            plot = ["epochal", "log", "plot", loop.run_id[:12], "--db", str(database)]
+            if key:
+                plot += ["--key", key, "-o", f"{key.replace('.', '-')}.png"]
+            lines.append(f"epochal: plot: {shlex.join(plot)}")
+        return lines
+
+    def _plot_key(self) -> str | None:
+        for stream in [s for s in self.last if s != "train"] + ["train"]:
+            metrics = self.last.get(stream, {})
+            if metrics:
+                name = "loss" if "loss" in metrics else next(iter(metrics))
+                return f"{stream}.{name}"
+        return None
+
+    @staticmethod
+    def _checkpoints(loop: Any) -> Path | None:
+        plugin = loop.plugins.get("checkpoint")
+        directory = getattr(plugin, "directory", None)
+        if not callable(directory):
+            return None
+        try:
+            return Path(directory(loop))
+        except Exception:  # no directory configured: nothing to point at
+            return None
+
+    @staticmethod
+    def _database(loop: Any) -> Path | None:
+        path = getattr(loop.plugins.get("sqlite_log"), "db_path", None)
+        return Path(path) if path is not None else None

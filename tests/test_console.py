@@ -1,0 +1,136 @@
+"""What a person sees from ``epochal run``: the epoch blocks on a terminal, the summary, the words
+of --resume, a rerun into another run's checkpoints, --plugins versus --only, check-resume."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import re
+import select
+import struct
+import subprocess
+import sys
+import termios
+from pathlib import Path
+
+import pytest
+
+from epochal.testing import EpochalCli, digits_config
+
+pytest_plugins = ["epochal.testing"]
+pytestmark = pytest.mark.usefixtures("no_epochal_env")
+
+STANDARD = ["monitor", "early_stopping", "checkpoint", "sqlite_log", "timing", "progress"]
+
+
+def run_in_terminal(*args: str, cwd: Path, columns: int = 80) -> tuple[int, list[str]]:
+    """Run ``epochal ARGS`` under a pseudo-terminal *columns* wide; return its status and lines."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_") and k not in ("COLUMNS", "LINES")
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "epochal", *args], cwd=cwd, stdin=slave, stdout=slave, stderr=slave, env=env
+    )
+    os.close(slave)
+    out = b""
+    while True:
+        ready, _, _ = select.select([master], [], [], 120)
+        if not ready:
+            break
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    status = process.wait(timeout=60)
+    os.close(master)
+    text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", out.decode("utf-8", "replace"))
+    # what stays on screen: each \r-separated frame overwrites the line, the last one remains
+    return status, [line.split("\r")[-1] for line in text.replace("\r\n", "\n").split("\n")]
+
+
+def test_a_run_on_an_80_column_terminal(tmp_path: Path) -> None:
+    digits_config(tmp_path / "run.toml", STANDARD, max_epochs=3, run_dir="runs/digits")
+    status, lines = run_in_terminal("run", "run.toml", cwd=tmp_path)
+    assert status == 0, "\n".join(lines)
+    assert all(len(line) <= 80 for line in lines if not line.startswith("epochal:")), lines
+    for epoch in (1, 2, 3):
+        start = next(i for i, line in enumerate(lines) if line.startswith(f"epoch {epoch}/3 · "))
+        block = " ".join(lines[start : start + 3])
+        assert re.search(r"train loss [0-9.]+ accuracy [0-9.]+", block), block
+        assert re.search(r"valid loss [0-9.]+ accuracy [0-9.]+", block), block
+        assert re.search(r"· [0-9.]+s", block)
+    text = "\n".join(lines)
+    assert "stage / plugin.hook" not in text  # no profile unless asked
+    assert re.search(r"epochal: run \w+ finished after 3 epoch\(s\), 69 batch\(es\)", text)
+    assert re.search(r"epochal: best valid: loss=[0-9.]+ \(epoch \d\), accuracy=[0-9.]+ \(epoch \d\)", text)
+    assert "epochal: last train (epoch means): loss=" in text
+    assert "epochal: checkpoints: runs/digits/checkpoints" in text
+    assert "epochal: log: runs/epochal.sqlite" in text or "epochal: log: runs/digits/epochal.sqlite" in text
+    assert "epochal: resume: epochal run run.toml --resume" in text
+    assert re.search(r"epochal: plot: epochal log plot \w+ --db \S+ --key valid.loss -o valid-loss.png", text)
+
+
+def test_the_summary_without_a_terminal(tmp_path: Path, epochal_cli: EpochalCli) -> None:
+    digits_config(tmp_path / "run.toml", ["monitor", "checkpoint", "sqlite_log"], max_epochs=2)
+    result = epochal_cli("run", "run.toml", "--set", "loop.seed=1")
+    assert result.returncode == 0, result.stderr
+    assert "epochal: checkpoints: " in result.stdout and "epochal: log: " in result.stdout
+    assert "epochal: resume: epochal run run.toml --set loop.seed=1 --resume" in result.stdout
+
+
+def test_resume_says_what_it_resumed_and_a_rerun_is_refused(tmp_path: Path, epochal_cli: EpochalCli) -> None:
+    digits_config(tmp_path / "run.toml", ["monitor", "checkpoint"], max_epochs=2)
+    first = epochal_cli("run", "run.toml")
+    assert first.returncode == 0, first.stderr
+    run_id = re.search(r"epochal: run (\w+) finished", first.stdout).group(1)  # type: ignore[union-attr]
+    again = epochal_cli("run", "run.toml")
+    assert again.returncode == 2 and again.stdout == ""
+    assert "already holds 2 checkpoint(s) of an earlier run" in again.stderr
+    assert "epochal run run.toml --resume" in again.stderr and "--set loop.run_dir=DIR" in again.stderr
+    assert len(again.stderr.strip().splitlines()) == 1
+    resumed = epochal_cli("run", "run.toml", "--set", "loop.max_epochs=3", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    notes = [line for line in resumed.stderr.splitlines() if line.startswith("epochal: resumed from")]
+    assert notes == [
+        f"epochal: resumed from checkpoint {tmp_path / 'run/checkpoints/ckpt-e0002-i000046'} of run {run_id} "
+        f"at epoch 2, iteration 46 (this run: {notes[0].rsplit(' ', 1)[1][:-1]})"
+    ]
+    fresh = epochal_cli("run", "run.toml", "--set", "loop.run_dir=elsewhere")
+    assert fresh.returncode == 0, fresh.stderr
+
+
+def test_plugins_orders_and_only_selects(tmp_path: Path, epochal_cli: EpochalCli) -> None:
+    help_text = epochal_cli("run", "--help").stdout
+    assert "every other installed plugin" in help_text and "Load only these plugins" in help_text
+    config = tmp_path / "run.toml"
+    digits_config(config, [], max_epochs=1)
+    config.write_text(config.read_text().replace("autoload = false", "autoload = true"))
+    ordered = epochal_cli("run", "run.toml", "--plugins", "monitor", "--trace-plugins=trace.jsonl")
+    assert ordered.returncode == 0, ordered.stderr
+    only = epochal_cli("run", "run.toml", "--only", "monitor", "--set", "loop.run_dir=only")
+    assert only.returncode == 0, only.stderr
+    assert "epochal: checkpoints:" in ordered.stdout  # every installed plugin ran
+    assert "epochal: checkpoints:" not in only.stdout and "epochal: log:" not in only.stdout
+    assert "last train (epoch means)" in only.stdout  # monitor ran
+    both = epochal_cli("run", "run.toml", "--only", "monitor", "--plugins", "monitor")
+    assert both.returncode == 2 and "--plugins and --only exclude each other" in both.stderr
+
+
+def test_check_resume_speaks_for_itself(tmp_path: Path, epochal_cli: EpochalCli) -> None:
+    digits_config(tmp_path / "run.toml", ["monitor", "checkpoint"], max_epochs=2)
+    result = epochal_cli("check-resume", "run.toml", "--at", "10")
+    assert result.returncode == 0, result.stderr
+    assert "received" not in result.stderr and "SIGTERM received" not in result.stdout
+    out = result.stdout
+    assert "check-resume: 1/3 straight run" in out
+    assert "check-resume: 2/3 the same run, stopped after batch 10 as SIGTERM stops it" in out
+    assert "check-resume: 3/3 resuming it from its checkpoint" in out
+    assert (
+        out.index("1/3") < out.index("2/3") < out.index("3/3") < out.index("ok: interrupted after batch 10")
+    )
