@@ -6,7 +6,7 @@ import collections.abc as cabc
 import inspect
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from epochal.errors import PluginError, did_you_mean
@@ -26,12 +26,14 @@ def check_options(
     options: Mapping[str, Any],
     where: str | None = None,
     error: type[Exception] = PluginError,
+    shared: Sequence[str] = (),
 ) -> None:
     """Raise *error* unless *options* are valid keyword arguments of *factory*.
 
     Unknown names, missing required options and values whose type does not match the
     annotation are each reported with the list of valid options. *name* is what the options
-    configure (a plugin name) and *where* the config section (default ``[plugins.NAME]``).
+    configure (a plugin name) and *where* the config section (default ``[plugins.NAME]``);
+    *shared* are the keys every table accepts besides (the trigger keys), for "did you mean".
     """
     signature = option_signature(factory)
     if signature is None:
@@ -59,9 +61,10 @@ def check_options(
         if key not in params:
             if takes_any:
                 continue
+            also = f"; shared keys: {', '.join(shared)}" if shared else ""
             raise error(
                 f"{where}: unknown option {key!r} for {what}"
-                f"{did_you_mean(key, params)}; valid options: {valid}"
+                f"{did_you_mean(key, [*params, *shared])}; valid options: {valid}{also}"
             )
         hint = hints.get(key)
         if hint is not None and not matches(value, hint):

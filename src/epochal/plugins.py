@@ -31,6 +31,7 @@ from epochal._registry import hook_names, new_plugin_manager, register, validate
 from epochal.composite import CompositePlugin
 from epochal.errors import PluginError, did_you_mean
 from epochal.ordering import call_order
+from epochal.triggers import TRIGGER_KEYS, Triggers, parse_triggers
 
 GROUP = "epochal.plugins"
 ENV_NO_AUTOLOAD = "EPOCHAL_DISABLE_PLUGIN_AUTOLOAD"
@@ -141,6 +142,7 @@ class PluginSet:
         plugins: dict[str, object],
         infos: list[PluginInfo],
         policies: Mapping[str, str] | None = None,
+        triggers: Mapping[str, Triggers] | None = None,
     ):
         self.pm = pm
         #: name → plugin instance, in call order (composite children as ``parent/child``).
@@ -151,8 +153,10 @@ class PluginSet:
         self.policies = dict(policies or {})
         #: plugins isolated during the run: name → "hook: error".
         self.isolated: dict[str, str] = {}
+        #: name → the trigger keys of its table (plugins without any are absent: no cost).
+        self.triggers: dict[str, Triggers] = dict(triggers or {})
         #: compiled callers of every hook (None where nothing implements a hook).
-        self.hooks = Hooks(pm, self._on_failure)
+        self.hooks = Hooks(pm, self._on_failure, self._gate)
         self.units: list[_Unit] = []
 
     def check_dependencies(self) -> None:
@@ -172,6 +176,11 @@ class PluginSet:
         )
         self.unregister(plugin)
         return True
+
+    def _gate(self, plugin: str, hook: str) -> Any:
+        """The trigger gate on *plugin*'s *hook*: True (none), False (never) or a condition."""
+        triggers = self.triggers.get(plugin)
+        return True if triggers is None else triggers.gate(hook)
 
     def call_order(self, hook: str) -> list[str]:
         """The names of the plugins implementing *hook*, in the order they are called."""
@@ -252,6 +261,7 @@ def load_plugins(
 
     units: list[_Unit] = []
     policies: dict[str, str] = {}
+    triggers: dict[str, Triggers] = {}
     for name in selected:
         if name not in objects:
             continue  # failed to import, reported already
@@ -259,8 +269,14 @@ def load_plugins(
         if not named and getattr(objects[name], "autoload", True) is False:
             infos[name].status = "available"  # it asks to be loaded only when named (bundles)
             continue
-        plugin_options = {k: v for k, v in options.get(name, {}).items() if k != "on_failure"}
+        table = options.get(name, {})
+        own = own_options(objects[name])  # a plugin's own option of a trigger key's name wins
+        shared = {k: v for k, v in table.items() if k in TRIGGER_KEYS and k not in own}
+        plugin_options = {k: v for k, v in table.items() if k != "on_failure" and k not in shared}
         try:
+            plugin_triggers = parse_triggers(shared, f"[plugins.{name}]", PluginError)
+            if plugin_triggers is not None:
+                triggers[name] = plugin_triggers
             plugin = build(name, objects[name], plugin_options)
             policies[name] = failure_policy(name, plugin, options.get(name, {}))
             unit = _unit(name, plugin, infos, disabled)
@@ -289,7 +305,7 @@ def load_plugins(
             )
 
     ordered = _order(units, [n for n in explicit if n in objects and n not in disabled])
-    return _assemble(ordered, infos, policies)
+    return _assemble(ordered, infos, policies, triggers)
 
 
 def compose(plugins: Mapping[str, object], disable: Iterable[str] = ()) -> PluginSet:
@@ -322,8 +338,18 @@ def _unit(name: str, plugin: object, infos: dict[str, PluginInfo], disabled: set
     return _Unit(name, plugin, members)
 
 
-def _assemble(units: list[_Unit], infos: dict[str, PluginInfo], policies: Mapping[str, str]) -> PluginSet:
+def _assemble(
+    units: list[_Unit],
+    infos: dict[str, PluginInfo],
+    policies: Mapping[str, str],
+    triggers: Mapping[str, Triggers] | None = None,
+) -> PluginSet:
     """Register the ordered units with a new pluggy manager."""
+    triggers = dict(triggers or {})
+    for unit in units:  # a composite's children share its triggers
+        if unit.name in triggers:
+            for member, _ in unit.members:
+                triggers.setdefault(member, triggers[unit.name])
     pm = new_plugin_manager()
     plugins: dict[str, object] = {}
     member_policies: dict[str, str] = {}
@@ -341,7 +367,7 @@ def _assemble(units: list[_Unit], infos: dict[str, PluginInfo], policies: Mappin
         info.status, info.position = "loaded", position
         info.hooks = sorted(hook_names(plugins[name]))
     listing = sorted(infos.values(), key=lambda i: (i.position is None, i.position or 0, i.name))
-    plugin_set = PluginSet(pm, plugins, listing, member_policies)
+    plugin_set = PluginSet(pm, plugins, listing, member_policies, triggers)
     plugin_set.units = list(units)
     return plugin_set
 
@@ -374,6 +400,17 @@ def check_dependencies(units: Sequence[_Unit]) -> None:
         raise PluginError("; ".join(dict.fromkeys(problems)))
 
 
+def own_options(obj: object) -> set[str]:
+    """The keyword arguments a plugin's class or factory takes (empty for a module)."""
+    if not (inspect.isclass(obj) or inspect.isfunction(obj)):
+        return set()
+    try:
+        parameters = inspect.signature(obj).parameters.values()
+    except (TypeError, ValueError):
+        return set()
+    return {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
 def build(name: str, obj: object, options: Mapping[str, Any]) -> object:
     """Turn an entry point's object into a plugin instance using its options.
 
@@ -381,7 +418,7 @@ def build(name: str, obj: object, options: Mapping[str, Any]) -> object:
     any other object) is the plugin itself and takes no options.
     """
     if inspect.isclass(obj) or inspect.isfunction(obj):
-        check_options(name, obj, options)
+        check_options(name, obj, options, shared=list(TRIGGER_KEYS))
         return obj(**options)
     if options:
         raise PluginError(
