@@ -27,7 +27,7 @@ import pluggy
 
 from epochal._dispatch import Hooks, implementations
 from epochal._options import check_options
-from epochal._registry import hook_names, new_plugin_manager, register, validate
+from epochal._registry import AddedSpecs, added_hookspecs, hook_names, new_plugin_manager, register, validate
 from epochal.composite import CompositePlugin
 from epochal.errors import PluginError, did_you_mean
 from epochal.ordering import call_order
@@ -177,6 +177,12 @@ class PluginSet:
         self.unregister(plugin)
         return True
 
+    @property
+    def hook(self) -> Any:
+        """pluggy's hook callers: ``loop.plugin_set.hook.NAME(**kwargs)`` calls a hook that a
+        plugin added (``epochal_hookspecs``) and returns the list of non-None results."""
+        return self.pm.hook
+
     def _gate(self, plugin: str, hook: str) -> Any:
         """The trigger gate on *plugin*'s *hook*: True (none), False (never) or a condition."""
         triggers = self.triggers.get(plugin)
@@ -262,6 +268,7 @@ def load_plugins(
     units: list[_Unit] = []
     policies: dict[str, str] = {}
     triggers: dict[str, Triggers] = {}
+    added = added_hookspecs({n: objects[n] for n in selected if n in objects})
     for name in selected:
         if name not in objects:
             continue  # failed to import, reported already
@@ -281,7 +288,7 @@ def load_plugins(
             policies[name] = failure_policy(name, plugin, options.get(name, {}))
             unit = _unit(name, plugin, infos, disabled)
             for member, member_plugin in unit.members:
-                validate(member, member_plugin)
+                validate(member, member_plugin, added)
         except PluginError as error:
             if named:
                 raise
@@ -305,7 +312,7 @@ def load_plugins(
             )
 
     ordered = _order(units, [n for n in explicit if n in objects and n not in disabled])
-    return _assemble(ordered, infos, policies, triggers)
+    return _assemble(ordered, infos, policies, triggers, added)
 
 
 def compose(plugins: Mapping[str, object], disable: Iterable[str] = ()) -> PluginSet:
@@ -318,7 +325,9 @@ def compose(plugins: Mapping[str, object], disable: Iterable[str] = ()) -> Plugi
     infos = {name: PluginInfo(name) for name in plugins}
     units = [_unit(name, plugin, infos, disabled) for name, plugin in plugins.items() if name not in disabled]
     policies = {unit.name: failure_policy(unit.name, unit.plugin, {}) for unit in units}
-    return _assemble(_order(units, list(plugins)), infos, policies)
+    members = {name: p for unit in units for name, p in [(unit.name, unit.plugin), *unit.members]}
+    added = added_hookspecs(members)
+    return _assemble(_order(units, list(plugins)), infos, policies, added=added)
 
 
 def _unit(name: str, plugin: object, infos: dict[str, PluginInfo], disabled: set[str]) -> _Unit:
@@ -343,14 +352,15 @@ def _assemble(
     infos: dict[str, PluginInfo],
     policies: Mapping[str, str],
     triggers: Mapping[str, Triggers] | None = None,
+    added: AddedSpecs | None = None,
 ) -> PluginSet:
-    """Register the ordered units with a new pluggy manager."""
+    """Register the ordered units with a new pluggy manager (knowing the *added* hooks)."""
     triggers = dict(triggers or {})
     for unit in units:  # a composite's children share its triggers
         if unit.name in triggers:
             for member, _ in unit.members:
                 triggers.setdefault(member, triggers[unit.name])
-    pm = new_plugin_manager()
+    pm = new_plugin_manager(added)
     plugins: dict[str, object] = {}
     member_policies: dict[str, str] = {}
     for unit in units:
@@ -361,7 +371,7 @@ def _assemble(
         if unit.name in policies:
             member_policies[unit.name] = policies[unit.name]
     for name, plugin in reversed(plugins.items()):  # pluggy calls the last registered first
-        register(pm, name, plugin)
+        register(pm, name, plugin, added)
     for position, name in enumerate(plugins):
         info = infos[name]
         info.status, info.position = "loaded", position
@@ -508,15 +518,21 @@ def register_commands(cli: Any) -> None:
     names = env_list(ENV_PLUGINS) if autoload_disabled() else sorted(available)
     names = [name for name in names if name in available]
     infos = {name: PluginInfo(name, available[name].distribution) for name in names}
-    pm = new_plugin_manager()
-    for name, obj in _import(names, available, set(), infos).items():
+    imported = _import(names, available, set(), infos)
+    try:
+        added = added_hookspecs(imported)
+    except PluginError as error:
+        warnings.warn(str(error), PluginLoadWarning, stacklevel=2)
+        added = {}
+    pm = new_plugin_manager(added)
+    for name, obj in imported.items():
         if "register_commands" not in hook_names(obj):
             continue
         try:
             impl = inspect.getattr_static(obj, "register_commands")
             if inspect.isclass(obj) and not isinstance(impl, (staticmethod, classmethod)):
                 obj = obj()  # an instance method: the class must build with its defaults
-            register(pm, name, obj)
+            register(pm, name, obj, added)
         except Exception as error:
             _fail(infos[name], f"plugin {name!r} cannot add commands: {error}")
     for name, call in each_implementation(pm, "register_commands", cli=cli):
