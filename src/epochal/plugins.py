@@ -26,7 +26,7 @@ from typing import Any
 import pluggy
 
 from epochal._dispatch import Hooks, implementations
-from epochal._options import check_options
+from epochal._options import check_options, convert_options
 from epochal._registry import AddedSpecs, added_hookspecs, hook_names, new_plugin_manager, register, validate
 from epochal.composite import CompositePlugin
 from epochal.errors import PluginError, did_you_mean
@@ -428,6 +428,7 @@ def build(name: str, obj: object, options: Mapping[str, Any]) -> object:
     any other object) is the plugin itself and takes no options.
     """
     if inspect.isclass(obj) or inspect.isfunction(obj):
+        options = convert_options(obj, options, f"[plugins.{name}]")
         check_options(name, obj, options, shared=list(TRIGGER_KEYS))
         return obj(**options)
     if options:
