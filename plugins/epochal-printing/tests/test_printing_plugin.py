@@ -14,7 +14,7 @@ pytest_plugins = ["epochal.testing"]
 
 
 def test_on_by_default_without_a_terminal(epochal_cli: EpochalCli, tmp_path: Path) -> None:
-    config = digits_config(tmp_path / "run.toml", ["monitor", "printing"], max_epochs=2)
+    config = digits_config(tmp_path / "run.toml", ["monitor", "timing", "printing"], max_epochs=2)
     result = epochal_cli("run", str(config))
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stdout.splitlines() if line.startswith("epoch ")]
@@ -22,6 +22,7 @@ def test_on_by_default_without_a_terminal(epochal_cli: EpochalCli, tmp_path: Pat
     assert lines[0].startswith("epoch 1/2 (iteration ")
     for line in lines:
         assert "train loss=" in line and "| valid loss=" in line and "accuracy=" in line
+        assert "timing" not in line
     assert "training finished: max_epochs=2 reached" in result.stdout
 
 
@@ -56,6 +57,11 @@ def test_off_on_a_terminal_unless_asked(epochal_run, monkeypatch: pytest.MonkeyP
 def test_format_groups_by_stream() -> None:
     row = {"epochs_done": 3, "train.loss": 0.25, "valid.loss": 0.5, "valid.accuracy": 0.75, "lr": 0.1}
     assert format_metrics(row, 2) == "train loss=0.25 | valid loss=0.50 accuracy=0.75 | log lr=0.10"
+    row["timing.epoch"] = 0.5
+    assert (
+        format_metrics(row, 2, exclude=["timing.*", "valid.acc*"])
+        == "train loss=0.25 | valid loss=0.50 | log lr=0.10"
+    )
 
 
 def test_bad_options_are_refused() -> None:

@@ -13,8 +13,9 @@ A line groups the epoch's log row by stream (``train.loss`` → ``train``, ``val
 
 from __future__ import annotations
 
+import fnmatch
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 from epochal import PluginError, hookimpl
@@ -39,11 +40,14 @@ def _format(value: Any, digits: int) -> str | None:
         return None
 
 
-def format_metrics(row: Mapping[str, Any], digits: int = 4) -> str:
-    """``train loss=0.18 | valid loss=0.20``: a row's records grouped by stream."""
+def format_metrics(row: Mapping[str, Any], digits: int = 4, exclude: Sequence[str] = ()) -> str:
+    """``train loss=0.18 | valid loss=0.20``: a row's records grouped by stream.
+
+    Keys matching a pattern of *exclude* (``fnmatch``: ``"timing.*"``) are left out.
+    """
     groups: dict[str, list[str]] = {}
     for key, value in row.items():
-        if key in SKIPPED:
+        if key in SKIPPED or any(fnmatch.fnmatchcase(key, pattern) for pattern in exclude):
             continue
         shown = _format(value, digits)
         if shown is None:
@@ -63,11 +67,19 @@ class Printing:
     :param tty: print even when stdout is a terminal (there ``progress`` shows bars instead).
     :param digits: decimal places of the numbers shown.
     :param stream: where to print: ``stdout`` or ``stderr``.
+    :param exclude: log keys not to show, as ``fnmatch`` patterns (default: ``timing``'s records).
     """
 
     run_after = ("monitor", "early_stopping")  # their records of the epoch are in the row
 
-    def __init__(self, batches: int = 0, tty: bool = False, digits: int = 4, stream: str = "stdout") -> None:
+    def __init__(
+        self,
+        batches: int = 0,
+        tty: bool = False,
+        digits: int = 4,
+        stream: str = "stdout",
+        exclude: Sequence[str] = ("timing.*",),
+    ) -> None:
         if isinstance(batches, bool) or not isinstance(batches, int) or batches < 0:
             raise PluginError(f"[plugins.printing] batches: must be a non-negative integer, not {batches!r}")
         if isinstance(digits, bool) or not isinstance(digits, int) or not 0 <= digits <= 12:
@@ -75,6 +87,7 @@ class Printing:
         if stream not in ("stdout", "stderr"):
             raise PluginError(f"[plugins.printing] stream: must be 'stdout' or 'stderr', not {stream!r}")
         self.batches, self.tty, self.digits, self.stream = batches, tty, digits, stream
+        self.exclude = tuple(exclude)
         self.active = False
 
     def _out(self) -> TextIO:
@@ -113,7 +126,7 @@ class Printing:
     @hookimpl
     def after_epoch(self, loop: Any) -> None:
         if self.active:
-            shown = format_metrics(loop.log.current_row, self.digits) or "(no metrics logged)"
+            shown = format_metrics(loop.log.current_row, self.digits, self.exclude) or "(no metrics logged)"
             self._print(f"{self._epoch(loop, loop.epoch)} (iteration {loop.iteration}): {shown}")
 
     @hookimpl
