@@ -145,7 +145,7 @@ def test_bad_failure_policy_is_a_clear_error(throwaway_cli, write_config):
     config = write_config(["tw_alpha"], extra='[plugins.tw_alpha]\non_failure = "ignore"\n')
     result = throwaway_cli("run", str(config))
     assert result.returncode == 2
-    assert "Error: [plugins.tw_alpha]: on_failure must be one of fatal, isolate" in result.stderr
+    assert "run.toml: [plugins.tw_alpha]: on_failure must be one of fatal, isolate" in result.stderr
 
 
 def test_trace_plugins_to_stderr_and_to_a_json_file(throwaway_cli, write_config, tmp_path):

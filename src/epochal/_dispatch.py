@@ -7,6 +7,10 @@ compiles a small function that calls the implementations in pluggy's order, each
 arguments it declares, exactly as ``_multicall`` would. A hook with no implementation compiles
 to ``None`` so the loop skips it with one test. Hooks with wrappers keep pluggy's own call.
 
+A plugin configured with trigger keys (:mod:`epochal.triggers`) has its implementations
+compiled behind its gate (``if _g0(loop): f0(...)``); every other plugin compiles exactly as
+without triggers, so the feature costs nothing to the plugins that do not use it.
+
 When an implementation raises, the exception is annotated with the plugin and hook names
 (``error.add_note`` and the attribute ``epochal_plugin``) and propagates unchanged.
 """
@@ -52,6 +56,8 @@ def implementations(pm: pluggy.PluginManager, hook: str) -> list[pluggy.HookImpl
 FailureHandler = Callable[[BaseException, str, str], bool]
 #: Called with (hook, loop or None, ((plugin, seconds), ...)) after every traced hook call.
 Tracer = Callable[[str, Any, tuple[tuple[str, float], ...]], None]
+#: Called with (plugin, hook): True (always call), False (never) or a condition on the loop.
+Gate = Callable[[str, str], Any]
 
 
 def compile_hook(
@@ -59,18 +65,40 @@ def compile_hook(
     hook: str,
     on_failure: FailureHandler | None = None,
     tracer: Tracer | None = None,
+    gate: Gate | None = None,
 ) -> Callable[..., Any] | None:
     """A function taking the hook's arguments positionally and calling every implementation.
 
     Returns None when the hook has no implementation. An exception from an implementation is
     annotated with the plugin and hook; then *on_failure* may swallow it (the remaining
-    implementations still run) or it propagates. With a *tracer*, every call is timed.
+    implementations still run) or it propagates. With a *tracer*, every call is timed. *gate*
+    says, per plugin, whether and when its implementation is called (the trigger keys).
     """
     impls = implementations(pm, hook)
+    args = HOOK_ARGS.get(hook, ())
+    gates: dict[int, Any] = {}
+    gated = False
+    if gate is not None and "loop" in args:
+        kept: list[pluggy.HookImpl] = []
+        for impl in impls:
+            condition = gate(impl.plugin_name, hook)
+            gated = gated or condition is not True
+            if condition is False:
+                continue
+            if condition is not True:
+                gates[len(kept)] = condition
+            kept.append(impl)
+        impls = kept
     if not impls:
         return None
-    args = HOOK_ARGS[hook]
-    if any(impl.hookwrapper or impl.wrapper for impl in impls):
+    if any(impl.hookwrapper or impl.wrapper for impl in implementations(pm, hook)):
+        if gated:
+            from epochal.errors import PluginError
+
+            raise PluginError(
+                f"hook {hook!r} has a wrapper implementation, and trigger keys cannot gate a hook "
+                "with wrappers: remove the trigger keys of the plugins implementing it"
+            )
         call = getattr(pm.hook, hook)
 
         def through_pluggy(*values: Any) -> Any:
@@ -89,10 +117,14 @@ def compile_hook(
         lines.append("    _t = _clock()")
     for k, impl in enumerate(impls):
         namespace[f"f{k}"] = impl.function
+        call = f"f{k}({', '.join(impl.argnames)})"
+        if k in gates:
+            namespace[f"_g{k}"] = gates[k]
+            call = f"_g{k}(loop) and {call}"
         # A try block costs nothing in CPython 3.11+ until something is raised.
         lines += [
             "    try:",
-            f"        f{k}({', '.join(impl.argnames)})",
+            f"        {call}",
             "    except BaseException as e:",
             f"        if not _failed(e, {k}):",
             "            raise",
@@ -125,16 +157,19 @@ class Hooks:
     arguments positionally.
     """
 
-    def __init__(self, pm: pluggy.PluginManager, on_failure: FailureHandler | None = None) -> None:
+    def __init__(
+        self, pm: pluggy.PluginManager, on_failure: FailureHandler | None = None, gate: Gate | None = None
+    ) -> None:
         self._pm = pm
         self._on_failure = on_failure
+        self._gate = gate
         self.tracer: Tracer | None = None
         self.rebuild()
 
     def rebuild(self) -> None:
         """Recompile every hook from the implementations currently registered."""
         for hook in HOOK_ARGS:
-            setattr(self, hook, compile_hook(self._pm, hook, self._on_failure, self.tracer))
+            setattr(self, hook, compile_hook(self._pm, hook, self._on_failure, self.tracer, self._gate))
 
     def trace(self, tracer: Tracer | None) -> None:
         """Time every hook call and report it to *tracer* (None: stop tracing)."""

@@ -1,4 +1,12 @@
-"""Checking a plugin's options (``[plugins.NAME]``) against its constructor's signature."""
+"""Checking a plugin's options (``[plugins.NAME]``) against its constructor's signature.
+
+The annotations of the constructor are the schema. Values TOML cannot spell are converted
+first (:func:`convert_options`): ``"none"`` for an option that accepts ``None`` (and no
+string), ``"module:attr"`` for a callable, a table for a nested structure (a dataclass, a
+``TypedDict`` or a pydantic model, validated by pydantic); then every value is checked against
+its annotation with messages naming ``[plugins.NAME] key``. :func:`options_schema` turns the
+same signature into the JSON Schema of the table (``epochal schema``).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +14,7 @@ import collections.abc as cabc
 import inspect
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from epochal.errors import PluginError, did_you_mean
@@ -26,12 +34,14 @@ def check_options(
     options: Mapping[str, Any],
     where: str | None = None,
     error: type[Exception] = PluginError,
+    shared: Sequence[str] = (),
 ) -> None:
     """Raise *error* unless *options* are valid keyword arguments of *factory*.
 
     Unknown names, missing required options and values whose type does not match the
     annotation are each reported with the list of valid options. *name* is what the options
-    configure (a plugin name) and *where* the config section (default ``[plugins.NAME]``).
+    configure (a plugin name) and *where* the config section (default ``[plugins.NAME]``);
+    *shared* are the keys every table accepts besides (the trigger keys), for "did you mean".
     """
     signature = option_signature(factory)
     if signature is None:
@@ -59,9 +69,10 @@ def check_options(
         if key not in params:
             if takes_any:
                 continue
+            also = f"; shared keys: {', '.join(shared)}" if shared else ""
             raise error(
                 f"{where}: unknown option {key!r} for {what}"
-                f"{did_you_mean(key, params)}; valid options: {valid}"
+                f"{did_you_mean(key, [*params, *shared])}; valid options: {valid}{also}"
             )
         hint = hints.get(key)
         if hint is not None and not matches(value, hint):
@@ -72,6 +83,79 @@ def check_options(
     missing = [p.name for p in params.values() if p.default is p.empty and p.name not in options]
     if missing:
         raise error(f"{where}: {what} needs option(s) {', '.join(missing)}; valid options: {valid}")
+
+
+#: The TOML spelling of None, for an option whose annotation accepts None and no string.
+NONE_SPELLING = "none"
+
+
+def _flatten(hint: Any) -> list[Any]:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return [a for arg in typing.get_args(hint) for a in _flatten(arg)]
+    return [hint]
+
+
+def _is_structure(hint: Any) -> bool:
+    """A dataclass, TypedDict or pydantic model: a nested table pydantic validates."""
+    import dataclasses
+
+    if not isinstance(hint, type):
+        return False
+    if dataclasses.is_dataclass(hint) or typing.is_typeddict(hint):
+        return True
+    return any(b.__name__ == "BaseModel" and b.__module__.startswith("pydantic") for b in hint.__mro__)
+
+
+def _is_callable(hint: Any) -> bool:
+    return hint is cabc.Callable or typing.get_origin(hint) is cabc.Callable
+
+
+def option_hints(factory: Callable[..., Any]) -> dict[str, Any]:
+    """The resolved annotations of *factory*'s options (empty when they cannot be resolved)."""
+    try:
+        return typing.get_type_hints(factory.__init__ if inspect.isclass(factory) else factory)
+    except Exception:
+        return {}
+
+
+def convert_options(factory: Callable[..., Any], options: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """*options* with the values TOML cannot spell converted for *factory*'s annotations.
+
+    :raises PluginError: naming *where* and the key when a nested table is invalid or a
+        ``"module:attr"`` does not import.
+    """
+    hints = option_hints(factory)
+    converted = dict(options)
+    for key, value in options.items():
+        hint = hints.get(key)
+        if hint is None:
+            continue
+        alternatives = _flatten(hint)
+        takes_str = str in alternatives or Any in alternatives
+        if value == NONE_SPELLING and type(None) in alternatives and not takes_str:
+            converted[key] = None
+        elif isinstance(value, str) and not takes_str and any(map(_is_callable, alternatives)):
+            from epochal.config import resolve
+
+            try:
+                converted[key] = resolve(value, f"{where} {key}")
+            except Exception as error:
+                raise PluginError(str(error).replace("factory ", "", 1)) from None
+        elif isinstance(value, dict) and any(map(_is_structure, alternatives)):
+            import pydantic
+
+            try:  # an unknown key of a nested table is an error, as it is in [plugins.NAME]
+                adapter = pydantic.TypeAdapter(hint, config=pydantic.ConfigDict(extra="forbid"))
+            except pydantic.PydanticUserError:  # a model with its own config
+                adapter = pydantic.TypeAdapter(hint)
+            try:
+                converted[key] = adapter.validate_python(value)
+            except pydantic.ValidationError as error:
+                problems = "; ".join(
+                    f"{'.'.join(map(str, e['loc'])) or key}: {e['msg']}" for e in error.errors()[:5]
+                )
+                raise PluginError(f"{where} {key}: invalid table: {problems}") from None
+    return converted
 
 
 def matches(value: Any, hint: Any) -> bool:

@@ -404,6 +404,21 @@ def check_resume_command(
 
 
 @cli.command()
+@click.argument("config_file", type=click.Path(dir_okay=False), required=False)
+def schema(config_file: str | None) -> None:
+    """Print the JSON Schema of a run configuration (for editors' TOML completion).
+
+    Every installed plugin's table is in it, with its options' types, defaults and docs; with
+    CONFIG_FILE, also the tables of the plugins from your own code that it names.
+    """
+    from epochal.config import load_config
+    from epochal.schema import run_schema
+
+    config = load_config(config_file) if config_file else None
+    click.echo(json.dumps(run_schema(config), indent=2))
+
+
+@cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (docstrings as written, reST).")
 def hooks(as_json: bool) -> None:
     """Document every hook a plugin can implement (as plain text)."""

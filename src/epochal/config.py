@@ -2,7 +2,11 @@
 
 Sections: ``[loop]`` (the loop's options), ``[model]`` and ``[data]`` (a ``factory =
 "module:callable"`` and its keyword arguments), ``[plugins]`` (``order``, ``disable``,
-``autoload``, and one ``[plugins.NAME]`` table of options per plugin).
+``autoload``, and one ``[plugins.NAME]`` table of options per plugin; a table with a
+``factory = "module:attr"`` key is a plugin from the user's own code).
+
+Every ``factory`` is imported as ``python -m`` would find it: from the configuration file's
+directory, then the current directory, then ``sys.path`` (no ``PYTHONPATH=.`` needed).
 """
 
 from __future__ import annotations
@@ -10,13 +14,14 @@ from __future__ import annotations
 import copy
 import importlib
 import inspect
+import sys
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from epochal._options import check_options, describe, matches
-from epochal.errors import ConfigError, did_you_mean
+from epochal.errors import ConfigError, PluginError, did_you_mean
 from epochal.plugins import PluginSet, load_plugins
 
 SECTIONS = ("loop", "model", "data", "plugins")
@@ -25,13 +30,45 @@ LOOP_OPTIONS: dict[str, Any] = {
     "max_epochs": int | None,
     "max_iterations": int | None,
     "seed": int | None,
-    "eval_every_n_epochs": int,
+    "eval_every_n_epochs": int | dict[str, int],
+    "epoch_size": int | None,
     "eval_at_start": bool,
     "on_empty_batch": Literal["error", "warn", "ignore"],
     "on_empty_stream": Literal["error", "warn", "ignore"],
     "run_dir": str,
 }
 PLUGINS_OPTIONS: dict[str, Any] = {"order": list[str], "disable": list[str], "autoload": bool}
+
+
+class RunConfig(dict[str, Any]):
+    """A run configuration (a plain dict of its TOML tables) that remembers its file.
+
+    ``source`` names the file in error messages; ``directory`` is where ``factory`` modules are
+    imported from first.
+    """
+
+    source: str = "<config>"
+    directory: Path | None = None
+
+
+def source_of(config: Mapping[str, Any]) -> str:
+    """The file a configuration was read from, for error messages."""
+    return getattr(config, "source", "<config>")
+
+
+def add_import_paths(*directories: str | Path | None) -> None:
+    """Put *directories* (and the current directory) at the front of ``sys.path``, once each.
+
+    This is what ``python -m`` does for the current directory; a run configuration's
+    directory comes first so that ``factory = "mymodel:make"`` finds ``mymodel.py`` beside it.
+    """
+    wanted = [str(Path(d).resolve()) for d in directories if d is not None]
+    wanted.append(str(Path.cwd()))
+    present = {str(Path(p or ".").resolve()) for p in sys.path}
+    for directory in reversed(list(dict.fromkeys(wanted))):
+        if directory not in present:
+            sys.path.insert(0, directory)
+            present.add(directory)
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
@@ -47,9 +84,12 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, An
         raise ConfigError(f"{path}: invalid TOML: {error}") from None
     for override in overrides:
         apply_override(config, override)
-    check_config(config, str(path))
-    config.setdefault("loop", {}).setdefault("run_dir", str(Path("runs") / path.stem))
-    return config
+    run_config = RunConfig(config)
+    run_config.source, run_config.directory = str(path), path.parent
+    add_import_paths(path.parent)
+    check_config(run_config, str(path))
+    run_config.setdefault("loop", {}).setdefault("run_dir", str(Path("runs") / path.stem))
+    return run_config
 
 
 def apply_override(config: dict[str, Any], override: str) -> None:
@@ -90,6 +130,30 @@ def check_config(config: Mapping[str, Any], source: str) -> None:
     for section in ("model", "data"):
         if "factory" not in config.get(section, {}):
             raise ConfigError(f'{source}: [{section}] needs factory = "module:callable"')
+    check_plugin_tables(plugins, source)
+
+
+def check_plugin_tables(plugins: Mapping[str, Any], source: str) -> None:
+    """Check every local plugin's ``[plugins.NAME] factory``.
+
+    The factory must import and the name must not be an installed plugin's. (Trigger keys are
+    checked when the plugins are loaded, where each plugin's own options are known.)
+    """
+    from epochal.plugins import installed
+
+    tables = {k: v for k, v in plugins.items() if isinstance(v, dict)}
+    names = None
+    for name, table in tables.items():
+        if "factory" not in table:
+            continue
+        names = installed() if names is None else names
+        if name in names:
+            raise ConfigError(
+                f"{source}: [plugins.{name}] factory: a local plugin cannot be named {name!r}, "
+                f"the name of the installed plugin from {names[name].distribution}; rename the table "
+                f"(e.g. [plugins.my_{name}]) or drop the factory key to configure the installed one"
+            )
+        resolve(table["factory"], f"{source}: [plugins.{name}]")
 
 
 def _check_table(table: Mapping[str, Any], schema: Mapping[str, Any], where: str) -> None:
@@ -110,7 +174,14 @@ def resolve(spec: Any, where: str) -> Callable[..., Any]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise ConfigError(f"{where}: factory {spec!r}: cannot import {module_name!r}: {error}") from None
+        raise ConfigError(
+            f"{where}: factory {spec!r}: cannot import {module_name!r}: {error} (modules are "
+            "looked up beside the config file, in the current directory and on sys.path)"
+        ) from None
+    except Exception as error:  # the module itself raised on import
+        raise ConfigError(
+            f"{where}: factory {spec!r}: importing {module_name!r} raised {type(error).__name__}: {error}"
+        ) from None
     target: Any = module
     for part in attr.split("."):
         if not hasattr(target, part):
@@ -141,7 +212,7 @@ def call_factory(config: Mapping[str, Any], section: str) -> Any:
 def factory_arguments(config: Mapping[str, Any], section: str) -> tuple[Callable[..., Any], dict[str, Any]]:
     """The callable ``[section] factory`` names and the keyword arguments it will get."""
     table = dict(config.get(section, {}))
-    factory = resolve(table.pop("factory", None), f"[{section}]")
+    factory = resolve(table.pop("factory", None), f"{source_of(config)}: [{section}]")
     seed = config.get("loop", {}).get("seed")
     if seed is not None and "seed" not in table:
         try:
@@ -158,8 +229,22 @@ def loop_options(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def plugin_options(config: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    """``[plugins.NAME]`` tables by plugin name."""
-    return {k: dict(v) for k, v in config.get("plugins", {}).items() if isinstance(v, dict)}
+    """``[plugins.NAME]`` tables by plugin name (a local plugin's without its ``factory``)."""
+    return {
+        k: {key: value for key, value in v.items() if key != "factory"}
+        for k, v in config.get("plugins", {}).items()
+        if isinstance(v, dict)
+    }
+
+
+def local_plugins(config: Mapping[str, Any]) -> dict[str, Callable[..., Any]]:
+    """``[plugins.NAME] factory = "module:attr"``: the plugins from the user's own code, by name."""
+    where = source_of(config)
+    return {
+        name: resolve(table["factory"], f"{where}: [plugins.{name}]")
+        for name, table in config.get("plugins", {}).items()
+        if isinstance(table, dict) and "factory" in table
+    }
 
 
 def plugins_for(
@@ -167,9 +252,23 @@ def plugins_for(
 ) -> PluginSet:
     """The plugin set a run of *config* uses; *order* (``--plugins``) replaces the config's."""
     section = config.get("plugins", {})
-    return load_plugins(
-        order=list(order) if order is not None else section.get("order", []),
-        disable=[*section.get("disable", []), *disable],
-        autoload=section.get("autoload", True),
-        options=plugin_options(config),
-    )
+    local = local_plugins(config)
+    try:
+        plugin_set = load_plugins(
+            order=list(order) if order is not None else section.get("order", []),
+            disable=[*section.get("disable", []), *disable],
+            autoload=section.get("autoload", True),
+            options=plugin_options(config),
+            extra=local,
+        )
+    except PluginError as error:
+        source = getattr(config, "source", None)
+        if source is None or str(error).startswith(source):
+            raise
+        raise PluginError(f"{source}: {error}") from error.__cause__
+    for info in plugin_set.infos:
+        name = info.parent or info.name
+        if name in local:
+            info.distribution = info.distribution or "(local)"
+            info.entry_point = section[name]["factory"]
+    return plugin_set

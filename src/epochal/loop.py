@@ -79,7 +79,11 @@ class Loop:
     :param max_iterations: stop after this many training batches (None: no limit).
     :param seed: seed Python's, numpy's (and torch's) global generators at the start of a fresh
         run (None: leave them alone).
-    :param eval_every_n_epochs: evaluate every eval stream after every n-th epoch (0: never).
+    :param eval_every_n_epochs: evaluate every eval stream after every n-th epoch (0: never); a
+        mapping ``stream → n`` gives each stream its own schedule (streams not named: every epoch).
+    :param epoch_size: an epoch is this many training batches (None: one pass over the train
+        stream). The train stream is then iterated on across epochs, as an endless stream needs;
+        it restarts only when it ends.
     :param eval_at_start: evaluate every eval stream before the first epoch (epoch 0).
     :param on_empty_batch: what an empty batch does: ``error``, ``warn`` (then skip) or
         ``ignore`` (skip).
@@ -104,8 +108,9 @@ class Loop:
         max_epochs: int | None = None,
         max_iterations: int | None = None,
         seed: int | None = None,
-        eval_every_n_epochs: int = 1,
+        eval_every_n_epochs: int | Mapping[str, int] = 1,
         eval_at_start: bool = False,
+        epoch_size: int | None = None,
         on_empty_batch: Policy = "error",
         on_empty_stream: Policy = "error",
         run_dir: str | Path | None = None,
@@ -121,11 +126,16 @@ class Loop:
         for name, value in (("on_empty_batch", on_empty_batch), ("on_empty_stream", on_empty_stream)):
             if value not in POLICIES:
                 raise ConfigError(f"{name} must be one of {', '.join(POLICIES)}, not {value!r}")
-        for name, limit in (("max_epochs", max_epochs), ("max_iterations", max_iterations)):
+        for name, limit in (
+            ("max_epochs", max_epochs),
+            ("max_iterations", max_iterations),
+            ("epoch_size", epoch_size),
+        ):
             if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
                 raise ConfigError(f"{name} must be a non-negative integer, not {limit!r}")
         self.model = model
         self.data = {name: _wrap_stream(stream, seed) for name, stream in data.items()}
+        self._source: str | None = getattr(config, "source", None)
         self._plugin_set = plugins if isinstance(plugins, PluginSet) else compose(plugins or {})
         self._plugin_set.check_dependencies()
         #: plugin instances by name, in call order.
@@ -134,7 +144,11 @@ class Loop:
         self.max_iterations = max_iterations
         self.seed = seed
         self.eval_every_n_epochs = eval_every_n_epochs
+        self._schedule(eval_every_n_epochs)  # checked now, read each epoch (a plugin may change it)
         self.eval_at_start = eval_at_start
+        self.epoch_size = epoch_size or None
+        self._train_iterator: Iterator[Any] | None = None
+        self._check_conditions()
         self.on_empty_batch = on_empty_batch
         self.on_empty_stream = on_empty_stream
         self.run_dir = Path(run_dir) if run_dir is not None else None
@@ -168,6 +182,44 @@ class Loop:
         attach = getattr(model, "attach", None)
         if callable(attach):
             attach(self)
+
+    def _schedule(self, every: int | Mapping[str, int]) -> dict[str, int]:
+        """``[loop] eval_every_n_epochs`` as ``stream → n`` (0: never)."""
+        where = f"{self._source}: [loop] eval_every_n_epochs" if self._source else "eval_every_n_epochs"
+        if not isinstance(every, Mapping):
+            return dict.fromkeys(self.eval_streams, every)
+        for stream, n in every.items():
+            if stream not in self.eval_streams:
+                from epochal.errors import did_you_mean
+
+                raise ConfigError(
+                    f"{where}: no evaluation stream {stream!r}{did_you_mean(stream, self.eval_streams)}; "
+                    f"streams: {', '.join(self.eval_streams) or 'none'}"
+                )
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise ConfigError(f"{where}: {stream} must be a non-negative integer, not {n!r}")
+        return {stream: every.get(stream, 1) for stream in self.eval_streams}
+
+    def _check_conditions(self) -> None:
+        """A ``when`` condition naming ``STREAM.key`` must name a stream of this run."""
+        from epochal.errors import did_you_mean
+        from epochal.triggers import COUNTER_NAMES, LogCondition
+
+        source = self._source
+        for name, triggers in self._plugin_set.triggers.items():
+            condition = triggers.when
+            if not isinstance(condition, LogCondition) or "/" in name:
+                continue
+            for key in condition.names:
+                stream, dot, _ = key.partition(".")
+                if key in COUNTER_NAMES or not dot or stream in self.data:
+                    continue
+                where = f"{source}: " if source else ""
+                raise ConfigError(
+                    f"{where}[plugins.{name}] when: {key!r} names no logged key: there is no stream "
+                    f"{stream!r}{did_you_mean(stream, self.eval_streams)} (keys are KEY for a training "
+                    f"output, STREAM.KEY for an evaluation; streams: {', '.join(self.data)})"
+                )
 
     # -- public API for plugins ---------------------------------------------------------------
 
@@ -342,7 +394,7 @@ class Loop:
             return False
         train_step = self.model.train_step
         started = self._batch_in_epoch
-        for batch in self._iterate("train", skip=self._batch_in_epoch):
+        for batch in self._train_batches():
             if batch_size(batch) == 0 and self._empty_batch("train"):
                 continue
             if hooks.before_batch is not None:
@@ -362,8 +414,8 @@ class Loop:
         self._in_epoch = False
         self.log.status.update(epochs_done=self.epoch, iterations_done=self.iteration)
         self.log.current_row["epochs_done"] = self.epoch
-        if self.eval_every_n_epochs and self.epoch % self.eval_every_n_epochs == 0:
-            for stream in self.eval_streams:
+        for stream, every in self._schedule(self.eval_every_n_epochs).items():
+            if every and self.epoch % every == 0:
                 self.evaluate(stream)
         if hooks.after_epoch is not None:
             hooks.after_epoch(self)
@@ -406,6 +458,32 @@ class Loop:
                 )
 
     # -- streams and policies -----------------------------------------------------------------
+
+    def _train_batches(self) -> Iterator[Any]:
+        """The rest of this epoch's training batches."""
+        if self.epoch_size is None:
+            return self._iterate("train", skip=self._batch_in_epoch)
+        return self._sized_epoch(self.epoch_size - self._batch_in_epoch)
+
+    def _sized_epoch(self, remaining: int) -> Iterator[Any]:
+        """*remaining* batches of the train stream, continuing where the last epoch stopped."""
+        fresh = False
+        while remaining > 0:
+            created = self._train_iterator is None
+            if self._train_iterator is None:
+                skip = 0 if fresh else self._batch_in_epoch
+                self._train_iterator = self._iterate("train", skip=skip)
+                fresh = True
+            yielded = False
+            for batch in self._train_iterator:
+                yielded = True
+                yield batch
+                remaining -= 1
+                if remaining <= 0:
+                    return
+            self._train_iterator = None  # the stream ended: start it again
+            if created and not yielded:
+                return  # a fresh pass gave no batch: the stream is empty
 
     def _iterate(self, stream: str, skip: int = 0) -> Iterator[Any]:
         source = self.data[stream]

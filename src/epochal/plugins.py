@@ -27,11 +27,12 @@ from typing import Any
 import pluggy
 
 from epochal._dispatch import Hooks, implementations
-from epochal._options import check_options
-from epochal._registry import hook_names, new_plugin_manager, register, validate
+from epochal._options import check_options, convert_options
+from epochal._registry import AddedSpecs, added_hookspecs, hook_names, new_plugin_manager, register, validate
 from epochal.composite import CompositePlugin
 from epochal.errors import PluginError, did_you_mean
 from epochal.ordering import call_order
+from epochal.triggers import TRIGGER_KEYS, Triggers, parse_triggers
 
 GROUP = "epochal.plugins"
 ENV_NO_AUTOLOAD = "EPOCHAL_DISABLE_PLUGIN_AUTOLOAD"
@@ -182,6 +183,7 @@ class PluginSet:
         plugins: dict[str, object],
         infos: list[PluginInfo],
         policies: Mapping[str, str] | None = None,
+        triggers: Mapping[str, Triggers] | None = None,
     ):
         self.pm = pm
         #: name → plugin instance, in call order (composite children as ``parent/child``).
@@ -192,8 +194,10 @@ class PluginSet:
         self.policies = dict(policies or {})
         #: plugins isolated during the run: name → "hook: error".
         self.isolated: dict[str, str] = {}
+        #: name → the trigger keys of its table (plugins without any are absent: no cost).
+        self.triggers: dict[str, Triggers] = dict(triggers or {})
         #: compiled callers of every hook (None where nothing implements a hook).
-        self.hooks = Hooks(pm, self._on_failure)
+        self.hooks = Hooks(pm, self._on_failure, self._gate)
         self.units: list[_Unit] = []
 
     def check_dependencies(self) -> None:
@@ -213,6 +217,17 @@ class PluginSet:
         )
         self.unregister(plugin)
         return True
+
+    @property
+    def hook(self) -> Any:
+        """pluggy's hook callers: ``loop.plugin_set.hook.NAME(**kwargs)`` calls a hook that a
+        plugin added (``epochal_hookspecs``) and returns the list of non-None results."""
+        return self.pm.hook
+
+    def _gate(self, plugin: str, hook: str) -> Any:
+        """The trigger gate on *plugin*'s *hook*: True (none), False (never) or a condition."""
+        triggers = self.triggers.get(plugin)
+        return True if triggers is None else triggers.gate(hook)
 
     def call_order(self, hook: str) -> list[str]:
         """The names of the plugins implementing *hook*, in the order they are called."""
@@ -315,6 +330,8 @@ def load_plugins(
 
     units: list[_Unit] = []
     policies: dict[str, str] = {}
+    triggers: dict[str, Triggers] = {}
+    added = added_hookspecs({n: objects[n] for n in selected if n in objects})
     for name in selected:
         if name not in objects:
             continue  # failed to import, reported already
@@ -322,15 +339,21 @@ def load_plugins(
         if not named and getattr(objects[name], "autoload", True) is False:
             infos[name].status = "available"  # it asks to be loaded only when named (bundles)
             continue
+        table = options.get(name, {})
+        own = own_options(objects[name])  # a plugin's own option of a trigger key's name wins
+        shared = {k: v for k, v in table.items() if k in TRIGGER_KEYS and k not in own}
         plugin_options = {
-            k: v for k, v in options.get(name, {}).items() if k not in ("on_failure", "distribution")
+            k: v for k, v in table.items() if k not in ("on_failure", "distribution") and k not in shared
         }
         try:
+            plugin_triggers = parse_triggers(shared, f"[plugins.{name}]", PluginError)
+            if plugin_triggers is not None:
+                triggers[name] = plugin_triggers
             plugin = build(name, objects[name], plugin_options)
             policies[name] = failure_policy(name, plugin, options.get(name, {}))
             unit = _unit(name, plugin, infos, disabled)
             for member, member_plugin in unit.members:
-                validate(member, member_plugin)
+                validate(member, member_plugin, added)
         except PluginError as error:
             if named:
                 raise
@@ -354,7 +377,7 @@ def load_plugins(
             )
 
     ordered = _order(units, [n for n in explicit if n in objects and n not in disabled])
-    return _assemble(ordered, infos, policies)
+    return _assemble(ordered, infos, policies, triggers, added)
 
 
 def compose(plugins: Mapping[str, object], disable: Iterable[str] = ()) -> PluginSet:
@@ -367,7 +390,9 @@ def compose(plugins: Mapping[str, object], disable: Iterable[str] = ()) -> Plugi
     infos = {name: PluginInfo(name) for name in plugins}
     units = [_unit(name, plugin, infos, disabled) for name, plugin in plugins.items() if name not in disabled]
     policies = {unit.name: failure_policy(unit.name, unit.plugin, {}) for unit in units}
-    return _assemble(_order(units, list(plugins)), infos, policies)
+    members = {name: p for unit in units for name, p in [(unit.name, unit.plugin), *unit.members]}
+    added = added_hookspecs(members)
+    return _assemble(_order(units, list(plugins)), infos, policies, added=added)
 
 
 def _unit(name: str, plugin: object, infos: dict[str, PluginInfo], disabled: set[str]) -> _Unit:
@@ -387,9 +412,20 @@ def _unit(name: str, plugin: object, infos: dict[str, PluginInfo], disabled: set
     return _Unit(name, plugin, members)
 
 
-def _assemble(units: list[_Unit], infos: dict[str, PluginInfo], policies: Mapping[str, str]) -> PluginSet:
-    """Register the ordered units with a new pluggy manager."""
-    pm = new_plugin_manager()
+def _assemble(
+    units: list[_Unit],
+    infos: dict[str, PluginInfo],
+    policies: Mapping[str, str],
+    triggers: Mapping[str, Triggers] | None = None,
+    added: AddedSpecs | None = None,
+) -> PluginSet:
+    """Register the ordered units with a new pluggy manager (knowing the *added* hooks)."""
+    triggers = dict(triggers or {})
+    for unit in units:  # a composite's children share its triggers
+        if unit.name in triggers:
+            for member, _ in unit.members:
+                triggers.setdefault(member, triggers[unit.name])
+    pm = new_plugin_manager(added)
     plugins: dict[str, object] = {}
     member_policies: dict[str, str] = {}
     for unit in units:
@@ -400,13 +436,13 @@ def _assemble(units: list[_Unit], infos: dict[str, PluginInfo], policies: Mappin
         if unit.name in policies:
             member_policies[unit.name] = policies[unit.name]
     for name, plugin in reversed(plugins.items()):  # pluggy calls the last registered first
-        register(pm, name, plugin)
+        register(pm, name, plugin, added)
     for position, name in enumerate(plugins):
         info = infos[name]
         info.status, info.position = "loaded", position
         info.hooks = sorted(hook_names(plugins[name]))
     listing = sorted(infos.values(), key=lambda i: (i.position is None, i.position or 0, i.name))
-    plugin_set = PluginSet(pm, plugins, listing, member_policies)
+    plugin_set = PluginSet(pm, plugins, listing, member_policies, triggers)
     plugin_set.units = list(units)
     return plugin_set
 
@@ -439,6 +475,17 @@ def check_dependencies(units: Sequence[_Unit]) -> None:
         raise PluginError("; ".join(dict.fromkeys(problems)))
 
 
+def own_options(obj: object) -> set[str]:
+    """The keyword arguments a plugin's class or factory takes (empty for a module)."""
+    if not (inspect.isclass(obj) or inspect.isfunction(obj)):
+        return set()
+    try:
+        parameters = inspect.signature(obj).parameters.values()
+    except (TypeError, ValueError):
+        return set()
+    return {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
 def build(name: str, obj: object, options: Mapping[str, Any]) -> object:
     """Turn an entry point's object into a plugin instance using its options.
 
@@ -446,7 +493,8 @@ def build(name: str, obj: object, options: Mapping[str, Any]) -> object:
     any other object) is the plugin itself and takes no options.
     """
     if inspect.isclass(obj) or inspect.isfunction(obj):
-        check_options(name, obj, options)
+        options = convert_options(obj, options, f"[plugins.{name}]")
+        check_options(name, obj, options, shared=list(TRIGGER_KEYS))
         return obj(**options)
     if options:
         raise PluginError(
@@ -550,15 +598,21 @@ def register_commands(cli: Any) -> None:
     names = env_list(ENV_PLUGINS) if autoload_disabled() else sorted(available)
     names = [name for name in names if name in available and not available[name].rivals]
     infos = {name: PluginInfo(name, available[name].distribution) for name in names}
-    pm = new_plugin_manager()
-    for name, obj in _import(names, available, set(), infos).items():
+    imported = _import(names, available, set(), infos)
+    try:
+        added = added_hookspecs(imported)
+    except PluginError as error:
+        warnings.warn(str(error), PluginLoadWarning, stacklevel=2)
+        added = {}
+    pm = new_plugin_manager(added)
+    for name, obj in imported.items():
         if "register_commands" not in hook_names(obj):
             continue
         try:
             impl = inspect.getattr_static(obj, "register_commands")
             if inspect.isclass(obj) and not isinstance(impl, (staticmethod, classmethod)):
                 obj = obj()  # an instance method: the class must build with its defaults
-            register(pm, name, obj)
+            register(pm, name, obj, added)
         except Exception as error:
             _fail(infos[name], f"plugin {name!r} cannot add commands: {error}")
     for name, call in each_implementation(pm, "register_commands", cli=cli):

@@ -20,7 +20,7 @@ version = "0.1.0"
 description = "An epochal plugin: {name}"
 readme = "README.md"
 requires-python = ">=3.11"
-dependencies = ["{core}"]
+dependencies = ["{core}", "click>=8.1"]  # click: the group register_commands(cli) receives
 
 [project.optional-dependencies]
 test = ["pytest>=8"]

@@ -16,12 +16,18 @@ Each helper returns a predicate ``condition(loop) -> bool`` to test inside a hoo
 Batch conditions read ``loop.iteration`` (training batches completed), epoch conditions
 ``loop.epoch`` (epochs completed), so they are meant for ``after_batch`` and ``after_epoch``
 respectively and hold the same way after a resume. A value of 0 or None means "never".
+
+The same conditions are also shared options of every plugin (:data:`TRIGGER_KEYS`, parsed
+by :func:`parse_triggers`): the core gates the plugin's hooks with them, no plugin code needed.
 """
 
 from __future__ import annotations
 
+import ast
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 Condition = Callable[[Any], bool]
@@ -96,3 +102,229 @@ class every_n_seconds:  # noqa: N801 - used like the functions above
             self._last = now
             return True
         return False
+
+
+# -- the shared trigger keys of every ``[plugins.NAME]`` table --------------------------------
+
+#: The trigger keys every plugin's table accepts, and what each one expects.
+TRIGGER_KEYS: dict[str, str] = {
+    "every_n_batches": "a non-negative integer",
+    "after_n_batches": "a non-negative integer",
+    "every_n_epochs": "a non-negative integer",
+    "after_n_epochs": "a non-negative integer",
+    "before_first_epoch": "true or false",
+    "on_resumption": "true or false",
+    "after_training": "true or false",
+    "when": 'a condition on the log ("valid.loss < 0.1") or "module:callable"',
+}
+#: Hooks gated by the batch counters and ``when`` (the counter is the batch being run).
+BATCH_HOOKS = ("before_batch", "after_batch")
+#: Hooks gated by the epoch counters and ``when`` (the counter is the epoch being run).
+EPOCH_HOOKS = ("before_epoch", "after_epoch")
+#: Hooks a boolean trigger key turns off (``false``): key → hook.
+SWITCHED_HOOKS = {
+    "before_first_epoch": "before_training",
+    "on_resumption": "on_resumption",
+    "after_training": "after_training",
+}
+
+_COMPARE: dict[type, Callable[[Any, Any], bool]] = {
+    ast.Lt: lambda a, b: a < b,
+    ast.LtE: lambda a, b: a <= b,
+    ast.Gt: lambda a, b: a > b,
+    ast.GtE: lambda a, b: a >= b,
+    ast.Eq: lambda a, b: a == b,
+    ast.NotEq: lambda a, b: a != b,
+}
+_MISSING = object()
+#: names a condition may use that are not log keys: the loop's counters.
+COUNTER_NAMES = ("epoch", "iteration")
+
+
+class _NotLoggedError(Exception):
+    """A name of the condition is not logged yet: the condition is false."""
+
+
+def _lookup(loop: Any, key: str) -> Any:
+    row = loop.log.current_row
+    if key in row:
+        return row[key]
+    stream, dot, metric = key.partition(".")
+    if dot and metric in loop.last_metrics.get(stream, {}):
+        return loop.last_metrics[stream][metric]
+    if key in COUNTER_NAMES:
+        return getattr(loop, key)
+    value = loop.log.last(key, _MISSING)
+    if value is _MISSING:
+        raise _NotLoggedError(key)
+    return value
+
+
+class LogCondition:
+    """A safe condition on the training log, e.g. ``"valid.loss < 0.1 and epoch >= 3"``.
+
+    Parsed with :mod:`ast`; only comparisons, ``and``/``or``/``not``, numbers, strings,
+    ``true``/``false`` and names (log keys such as ``loss`` or ``valid.accuracy``, and the
+    counters ``epoch`` and ``iteration``) are allowed, and nothing is ever passed to ``eval``.
+    A name is looked up in the current log row, then the stream's last evaluation, then the
+    loop's counters, then the latest row that has it; while it is not logged yet the condition
+    is false.
+    """
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.names: list[str] = []
+        try:
+            tree = ast.parse(text.strip(), mode="eval")
+        except SyntaxError as error:
+            raise ValueError(f"condition {text!r} does not parse: {error.msg}") from None
+        self._evaluate = self._compile(tree.body)
+
+    def _name(self, node: ast.expr) -> str | None:
+        if isinstance(node, ast.Name):
+            return node.id
+        if isinstance(node, ast.Attribute):
+            inner = self._name(node.value)
+            return f"{inner}.{node.attr}" if inner is not None else None
+        return None
+
+    def _compile(self, node: ast.expr) -> Callable[[Any], Any]:
+        name = self._name(node)
+        if name is not None:
+            if name in ("true", "True"):
+                return lambda loop: True
+            if name in ("false", "False"):
+                return lambda loop: False
+            self.names.append(name)
+            return lambda loop: _lookup(loop, name)
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float, str, bool)):
+            value = node.value
+            return lambda loop: value
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub)):
+            operand = self._compile(node.operand)
+            if isinstance(node.op, ast.Not):
+                return lambda loop: not operand(loop)
+            return lambda loop: -operand(loop)
+        if isinstance(node, ast.BoolOp):
+            parts = [self._compile(v) for v in node.values]
+            if isinstance(node.op, ast.And):
+                return lambda loop: all(p(loop) for p in parts)
+            return lambda loop: any(p(loop) for p in parts)
+        if isinstance(node, ast.Compare) and all(type(op) in _COMPARE for op in node.ops):
+            first = self._compile(node.left)
+            rest = [(_COMPARE[type(op)], self._compile(v)) for op, v in zip(node.ops, node.comparators)]
+
+            def compare(loop: Any) -> bool:
+                left = first(loop)
+                for op, right_of in rest:
+                    right = right_of(loop)
+                    if not op(left, right):
+                        return False
+                    left = right
+                return True
+
+            return compare
+        raise ValueError(
+            f"condition {self.text!r}: {ast.unparse(node)!r} is not allowed (only comparisons, "
+            "and/or/not, numbers, strings and log keys such as valid.loss)"
+        )
+
+    def __call__(self, loop: Any) -> bool:
+        try:
+            return bool(self._evaluate(loop))
+        except _NotLoggedError:
+            return False
+        except TypeError:  # e.g. comparing a string with a number: not true
+            return False
+
+    def __repr__(self) -> str:
+        return f"LogCondition({self.text!r})"
+
+
+def parse_condition(spec: str, where: str = "when") -> Condition:
+    """A ``when`` value: ``"module:callable"`` (called with the loop) or a :class:`LogCondition`."""
+    if re.fullmatch(r"\s*[A-Za-z_][\w.]*:[A-Za-z_][\w.]*\s*", spec):
+        from epochal.config import resolve
+
+        return resolve(spec.strip(), where)
+    return LogCondition(spec)
+
+
+@dataclass
+class Triggers:
+    """The trigger keys of one plugin's table, and the gate they put on each hook."""
+
+    every_n_batches: int = 0
+    after_n_batches: int = 0
+    every_n_epochs: int = 0
+    after_n_epochs: int = 0
+    before_first_epoch: bool = True
+    on_resumption: bool = True
+    after_training: bool = True
+    when: Condition | None = None
+
+    def gate(self, hook: str) -> Condition | bool:
+        """``True``: *hook* always runs; ``False``: never; else a condition called with the loop.
+
+        ``before_batch`` and ``before_epoch`` count the batch/epoch about to run (so
+        ``every_n_batches = 10`` lets ``before_batch`` and ``after_batch`` of batches 10, 20, …
+        run); ``after_batch`` and ``after_epoch`` the ones just completed.
+        """
+        for key, switched in SWITCHED_HOOKS.items():
+            if hook == switched:
+                return bool(getattr(self, key))
+        if hook in BATCH_HOOKS:
+            every, after, counter = self.every_n_batches, self.after_n_batches, "iteration"
+        elif hook in EPOCH_HOOKS:
+            every, after, counter = self.every_n_epochs, self.after_n_epochs, "epoch"
+        else:
+            return True
+        ahead = 1 if hook.startswith("before_") else 0
+        tests: list[Condition] = []
+        if every:
+            tests.append(lambda loop: (getattr(loop, counter) + ahead) % every == 0)
+        if after:
+            tests.append(lambda loop: getattr(loop, counter) + ahead >= after)
+        if self.when is not None:
+            tests.append(self.when)
+        if not tests:
+            return True
+        if len(tests) == 1:
+            return tests[0]
+        return lambda loop: all(test(loop) for test in tests)
+
+
+def parse_triggers(
+    table: Mapping[str, Any], where: str, error: type[Exception] = ValueError
+) -> Triggers | None:
+    """The :class:`Triggers` of a ``[plugins.NAME]`` table (None when it has no trigger key).
+
+    :raises error: naming *where* and the key, for a value of the wrong type, a condition that
+        does not parse or a predicate that does not import.
+    """
+    keys = [key for key in table if key in TRIGGER_KEYS]
+    if not keys:
+        return None
+    triggers = Triggers()
+    for key in keys:
+        value = table[key]
+        if key == "when":
+            if not isinstance(value, str):
+                raise error(f"{where} when: must be {TRIGGER_KEYS[key]}, not {value!r}")
+            try:
+                triggers.when = parse_condition(value, f"{where} when")
+            except ValueError as problem:
+                raise error(f"{where} when: {problem}") from None
+            except Exception as problem:  # the predicate does not import
+                raise error(str(problem)) from None
+            continue
+        expected_bool = key in SWITCHED_HOOKS
+        ok = (
+            isinstance(value, bool)
+            if expected_bool
+            else isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        )
+        if not ok:
+            raise error(f"{where} {key}: must be {TRIGGER_KEYS[key]}, not {value!r}")
+        setattr(triggers, key, value)
+    return triggers

@@ -1,0 +1,137 @@
+"""The ``printing`` plugin: one readable line per epoch with every stream's metrics.
+
+Ancestor: Blocks' ``Printing``. Where ``progress`` draws bars on a terminal, ``printing`` writes
+plain lines that read well in a CI log, a notebook or ``epochal run … > out.txt``; so it is on
+when stdout is not a terminal and off on a terminal (``tty = true`` prints there too).
+
+    epoch 3/20 (iteration 69): train loss=0.1790 accuracy=0.9570 | valid loss=0.1990 accuracy=0.9500
+
+A line groups the epoch's log row by stream (``train.loss`` → ``train``, ``valid.accuracy`` →
+``valid``), ``train`` first; keys without a stream appear last, under ``log``.
+``batches = N`` adds a line every N training batches with that batch's ``train_step`` outputs.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any, TextIO
+
+from epochal import PluginError, hookimpl
+
+#: log keys the loop itself writes, not metrics.
+SKIPPED = frozenset({"epochs_done"})
+
+
+def _format(value: Any, digits: int) -> str | None:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        tiny_or_huge = abs(value) >= 1e4 or (value and abs(value) < 1e-3)
+        return f"{value:.{digits}g}" if tiny_or_huge else f"{value:.{digits}f}"
+    if isinstance(value, str):
+        return value
+    try:
+        return _format(float(value), digits)  # numpy and torch scalars
+    except (TypeError, ValueError):
+        return None
+
+
+def format_metrics(row: Mapping[str, Any], digits: int = 4, exclude: Sequence[str] = ()) -> str:
+    """``train loss=0.18 | valid loss=0.20``: a row's records grouped by stream.
+
+    Keys matching a pattern of *exclude* (``fnmatch``: ``"timing.*"``) are left out.
+    """
+    groups: dict[str, list[str]] = {}
+    for key, value in row.items():
+        if key in SKIPPED or any(fnmatch.fnmatchcase(key, pattern) for pattern in exclude):
+            continue
+        shown = _format(value, digits)
+        if shown is None:
+            continue
+        stream, dot, metric = key.partition(".")
+        if not dot:
+            stream, metric = "log", key
+        groups.setdefault(stream, []).append(f"{metric}={shown}")
+    order = sorted(groups, key=lambda stream: (stream != "train", stream == "log"))  # stable otherwise
+    return " | ".join(f"{stream} {' '.join(groups[stream])}" for stream in order)
+
+
+class Printing:
+    """Print one line per epoch (and every *batches* training batches) with every stream's metrics.
+
+    :param batches: also print a line every n training batches with the batch's outputs (0: never).
+    :param tty: print even when stdout is a terminal (there ``progress`` shows bars instead).
+    :param digits: decimal places of the numbers shown.
+    :param stream: where to print: ``stdout`` or ``stderr``.
+    :param exclude: log keys not to show, as ``fnmatch`` patterns (default: ``timing``'s records).
+    """
+
+    run_after = ("monitor", "early_stopping")  # their records of the epoch are in the row
+
+    def __init__(
+        self,
+        batches: int = 0,
+        tty: bool = False,
+        digits: int = 4,
+        stream: str = "stdout",
+        exclude: Sequence[str] = ("timing.*",),
+    ) -> None:
+        if isinstance(batches, bool) or not isinstance(batches, int) or batches < 0:
+            raise PluginError(f"[plugins.printing] batches: must be a non-negative integer, not {batches!r}")
+        if isinstance(digits, bool) or not isinstance(digits, int) or not 0 <= digits <= 12:
+            raise PluginError(f"[plugins.printing] digits: must be an integer from 0 to 12, not {digits!r}")
+        if stream not in ("stdout", "stderr"):
+            raise PluginError(f"[plugins.printing] stream: must be 'stdout' or 'stderr', not {stream!r}")
+        self.batches, self.tty, self.digits, self.stream = batches, tty, digits, stream
+        self.exclude = tuple(exclude)
+        self.active = False
+
+    def _out(self) -> TextIO:
+        return sys.stdout if self.stream == "stdout" else sys.stderr
+
+    def _print(self, line: str) -> None:
+        print(line, file=self._out(), flush=True)
+
+    @staticmethod
+    def _epoch(loop: Any, number: int) -> str:
+        limit = f"/{loop.max_epochs}" if getattr(loop, "max_epochs", None) else ""
+        return f"epoch {number}{limit}"
+
+    @hookimpl
+    def before_training(self, loop: Any) -> None:
+        out = self._out()
+        self.active = self.tty or not (hasattr(out, "isatty") and out.isatty())
+        if not self.active:
+            return
+        resumed = f", resumed at epoch {loop.epoch}, iteration {loop.iteration}" if loop.resumed else ""
+        self._print(f"training: run {loop.run_id}{resumed}")
+
+    @hookimpl
+    def after_evaluation(self, loop: Any, stream: str, metrics: Mapping[str, Any]) -> None:
+        if self.active and loop.epoch == 0:  # the evaluation before the first epoch
+            shown = format_metrics({f"{stream}.{k}": v for k, v in metrics.items()}, self.digits)
+            self._print(f"epoch 0: {shown}")
+
+    @hookimpl
+    def after_batch(self, loop: Any, outputs: Mapping[str, Any]) -> None:
+        if self.active and self.batches and loop.iteration % self.batches == 0:
+            shown = format_metrics({f"train.{k}": v for k, v in outputs.items()}, self.digits)
+            epoch = self._epoch(loop, loop.epoch + 1)
+            self._print(f"{epoch} batch {loop.batch_in_epoch} (iteration {loop.iteration}): {shown}")
+
+    @hookimpl
+    def after_epoch(self, loop: Any) -> None:
+        if self.active:
+            shown = format_metrics(loop.log.current_row, self.digits, self.exclude) or "(no metrics logged)"
+            self._print(f"{self._epoch(loop, loop.epoch)} (iteration {loop.iteration}): {shown}")
+
+    @hookimpl
+    def after_training(self, loop: Any) -> None:
+        if self.active:
+            status = loop.log.status
+            reason = status.get("finish_reason") or ""
+            self._print(f"training {status.get('status', 'ended')}: {reason}".rstrip(": "))

@@ -1,0 +1,73 @@
+"""The printing plugin, installed as a distribution: lines per epoch and per N batches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from epochal_printing import Printing
+from epochal_printing.plugin import format_metrics
+
+from epochal.testing import EpochalCli, digits_config
+
+pytest_plugins = ["epochal.testing"]
+
+
+def test_on_by_default_without_a_terminal(epochal_cli: EpochalCli, tmp_path: Path) -> None:
+    config = digits_config(tmp_path / "run.toml", ["monitor", "timing", "printing"], max_epochs=2)
+    result = epochal_cli("run", str(config))
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stdout.splitlines() if line.startswith("epoch ")]
+    assert len(lines) == 2
+    assert lines[0].startswith("epoch 1/2 (iteration ")
+    for line in lines:
+        assert "train loss=" in line and "| valid loss=" in line and "accuracy=" in line
+        assert "timing" not in line
+    assert "training finished: max_epochs=2 reached" in result.stdout
+
+
+def test_batches_and_triggers(epochal_run) -> None:  # type: ignore[no-untyped-def]
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        epochal_run({"printing": Printing(batches=2)}, max_epochs=2)
+    text = out.getvalue()
+    batch_lines = [line for line in text.splitlines() if " batch " in line]
+    assert batch_lines and all("train loss=" in line for line in batch_lines)
+    assert [line.split("(iteration ")[1].split(")")[0] for line in batch_lines] == ["2", "4", "6", "8"]
+    assert sum(line.startswith("epoch ") and " batch " not in line for line in text.splitlines()) == 2
+
+
+def test_off_on_a_terminal_unless_asked(epochal_run, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    for tty, expected in ((False, ""), (True, "epoch 1")):
+        out = Terminal()
+        monkeypatch.setattr("sys.stdout", out)
+        epochal_run({"printing": Printing(tty=tty)}, max_epochs=1)
+        assert (expected in out.getvalue()) if expected else out.getvalue() == ""
+
+
+def test_format_groups_by_stream() -> None:
+    row = {"epochs_done": 3, "train.loss": 0.25, "valid.loss": 0.5, "valid.accuracy": 0.75, "lr": 0.1}
+    assert format_metrics(row, 2) == "train loss=0.25 | valid loss=0.50 accuracy=0.75 | log lr=0.10"
+    row["timing.epoch"] = 0.5
+    assert (
+        format_metrics(row, 2, exclude=["timing.*", "valid.acc*"])
+        == "train loss=0.25 | valid loss=0.50 | log lr=0.10"
+    )
+
+
+def test_bad_options_are_refused() -> None:
+    from epochal import PluginError
+
+    with pytest.raises(PluginError, match=r"\[plugins.printing\] batches"):
+        Printing(batches=-1)
+    with pytest.raises(PluginError, match=r"\[plugins.printing\] stream"):
+        Printing(stream="file")

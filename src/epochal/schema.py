@@ -1,0 +1,169 @@
+"""The JSON Schema of a run configuration (``epochal schema``), for editors' TOML completion.
+
+Built from the same sources the checks use: ``[loop]``'s option types, and every installed
+plugin's constructor signature and docstring (``:param name: text``), plus the shared trigger
+keys. Editors with a TOML language server (taplo, VS Code's Even Better TOML) read it from a
+``#:schema ./epochal.schema.json`` first line or their schema settings.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import re
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from epochal._options import NONE_SPELLING, _flatten, option_hints
+
+TRIGGER_SCHEMAS: dict[str, dict[str, Any]] = {
+    "every_n_batches": {
+        "type": "integer",
+        "minimum": 0,
+        "description": "Call the plugin's batch hooks "
+        "(before_batch, after_batch) only on every n-th training batch.",
+    },
+    "after_n_batches": {
+        "type": "integer",
+        "minimum": 0,
+        "description": "Call the plugin's batch hooks only from the n-th training batch on.",
+    },
+    "every_n_epochs": {
+        "type": "integer",
+        "minimum": 0,
+        "description": "Call the plugin's epoch hooks (before_epoch, after_epoch) only on every n-th epoch.",
+    },
+    "after_n_epochs": {
+        "type": "integer",
+        "minimum": 0,
+        "description": "Call the plugin's epoch hooks only from the n-th epoch on.",
+    },
+    "before_first_epoch": {"type": "boolean", "description": "false: do not call its before_training."},
+    "on_resumption": {"type": "boolean", "description": "false: do not call its on_resumption."},
+    "after_training": {"type": "boolean", "description": "false: do not call its after_training."},
+    "when": {
+        "type": "string",
+        "description": 'A condition on the log ("valid.loss < 0.1") or a '
+        '"module:callable" predicate; gates the batch and epoch hooks.',
+    },
+    "on_failure": {
+        "enum": ["fatal", "isolate"],
+        "description": "What an exception in the plugin's hooks does.",
+    },
+}
+
+
+def param_docs(obj: Any) -> dict[str, str]:
+    """``:param name: text`` entries of a class's (or its ``__init__``'s) or function's docstring."""
+    text = "\n".join(filter(None, [inspect.getdoc(obj), inspect.getdoc(getattr(obj, "__init__", None))]))
+    docs: dict[str, str] = {}
+    for match in re.finditer(r":param (\w+):(.*?)(?=\n\s*:\w|\n\s*\n|\Z)", text, re.S):
+        docs[match.group(1)] = " ".join(match.group(2).split())
+    return docs
+
+
+def type_schema(hint: Any) -> dict[str, Any]:
+    """The JSON Schema of one annotation (empty when pydantic cannot express it)."""
+    import pydantic
+
+    alternatives = _flatten(hint)
+    if any(getattr(a, "__origin__", a) is Callable or "Callable" in str(a) for a in alternatives):
+        return {"type": "string", "pattern": r"^[\w.]+:[\w.]+$", "description": '"module:attr"'}
+    try:
+        schema = pydantic.TypeAdapter(hint).json_schema()
+    except Exception:
+        return {}
+    if type(None) in alternatives and str not in alternatives:
+        schema = {"anyOf": [schema, {"const": NONE_SPELLING}]}
+    return schema
+
+
+def options_schema(factory: Callable[..., Any], local: bool = False) -> dict[str, Any]:
+    """The schema of a ``[plugins.NAME]`` table for a plugin built by *factory*."""
+    properties: dict[str, Any] = dict(TRIGGER_SCHEMAS)
+    required: list[str] = []
+    open_ended = not (inspect.isclass(factory) or inspect.isfunction(factory))
+    if not open_ended:
+        hints = option_hints(factory)
+        docs = param_docs(factory)
+        for p in inspect.signature(factory).parameters.values():
+            if p.kind is p.VAR_KEYWORD:
+                open_ended = True
+            if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+                continue
+            schema = type_schema(hints[p.name]) if p.name in hints else {}
+            if p.name in docs:
+                schema["description"] = docs[p.name]
+            if p.default is not p.empty:
+                try:
+                    json.dumps(p.default)
+                    schema["default"] = p.default
+                except (TypeError, ValueError):
+                    pass
+            else:
+                required.append(p.name)
+            properties[p.name] = schema
+    doc = (inspect.getdoc(factory) or "").split("\n\n")[0]
+    if local:
+        properties["factory"] = {"type": "string", "description": 'The plugin\'s "module:attr".'}
+        required.append("factory")
+    table: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": open_ended}
+    if doc:
+        table["description"] = " ".join(doc.split())
+    if required:
+        table["required"] = required
+    return table
+
+
+def run_schema(config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON Schema of a whole run configuration, with every installed plugin's table."""
+    from epochal.config import LOOP_OPTIONS, local_plugins
+    from epochal.loop import Loop
+    from epochal.plugins import PluginLoadWarning, _import, installed
+
+    loop_docs = param_docs(Loop)
+    loop_props = {}
+    for key, hint in LOOP_OPTIONS.items():
+        schema = type_schema(hint)
+        if key in loop_docs:
+            schema["description"] = loop_docs[key]
+        loop_props[key] = schema
+    factory = {
+        "type": "object",
+        "properties": {"factory": {"type": "string", "pattern": r"^[\w.]+:[\w.]+$"}},
+        "required": ["factory"],
+        "additionalProperties": True,
+    }
+    available = installed()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PluginLoadWarning)
+        objects = _import(sorted(available), available, set(), {})
+    plugin_props: dict[str, Any] = {
+        "order": {"type": "array", "items": {"type": "string"}, "description": "Plugins in call order."},
+        "disable": {"type": "array", "items": {"type": "string"}, "description": "Plugins not to load."},
+        "autoload": {"type": "boolean", "description": "Load every installed plugin not disabled."},
+    }
+    for name, obj in objects.items():
+        plugin_props[name] = options_schema(obj)  # type: ignore[arg-type]
+    for name, local in (local_plugins(config) if config else {}).items():
+        plugin_props[name] = options_schema(local, local=True)
+    generic_local = options_schema(lambda **options: None, local=True)
+    generic_local["description"] = 'A plugin from your own code: factory = "module:attr" and its options.'
+    return {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "title": "epochal run configuration",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "loop": {"type": "object", "properties": loop_props, "additionalProperties": False},
+            "model": {**factory, "description": "The model factory and its keyword arguments."},
+            "data": {**factory, "description": "The data factory and its keyword arguments."},
+            "plugins": {
+                "type": "object",
+                "properties": plugin_props,
+                "additionalProperties": generic_local,
+            },
+        },
+        "required": ["model", "data"],
+    }

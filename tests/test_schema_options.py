@@ -1,0 +1,116 @@
+"""Options TOML cannot spell (None, callables, nested tables) and ``epochal schema``."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from epochal.testing import epochal_command
+
+HERE = Path(__file__).parent
+STANDARD = ("checkpoint", "load", "monitor", "progress", "printing", "timing", "early_stopping", "sqlite_log")
+
+MODULE = '''
+from collections.abc import Callable
+from dataclasses import dataclass
+from epochal import hookimpl
+
+
+@dataclass
+class Window:
+    size: int
+    stride: int = 1
+
+
+class Mine:
+    """A local plugin with options TOML cannot spell directly."""
+
+    def __init__(self, out: str, keep: int | None = 3, reduce: Callable[..., float] = max,
+                 window: Window | None = None):
+        """:param keep: how many to keep (none: all)."""
+        self.out, self.keep, self.reduce, self.window = out, keep, reduce, window
+
+    @hookimpl
+    def after_training(self, loop):
+        with open(self.out, "w") as f:
+            f.write(repr((self.keep, self.reduce([1.0, 4.0]), self.window)))
+'''
+
+CONFIG = """
+[loop]
+max_epochs = 1
+
+[model]
+factory = "epochal.examples.tiny:TinyModel"
+
+[data]
+factory = "epochal.examples.tiny:tiny_data"
+
+[plugins]
+order = ["mine"]
+autoload = false
+
+[plugins.mine]
+factory = "mine:Mine"
+out = "out.txt"
+"""
+
+
+def run(tmp_path: Path, extra: str, *args: str):
+    (tmp_path / "mine.py").write_text(textwrap.dedent(MODULE))
+    (tmp_path / "run.toml").write_text(CONFIG + textwrap.dedent(extra))
+    return epochal_command(*(args or ("run", "run.toml")), cwd=tmp_path)
+
+
+def test_none_callables_and_nested_tables(tmp_path):
+    result = run(tmp_path, 'keep = "none"\nreduce = "builtins:min"\nwindow = {size = 4}\n')
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "out.txt").read_text() == "(None, 1.0, Window(size=4, stride=1))"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ('window = {size = "big"}\n', "[plugins.mine] window: invalid table: size:"),
+        ("window = {size = 4, strid = 2}\n", "[plugins.mine] window: invalid table"),
+        ('reduce = "builtins:nope"\n', "[plugins.mine] reduce: 'builtins:nope'"),
+        ('keep = "all"\n', "option 'keep' of plugin 'mine' must be int | None"),
+        ("kep = 2\n", "did you mean 'keep'"),
+    ],
+)
+def test_bad_values_name_the_table_and_key(tmp_path, extra, message):
+    result = run(tmp_path, extra)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "run.toml" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_schema_has_every_standard_plugin_with_docs(tmp_path):
+    result = run(tmp_path, "", "schema", "run.toml")
+    assert result.returncode == 0, result.stderr
+    schema = json.loads(result.stdout)
+    plugins = schema["properties"]["plugins"]["properties"]
+    for name in STANDARD:
+        assert name in plugins, name
+        assert plugins[name]["properties"]["when"]["type"] == "string"  # the shared trigger keys
+    keep_last = plugins["checkpoint"]["properties"]["keep_last"]
+    assert keep_last["default"] == 3 and "keep" in keep_last["description"]
+    assert {"const": "none"} in keep_last["anyOf"]
+    assert plugins["mine"]["required"] == ["out", "factory"]
+    assert plugins["mine"]["properties"]["keep"]["description"] == "how many to keep (none: all)."
+    assert "max_epochs" in schema["properties"]["loop"]["properties"]
+
+
+def test_schema_validates_the_example_and_refuses_a_typo(tmp_path):
+    jsonschema = pytest.importorskip("jsonschema")
+    result = epochal_command("schema", cwd=tmp_path)
+    schema = json.loads(result.stdout)
+    example = tomllib.loads((HERE.parent / "examples" / "digits.toml").read_text())
+    jsonschema.validate(example, schema)
+    example["plugins"]["checkpoint"] = {"keep_lats": 2}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(example, schema)
