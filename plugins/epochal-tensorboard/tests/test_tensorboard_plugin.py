@@ -60,7 +60,11 @@ class ResumeWith:
 
 
 def test_every_numeric_record_is_a_scalar_with_its_iteration_as_step(tmp_path: Path) -> None:
-    result = run_loop({"train": TrainRecords(), "tensorboard": TensorBoard(flush_every=3)}, run_dir=tmp_path / "run", max_epochs=3)
+    result = run_loop(
+        {"train": TrainRecords(), "tensorboard": TensorBoard(flush_every=3)},
+        run_dir=tmp_path / "run",
+        max_epochs=3,
+    )
     log = result.log
     events = read(tmp_path / "run" / "tensorboard")
     tags = set(events.Tags()["scalars"])
@@ -68,7 +72,9 @@ def test_every_numeric_record_is_a_scalar_with_its_iteration_as_step(tmp_path: P
     assert {"train.loss", "valid.loss"} <= keys
     assert tags == {key.replace(".", "/", 1) for key in keys}
     for key in keys:
-        expected = [(i, pytest.approx(float(v), rel=1e-6)) for i, v in log.history(key) if number(v) is not None]
+        expected = [
+            (i, pytest.approx(float(v), rel=1e-6)) for i, v in log.history(key) if number(v) is not None
+        ]
         assert scalars(events, key.replace(".", "/", 1)) == expected, key
 
 
@@ -88,9 +94,7 @@ def test_hparams_come_from_the_run_config(tmp_path: Path) -> None:
 
 
 def test_parameter_histograms_every_n_epochs(tmp_path: Path) -> None:
-    result = run_loop(
-        {"tensorboard": TensorBoard(histogram_every=2)}, run_dir=tmp_path / "run", max_epochs=4
-    )
+    result = run_loop({"tensorboard": TensorBoard(histogram_every=2)}, run_dir=tmp_path / "run", max_epochs=4)
     events = read(tmp_path / "run" / "tensorboard")
     names = sorted(result.loop.model.state_dict())
     assert sorted(events.Tags()["histograms"]) == [f"parameters/{n}" for n in names]
@@ -102,7 +106,12 @@ def test_parameter_histograms_every_n_epochs(tmp_path: Path) -> None:
 def test_resumed_run_supersedes_the_steps_after_the_restored_state(tmp_path: Path) -> None:
     """Run A saves its state after epoch 1 and goes on to epoch 3; run B resumes from epoch 1."""
     saver = SaveAt(1)
-    first = run_loop({"train": TrainRecords(), "tensorboard": TensorBoard(), "saver": saver}, run_dir=tmp_path / "run", max_epochs=3, seed=0)
+    first = run_loop(
+        {"train": TrainRecords(), "tensorboard": TensorBoard(), "saver": saver},
+        run_dir=tmp_path / "run",
+        max_epochs=3,
+        seed=0,
+    )
     assert saver.state is not None
     restored = saver.state["iteration"]
     # The resumed run goes a different way (another seed) so stale values would show.
@@ -138,13 +147,20 @@ def test_a_failing_write_warns_once_and_training_goes_on(tmp_path: Path) -> None
         @hookimpl
         def after_epoch(self, loop: Any) -> None:
             if loop.epoch == 1 and plugin._writer is not None:
+
                 def refuse(*args: Any, **kwargs: Any) -> None:
                     raise OSError("No space left on device")
 
                 plugin._writer.add_scalar = refuse
 
-    with pytest.warns(RuntimeWarning, match=r"tensorboard: cannot write record 'train.loss': No space") as caught:
-        result = run_loop({"train": TrainRecords(), "breaker": Breaker(), "tensorboard": plugin}, run_dir=tmp_path / "run", max_epochs=3)
+    with pytest.warns(
+        RuntimeWarning, match=r"tensorboard: cannot write record 'train.loss': No space"
+    ) as caught:
+        result = run_loop(
+            {"train": TrainRecords(), "breaker": Breaker(), "tensorboard": plugin},
+            run_dir=tmp_path / "run",
+            max_epochs=3,
+        )
     assert len([w for w in caught if "tensorboard:" in str(w.message)]) == 1
     assert result.loop.epoch == 3 and result.log.status["status"] == "finished"
 
