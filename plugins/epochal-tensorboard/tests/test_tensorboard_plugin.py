@@ -151,7 +151,7 @@ def test_a_failing_write_warns_once_and_training_goes_on(tmp_path: Path) -> None
                 def refuse(*args: Any, **kwargs: Any) -> None:
                     raise OSError("No space left on device")
 
-                plugin._writer.add_scalar = refuse
+                plugin._writer._get_file_writer().add_summary = refuse
 
     with pytest.warns(
         RuntimeWarning, match=r"tensorboard: cannot write record 'train.loss': No space"

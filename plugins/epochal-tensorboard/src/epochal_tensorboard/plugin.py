@@ -8,7 +8,8 @@ of each scalar, and the model's parameters as histograms every ``histogram_every
 
 Records are collected with the same cursor rule as ``sqlite_log`` (every ``flush_every``
 iterations, at each epoch end, on an interrupt and at the end) and written with
-``torch.utils.tensorboard.SummaryWriter``, which writes through tensorboard's own event file
+``torch.utils.tensorboard.SummaryWriter`` (one event per row holding a scalar per record),
+which writes through tensorboard's own event file
 writer in a background thread.
 
 Resume: a resumed run writes into the same directory with ``purge_step`` set to the restored
@@ -146,11 +147,21 @@ class TensorBoard:
         writer = self._writer
         if writer is None or not records:
             return 0
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        # One event per row with a value per record (what add_scalar writes, one event each).
         key = ""
         try:
+            file_writer = writer._get_file_writer()
+            values: list[Any] = []
+            step = records[0][0]
             for iteration, key, value in records:
-                writer.add_scalar(tag(key), value, global_step=iteration)
+                if iteration != step:
+                    file_writer.add_summary(Summary(value=values), global_step=step)
+                    values, step = [], iteration
+                values.append(Summary.Value(tag=tag(key), simple_value=value))
                 self._last[key] = value
+            file_writer.add_summary(Summary(value=values), global_step=step)
         except Exception as error:
             self._fail(f"cannot write record {key!r}: {error}")
             return 0
