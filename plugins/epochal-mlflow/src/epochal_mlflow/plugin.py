@@ -57,6 +57,9 @@ class MLflow:
     run_after = ("monitor", "early_stopping", "checkpoint")
     #: only the process of rank 0 should write once epochal runs distributed (not honoured yet).
     rank = "zero"
+    #: loaded only when named (``[plugins] order``, ``--plugins``): installing every plugin
+    #: distribution must not mean an MLflow store in every run directory, or traffic to a tracking server.
+    autoload = False
 
     def __init__(
         self,

@@ -50,6 +50,9 @@ class TensorBoard:
     run_after = ("monitor", "early_stopping", "checkpoint")
     #: only the process of rank 0 should write once epochal runs distributed (not honoured yet).
     rank = "zero"
+    #: loaded only when named (``[plugins] order``, ``--plugins``): installing every plugin
+    #: distribution must not mean event files in every run directory.
+    autoload = False
 
     def __init__(
         self,
