@@ -230,6 +230,25 @@ def test_a_metric_name_the_tracker_refuses_is_named_and_the_rest_is_sent(
     assert history(client, run.info.run_id, "train.loss") == expected(result.log, "train.loss")
 
 
+def test_an_unwritable_run_directory_warns_once_and_training_goes_on(tmp_path: Path) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    with pytest.warns(RuntimeWarning) as caught:
+        result = run_loop(
+            {
+                "train": TrainRecords(),
+                "mlflow": MLflow(),
+                "sqlite_log": SQLiteLog(path=str(tmp_path / "log.sqlite")),
+            },
+            run_dir=blocked / "run",
+        )
+    messages = [str(w.message) for w in caught if str(w.message).startswith("mlflow:")]
+    assert len(messages) == 1 and "cannot create the local MLflow store in" in messages[0], messages
+    assert result.log.status["status"] == "finished"
+    with Reader(tmp_path / "log.sqlite") as reader:
+        assert reader.get(result.loop.run_id) is not None
+
+
 def test_options_are_checked() -> None:
     with pytest.raises(ValueError, match="flush_every"):
         MLflow(flush_every=0)

@@ -117,7 +117,8 @@ class MLflow:
             try:
                 base.mkdir(parents=True, exist_ok=True)
             except OSError as error:
-                warn(f"cannot create the local MLflow store in {base}: {error}; records are kept and retried")
+                warn(f"cannot create the local MLflow store in {base}: {error}; no MLflow run for this run")
+                return
         params = {k: _param(v) for k, v in flat_config(loop.config).items()}
         spec = RunSpec(
             tracking_uri=uri,
