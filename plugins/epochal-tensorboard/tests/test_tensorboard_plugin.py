@@ -170,3 +170,42 @@ def test_options_are_checked() -> None:
         TensorBoard(flush_every=0)
     with pytest.raises(ValueError, match="histogram_every"):
         TensorBoard(histogram_every=-1)
+
+
+def test_histograms_of_a_torch_model_use_its_named_parameters(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+
+    class TorchModel:
+        def __init__(self) -> None:
+            self.net = torch.nn.Linear(3, 2)
+
+        def named_parameters(self) -> Any:
+            return self.net.named_parameters()
+
+        def train_step(self, batch: Any) -> Mapping[str, Any]:
+            loss = self.net(torch.ones(1, 3)).sum()
+            return {"loss": loss.detach()}  # a 0-d tensor: written as a scalar
+
+        def eval_step(self, batch: Any) -> Mapping[str, Any]:
+            return {}
+
+        def state_dict(self) -> dict[str, Any]:
+            return self.net.state_dict()
+
+        def load_state_dict(self, state: Mapping[str, Any]) -> None:
+            self.net.load_state_dict(state)
+
+    model = TorchModel()
+    run_loop(
+        {"train": TrainRecords(), "tensorboard": TensorBoard(histogram_every=1)},
+        model=model,
+        data={"train": [[0]] * 3},
+        run_dir=tmp_path / "run",
+        max_epochs=1,
+    )
+    events = read(tmp_path / "run" / "tensorboard")
+    assert sorted(events.Tags()["histograms"]) == ["parameters/bias", "parameters/weight"]
+    (histogram,) = events.Histograms("parameters/weight")
+    assert histogram.histogram_value.num == 6
+    assert histogram.histogram_value.min == pytest.approx(float(model.net.weight.detach().min()))
+    assert len(events.Scalars("train/loss")) == 3
