@@ -196,62 +196,54 @@ def show_command(
 
 
 @log_group.command(name="plot")
-@click.argument("run")
+@click.argument("runs", nargs=-1, required=True)
 @_db_options
-@click.option("--key", "keys", multiple=True, required=True, help="A key to plot (repeat for more lines).")
+@click.option(
+    "--key",
+    "keys",
+    multiple=True,
+    help="A key or glob pattern to plot (repeat; default: every numeric key).",
+)
 @click.option(
     "-o",
     "--output",
     type=click.Path(dir_okay=False),
     required=True,
-    help="The image file (.png, .svg, .pdf).",
+    help="The file: .png, .svg, .pdf, or .html (a self-contained report with each run's config).",
 )
-@click.option("--chain/--no-chain", default=True, help="Plot the whole resume chain (default) or only RUN.")
+@click.option(
+    "--chain/--no-chain", default=True, help="Plot each run's whole resume chain (default) or only the run."
+)
+@click.option(
+    "--smooth",
+    type=click.FloatRange(0, 1, max_open=True),
+    default=0.0,
+    show_default=True,
+    help="Exponential smoothing weight (TensorBoard's); the raw values stay as faint lines.",
+)
 def plot_command(
-    run: str, db: str | None, config: str | None, keys: tuple[str, ...], output: str, chain: bool
+    runs: tuple[str, ...],
+    db: str | None,
+    config: str | None,
+    keys: tuple[str, ...],
+    output: str,
+    chain: bool,
+    smooth: float,
 ) -> None:
-    """Plot keys of RUN against the iteration into an image file."""
+    """Plot keys of RUNS against the iteration: one panel per metric, train and valid together."""
     try:
-        import matplotlib
+        import matplotlib  # noqa: F401
     except ImportError:
         raise store.SQLiteLogError(
             "epochal log plot needs matplotlib: pip install matplotlib "
             "(from a clone of epochal: pip install './plugins/epochal-sqlite[plot]')"
         ) from None
-    wanted = _split(keys)
-    with store.Reader(find_db(db, config)) as reader:
-        target = reader.resolve(run)
-        runs = reader.chain(target) if chain else [target]
-        available = reader.keys(r.run_id for r in runs)
-        missing = [k for k in wanted if k not in available]
-        if missing:
-            raise store.SQLiteLogError(
-                f"run {target.run_id} has no key {', '.join(map(repr, missing))}; "
-                f"its keys: {', '.join(available) or 'none'}"
-            )
-        rows = reader.timeline(target, wanted, chain=chain)
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from epochal_sqlite import plot
 
-    figure, axes = plt.subplots(figsize=(8, 4.5), dpi=100)
-    for key in wanted:
-        points = [(i, store.finite(record[key])) for i, _, record in rows if key in record]
-        xs = [i for i, v in points if v is not None]
-        ys = [v for _, v in points if v is not None]
-        axes.plot(xs, ys, marker="o" if len(xs) < 50 else None, markersize=3, label=key)
-    for member in runs[1:]:
-        axes.axvline(member.start_iteration, color="grey", linestyle=":", linewidth=1)
-    axes.set_xlabel("iteration")
-    axes.set_title(f"run {target.run_id[:12]}" + (f" (resume chain of {len(runs)})" if len(runs) > 1 else ""))
-    axes.grid(True, alpha=0.3)
-    axes.legend()
-    figure.tight_layout()
-    try:
-        figure.savefig(output)
-    except (OSError, ValueError) as error:
-        raise store.SQLiteLogError(f"cannot write plot {output}: {error}") from None
-    finally:
-        plt.close(figure)
+    with store.Reader(find_db(db, config)) as reader:
+        targets = list({r.run_id: r for r in (reader.resolve(ref) for ref in runs)}.values())
+        series = plot.read_series(reader, targets, _split(keys), chain)
+    plot.write(series, output, smooth)
     click.echo(f"wrote {output}")
 
 

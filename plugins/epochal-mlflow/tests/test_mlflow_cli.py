@@ -1,0 +1,84 @@
+"""``epochal run`` with the mlflow plugin installed as a distribution, against a real server.
+
+The figure this test draws from the server's metric histories is the one in
+docs/plugins/mlflow.md: set ``EPOCHAL_DOCS_ASSETS=docs/assets`` to write it there.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from epochal.testing import digits_config, epochal_command
+
+ENV = {"EPOCHAL_DISABLE_PLUGIN_AUTOLOAD": "1"}
+
+
+def test_digits_run_and_its_resumption_are_one_mlflow_run_with_checkpoint_and_config(
+    tmp_path: Path, mlflow_server: str
+) -> None:
+    experiment = f"digits-{uuid.uuid4().hex[:8]}"
+    config = digits_config(
+        tmp_path / "digits.toml",
+        ["monitor", "checkpoint", "sqlite_log", "mlflow"],
+        max_epochs=3,
+        extra=f'[plugins.mlflow]\ntracking_uri = "{mlflow_server}"\nexperiment = "{experiment}"\n',
+    )
+    first = epochal_command("run", str(config), cwd=tmp_path, env=ENV)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.startswith("epochal: run "), first.stdout  # nothing of MLflow's on stdout
+    resumed = epochal_command(
+        "run", str(config), "--resume", "--set", "loop.max_epochs=5", cwd=tmp_path, env=ENV
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    first_id, resumed_id = first.stdout.split()[2], resumed.stdout.split()[2]
+
+    client = MlflowClient(tracking_uri=mlflow_server)
+    (run,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    tags, params = run.data.tags, run.data.params
+    assert run.info.status == "FINISHED"
+    assert tags["epochal.run_id"] == resumed_id and tags["epochal.resumed_from"] == first_id
+    assert (
+        params["model.factory"] == "epochal.examples.digits:make_model" and params["data.batch_size"] == "64"
+    )
+    valid = client.get_metric_history(run.info.run_id, "valid.accuracy")
+    assert sorted(m.step for m in valid) == [23 * e for e in range(1, 6)]
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"epochal", "checkpoint"} <= artifacts
+    # Each run of the chain logs its final checkpoint: the first's (epoch 3) and the resumed one's.
+    saved = {a.path for a in client.list_artifacts(run.info.run_id, "checkpoint")}
+    latest = "checkpoint/" + (tmp_path / "run" / "checkpoints" / "latest").read_text().strip()
+    assert saved == {"checkpoint/ckpt-e0003-i000069", latest} and latest.endswith("e0005-i000115")
+    assert any(a.path.endswith("manifest.json") for a in client.list_artifacts(run.info.run_id, latest))
+
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), dpi=100)
+    for panel, metric in zip(axes, ("loss", "accuracy"), strict=True):
+        for stream in ("train", "valid"):
+            points = sorted(
+                (m.step, m.value) for m in client.get_metric_history(run.info.run_id, f"{stream}.{metric}")
+            )
+            panel.plot([s for s, _ in points], [v for _, v in points], marker="o", label=f"{stream}.{metric}")
+        panel.axvline(69, color="grey", linestyle=":", linewidth=1)
+        panel.set_xlabel("step (iteration)")
+        panel.set_ylabel(metric)
+        panel.set_title(
+            f"{metric}: MLflow run {run.info.run_id[:8]} (resumed at step 69), from the server", fontsize=9
+        )
+        panel.grid(True, alpha=0.3)
+        panel.legend()
+    fig.tight_layout()
+    png = tmp_path / "mlflow-digits.png"
+    fig.savefig(png)
+    plt.close(fig)
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    if os.environ.get("EPOCHAL_DOCS_ASSETS"):
+        shutil.copy(png, Path(os.environ["EPOCHAL_DOCS_ASSETS"]) / png.name)

@@ -1,0 +1,256 @@
+"""The mlflow plugin against a real ``mlflow server``, queried with MLflow's own client."""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from epochal_mlflow import MLflow
+from epochal_mlflow.records import number
+from epochal_sqlite import Reader, SQLiteLog
+from mlflow import MlflowClient
+
+from epochal import hookimpl
+from epochal.testing import run_loop
+
+
+class TrainRecords:
+    """Writes every train_step output into the current row as ``train.<key>``."""
+
+    @hookimpl
+    def after_batch(self, loop: Any, outputs: Mapping[str, Any]) -> None:
+        for key, value in outputs.items():
+            loop.log.current_row[f"train.{key}"] = value
+
+
+class SaveAt:
+    """Keeps ``loop.state_dict()`` as it is after epoch *epoch* (what a checkpoint would save)."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.state: dict[str, Any] | None = None
+
+    @hookimpl
+    def after_epoch(self, loop: Any) -> None:
+        if loop.epoch == self.epoch:
+            self.state = copy.deepcopy(loop.state_dict())
+
+
+class ResumeWith:
+    def __init__(self, state: Mapping[str, Any]) -> None:
+        self.state = state
+
+    @hookimpl
+    def resume_state(self) -> Mapping[str, Any]:
+        return self.state
+
+
+def history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
+def expected(log: Any, key: str, upto: int | None = None, after: int | None = None) -> list[tuple[int, Any]]:
+    return [
+        (i, pytest.approx(float(v)))
+        for i, v in log.history(key)
+        if number(v) is not None and (upto is None or i <= upto) and (after is None or i > after)
+    ]
+
+
+def only_run(client: MlflowClient, experiment: str) -> Any:
+    found = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    assert len(found) == 1, [r.info.run_id for r in found]
+    return found[0]
+
+
+def test_a_run_is_an_mlflow_run_with_params_metrics_tags_and_config(
+    tmp_path: Path, mlflow_server: str
+) -> None:
+    experiment = f"e-{uuid.uuid4().hex[:8]}"
+    config = {"model": {"lr": 0.05, "factory": "x:y"}, "loop": {"max_epochs": 3}}
+    (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "run" / "checkpoints" / "model.safetensors").write_bytes(b"weights")
+    plugin = MLflow(tracking_uri=mlflow_server, experiment=experiment, flush_every=2)
+    result = run_loop(
+        {"train": TrainRecords(), "mlflow": plugin}, run_dir=tmp_path / "run", max_epochs=3, config=config
+    )
+    client = MlflowClient(tracking_uri=mlflow_server)
+    run = only_run(client, experiment)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["epochal.run_id"] == result.loop.run_id
+    assert "epochal.resumed_from" not in run.data.tags
+    assert run.data.params == {"model.lr": "0.05", "model.factory": "x:y", "loop.max_epochs": "3"}
+    keys = {k for _, row in result.log.rows() for k, v in row.items() if number(v) is not None}
+    assert {"train.loss", "valid.loss"} <= keys == set(run.data.metrics)
+    for key in keys:
+        assert history(client, run.info.run_id, key) == expected(result.log, key), key
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "epochal")}
+    assert artifacts == {"epochal/config.json"}
+    local = client.download_artifacts(run.info.run_id, "epochal/config.json", str(tmp_path))
+    import json
+
+    assert json.loads(Path(local).read_text()) == config
+    weights = client.download_artifacts(run.info.run_id, "weights/model.safetensors", str(tmp_path))
+    assert Path(weights).read_bytes() == b"weights"
+    assert plugin.finished is not None and plugin.finished.dropped == 0
+
+
+def test_a_resumed_run_continues_the_same_mlflow_run(tmp_path: Path, mlflow_server: str) -> None:
+    experiment = f"e-{uuid.uuid4().hex[:8]}"
+    saver = SaveAt(2)
+    first = run_loop(
+        {"train": TrainRecords(), "mlflow": MLflow(mlflow_server, experiment), "saver": saver},
+        run_dir=tmp_path / "run",
+        max_epochs=2,
+    )
+    assert saver.state is not None
+    client = MlflowClient(tracking_uri=mlflow_server)
+    before = only_run(client, experiment)
+    second = run_loop(
+        {
+            "train": TrainRecords(),
+            "mlflow": MLflow(mlflow_server, experiment),
+            "resume": ResumeWith(saver.state),
+        },
+        run_dir=tmp_path / "run",
+        max_epochs=4,
+    )
+    run = only_run(client, experiment)
+    assert run.info.run_id == before.info.run_id
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["epochal.run_id"] == second.loop.run_id
+    assert run.data.tags["epochal.resumed_from"] == first.loop.run_id
+    assert run.data.tags["epochal.runs"] == f"{first.loop.run_id} {second.loop.run_id}"
+    assert history(client, run.info.run_id, "train.loss") == expected(second.log, "train.loss")
+
+
+def test_resume_from_an_earlier_state_starts_a_continuing_run_without_the_superseded_steps(
+    tmp_path: Path, mlflow_server: str
+) -> None:
+    """Run A saves after epoch 1 and goes on to epoch 3; run B resumes from epoch 1."""
+    experiment = f"e-{uuid.uuid4().hex[:8]}"
+    saver = SaveAt(1)
+    first = run_loop(
+        {"train": TrainRecords(), "mlflow": MLflow(mlflow_server, experiment), "saver": saver},
+        run_dir=tmp_path / "run",
+        max_epochs=3,
+        seed=0,
+    )
+    assert saver.state is not None
+    restored = saver.state["iteration"]
+    second = run_loop(
+        {
+            "train": TrainRecords(),
+            "mlflow": MLflow(mlflow_server, experiment),
+            "resume": ResumeWith(saver.state),
+        },
+        run_dir=tmp_path / "run",
+        max_epochs=3,
+        seed=1,
+    )
+    client = MlflowClient(tracking_uri=mlflow_server)
+    runs = {
+        r.data.tags["epochal.run_id"]: r
+        for r in client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    }
+    earlier, later = runs[first.loop.run_id], runs[second.loop.run_id]
+    assert earlier.data.tags["epochal.superseded_after"] == str(restored)
+    assert later.data.tags["epochal.continues"] == earlier.info.run_id
+    assert later.data.params == earlier.data.params
+    got = history(client, later.info.run_id, "train.loss")
+    assert [s for s, _ in got] == sorted({s for s, _ in got}), "no duplicated step"
+    assert got == expected(first.log, "train.loss", upto=restored) + expected(
+        second.log, "train.loss", after=restored
+    )
+
+
+def test_tracker_down_warns_once_training_goes_on_and_the_sqlite_log_is_whole(
+    tmp_path: Path, fast_http: None, down_uri: str
+) -> None:
+    down = down_uri
+    plugin = MLflow(down, retry_seconds=0.2, close_timeout=1)
+    with pytest.warns(RuntimeWarning) as caught:
+        result = run_loop(
+            {
+                "train": TrainRecords(),
+                "mlflow": plugin,
+                "sqlite_log": SQLiteLog(path=str(tmp_path / "log.sqlite")),
+            },
+            run_dir=tmp_path / "run",
+            max_epochs=3,
+        )
+    messages = [str(w.message) for w in caught if str(w.message).startswith("mlflow:")]
+    assert len([m for m in messages if "cannot send" in m]) == 1, messages
+    assert any(f"to the tracker at {down}" in m for m in messages)
+    assert any("record(s) not sent" in m for m in messages), messages
+    assert result.loop.epoch == 3 and result.log.status["status"] == "finished"
+    with Reader(tmp_path / "log.sqlite") as reader:
+        run = reader.get(result.loop.run_id)
+        assert run is not None and run.status == "finished"
+        assert len(list(reader.records(run.run_id, keys=["train.loss"]))) == len(
+            result.log.history("train.loss")
+        )
+
+
+def test_records_past_the_bound_are_dropped_oldest_first(
+    tmp_path: Path, fast_http: None, down_uri: str
+) -> None:
+    plugin = MLflow(down_uri, max_buffered=5, retry_seconds=0.2, close_timeout=0.5)
+    with pytest.warns(
+        RuntimeWarning, match="mlflow: 5 records are waiting for the tracker at .*dropping the oldest"
+    ):
+        run_loop({"train": TrainRecords(), "mlflow": plugin}, run_dir=tmp_path / "run", max_epochs=3)
+    assert plugin.finished is not None and plugin.finished.dropped > 0
+
+
+def test_a_metric_name_the_tracker_refuses_is_named_and_the_rest_is_sent(
+    tmp_path: Path, mlflow_server: str
+) -> None:
+    experiment = f"e-{uuid.uuid4().hex[:8]}"
+
+    class BadName:
+        @hookimpl
+        def after_batch(self, loop: Any) -> None:
+            loop.log.current_row["bad?name!"] = 1.0
+
+    with pytest.warns(
+        RuntimeWarning, match=r"mlflow: the tracker at .* refused metric 'bad\?name!' at step 1"
+    ):
+        result = run_loop(
+            {"train": TrainRecords(), "bad": BadName(), "mlflow": MLflow(mlflow_server, experiment)},
+            run_dir=tmp_path / "run",
+        )
+    client = MlflowClient(tracking_uri=mlflow_server)
+    run = only_run(client, experiment)
+    assert "bad?name!" not in run.data.metrics
+    assert history(client, run.info.run_id, "train.loss") == expected(result.log, "train.loss")
+
+
+def test_an_unwritable_run_directory_warns_once_and_training_goes_on(tmp_path: Path) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    with pytest.warns(RuntimeWarning) as caught:
+        result = run_loop(
+            {
+                "train": TrainRecords(),
+                "mlflow": MLflow(),
+                "sqlite_log": SQLiteLog(path=str(tmp_path / "log.sqlite")),
+            },
+            run_dir=blocked / "run",
+        )
+    messages = [str(w.message) for w in caught if str(w.message).startswith("mlflow:")]
+    assert len(messages) == 1 and "cannot create the local MLflow store in" in messages[0], messages
+    assert result.log.status["status"] == "finished"
+    with Reader(tmp_path / "log.sqlite") as reader:
+        assert reader.get(result.loop.run_id) is not None
+
+
+def test_options_are_checked() -> None:
+    with pytest.raises(ValueError, match="flush_every"):
+        MLflow(flush_every=0)
+    with pytest.raises(ValueError, match="max_buffered"):
+        MLflow(max_buffered=0)
