@@ -24,7 +24,8 @@ def epochal(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def run(cwd: Path, *args: str) -> str:
-    done = epochal(cwd, "run", "digits.toml", *args)
+    db = f"plugins.sqlite_log.path={cwd / 'run' / 'epochal.sqlite'}"  # every run in one database
+    done = epochal(cwd, "run", "digits.toml", "--set", db, *args)
     assert done.returncode == 0, done.stderr
     return done.stdout.split()[2]
 
