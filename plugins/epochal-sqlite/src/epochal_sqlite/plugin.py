@@ -258,12 +258,10 @@ class SQLiteLog:
         records: list[tuple[str, int, str, float | None, str | None]] = []
         append = records.append
         written = self._written
-        for iteration in range(self._cursor, end + 1):
-            if iteration not in log:
-                continue
-            row = log[iteration]
+        # peek: rows the log evicted already are read back without making them resident again
+        for iteration, row in sorted(log.peek(range(self._cursor, end + 1)).items()):
             for key, value in row.items():
-                if iteration == self._cursor and written.get(key, _MISSING) is value:
+                if iteration == self._cursor and _same(written.get(key, _MISSING), value):
                     continue  # written by the last flush and not re-assigned since
                 kept = keep.get(key)
                 if kept is None:
@@ -291,6 +289,19 @@ class SQLiteLog:
 
 
 _MISSING = object()
+
+
+def _same(written: Any, value: Any) -> bool:
+    """Whether *value* is the record the last flush wrote (the same object, or an equal copy
+    of it that the log read back from its spill)."""
+    if written is value:
+        return True
+    if written is _MISSING or type(written) is not type(value) or type(value) not in _SCALARS:
+        return False
+    return bool(written == value)
+
+
+_SCALARS = frozenset({float, int, str, bool, bytes})
 
 
 def _keep(key: str, patterns: list[str]) -> bool:
