@@ -19,10 +19,12 @@ import copy
 import heapq
 import marshal
 import os
-import sqlite3
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import sqlite3
 
 #: rows kept in memory at least; the log evicts when twice as many are resident.
 DEFAULT_WINDOW = 1024
@@ -278,8 +280,10 @@ class _Spill:
     """Evicted rows in a private temporary SQLite database: ``(iteration, sequence, marshal(row))``."""
 
     def __init__(self) -> None:
+        import sqlite3  # here: `import epochal` (and every CLI start) does not pay for it
+
         # "": a private temporary database, on disk beyond its page cache, deleted on close
-        self.db = sqlite3.connect("", isolation_level=None, check_same_thread=False)
+        self.db: sqlite3.Connection = sqlite3.connect("", isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=OFF")
         self.db.execute("PRAGMA cache_size=-512")  # KiB: the page cache is most of its memory
         self.db.execute("CREATE TABLE rows (iteration INTEGER PRIMARY KEY, seq INTEGER NOT NULL, data BLOB)")
