@@ -183,15 +183,18 @@ def plan(log: TrainingLog, base: LogBase | None, sequence: int) -> LogSave:
         del kept[-tail:]
         size = level(len(write))
     missing = [i for i in write if i not in current]
-    if missing:  # folded segments' rows: read back from the log
-        current.update(log.peek(missing))
+    fresh: Mapping[int, dict[str, Any]] = {}
+    if missing:  # folded segments' rows, evicted (current has every resident row): read back
+        fresh = log.peek(missing)
+        current.update(fresh)
     flat: dict[str, Any] = {}  # the new segment's rows, in iteration order
     other: dict[str, Any] = {}  # rows with containers or numpy values: through flatten()
     for i in sorted(write):
         row = current.get(i) or {}
         if row:
             if _is_plain(row):  # the common case: a copy at C speed
-                flat[str(i)] = dict(row)  # also the copy kept to compare with
+                # also the copy kept to compare with (rows read back are copies already)
+                flat[str(i)] = row if i in fresh else dict(row)
             else:
                 flat[str(i)] = plain = plain_row(row)  # numpy values made Python ones
                 if not _is_plain(plain):
