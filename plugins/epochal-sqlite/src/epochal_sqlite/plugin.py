@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
     from epochal.loop import Loop
 
-_INSERT = "INSERT OR REPLACE INTO log (run_id, iteration, key, value, value_json) VALUES (?, ?, ?, ?, ?)"
+_INSERT = "INSERT OR REPLACE INTO records (run, key, iteration, value, value_json) VALUES (?, ?, ?, ?, ?)"
 
 
 class SQLiteLog:
@@ -73,6 +73,8 @@ class SQLiteLog:
         self._deadline = float("inf")
         self._status: dict[str, Any] = {}
         self._keep: dict[str, bool] = {}
+        self._num = 0  # the run's integer number in the file (runs.num)
+        self._key_ids: dict[str, int] = {}  # key name -> keys.id
         #: the number of records written by this run (for tests and benchmarks).
         self.records_written = 0
 
@@ -118,13 +120,17 @@ class SQLiteLog:
                     _epochal_version(),
                 ),
             )
+            conn.execute("UPDATE runs SET num = rowid WHERE run_id = ?", (loop.run_id,))
+            (self._num,) = conn.execute("SELECT num FROM runs WHERE run_id = ?", (loop.run_id,)).fetchone()
+            self._key_ids = dict(conn.execute("SELECT name, id FROM keys"))
             if loop.resumed_from is not None:
                 # Rows the run that saved the restored state wrote after it are not part of the
                 # history of the model that was restored: mark them, so that every view of that
                 # run (not only the resumed chain) matches what training actually continued from.
                 conn.execute(
-                    "UPDATE log SET superseded = 1 WHERE run_id = ? AND iteration > ?",
-                    (loop.resumed_from, loop.iteration),
+                    "UPDATE records SET superseded = 1 WHERE iteration > ? AND run = "
+                    "(SELECT num FROM runs WHERE run_id = ?)",
+                    (loop.iteration, loop.resumed_from),
                 )
             conn.execute("COMMIT")
         except BaseException:
@@ -247,15 +253,16 @@ class SQLiteLog:
             self._deadline = time.monotonic() + self.flush_seconds
         return len(records)
 
-    def _collect(self, loop: Loop) -> list[tuple[str, int, str, float | None, str | None]]:
+    def _collect(self, loop: Loop) -> list[tuple[int, int, int, float | None, str | None]]:
         """The records from the cursor row to the current row, and move the cursor."""
         log = loop.log
-        run_id = self.run_id
+        run = self._num
         end = loop.iteration
         keep = self._keep
+        ids = self._key_ids
         patterns = self.keys
         encode = store.encode
-        records: list[tuple[str, int, str, float | None, str | None]] = []
+        records: list[tuple[int, int, int, float | None, str | None]] = []
         append = records.append
         written = self._written
         # peek: rows the log evicted already are read back without making them resident again
@@ -268,15 +275,26 @@ class SQLiteLog:
                     kept = keep[key] = _keep(key, patterns)
                 if not kept:
                     continue
+                key_id = ids.get(key)
+                if key_id is None:
+                    key_id = self._intern(key)
                 kind = type(value)
                 if kind is float and value == value:
-                    append((run_id, iteration, key, value, None))  # type: ignore[arg-type]
+                    append((run, key_id, iteration, value, None))
                 else:
                     number, text = encode(value)
-                    append((run_id, iteration, key, number, text))  # type: ignore[arg-type]
+                    append((run, key_id, iteration, number, text))
         self._cursor = end
         self._written = dict(log[end]) if end in log else {}
         return records
+
+    def _intern(self, key: str) -> int:
+        """The id of *key* in the ``keys`` table, added on first use (once per key and file)."""
+        assert self._conn is not None
+        self._conn.execute("INSERT OR IGNORE INTO keys (name) VALUES (?)", (key,))
+        (key_id,) = self._conn.execute("SELECT id FROM keys WHERE name = ?", (key,)).fetchone()
+        self._key_ids[key] = key_id
+        return int(key_id)
 
     def close(self) -> None:
         """Close the database and release the run's lock (the run stays as last flushed)."""
