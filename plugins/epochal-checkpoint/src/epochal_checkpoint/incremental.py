@@ -20,6 +20,8 @@ again (a fold reads its rows into memory): past that, a checkpoint holds about o
 from __future__ import annotations
 
 import copy
+import itertools
+import operator
 from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -109,6 +111,15 @@ def _same(saved: Mapping[str, Any], row: Mapping[str, Any] | None) -> bool:
         return False
 
 
+def _changed(saved: dict[int, dict[str, Any]], rows: Mapping[int, dict[str, Any]]) -> list[int]:
+    """The saved rows that differ from the log's now (C speed: ``map`` and ``compress``)."""
+    keys = saved.keys()
+    try:
+        return list(itertools.compress(keys, map(operator.ne, saved.values(), map(rows.get, keys))))
+    except Exception:  # some == raised (an array in a row): row by row
+        return [i for i, row in saved.items() if not _same(row, rows.get(i))]
+
+
 def _compact(segments: list[storage.Segment]) -> list[storage.Segment]:
     """*segments* with their row lists made compact, in place: a ``range`` when the rows are
     consecutive (the common case), else an array of int64 (8 bytes a row instead of ~36)."""
@@ -153,14 +164,11 @@ def plan(log: TrainingLog, base: LogBase | None, sequence: int) -> LogSave:
         current = dict(resident)
         current.update(log.evicted_since(base.mark))
         current.update(log.peek([i for i in base.recheck if i not in current]))
-        write, shadow = set(), set()
-        for i, row in current.items():
-            copy_ = old.get(i)
-            if copy_ is not None:
-                if not _same(copy_, row):
-                    write.add(i)
-                    shadow.add(i)  # on disk: written even when emptied (an empty row hides it)
-            elif row:
+        # rows with a copy from the last save: compared at C speed (every one is in current)
+        write = set(_changed(old, current))
+        shadow = set(write)  # on disk: written even when emptied (an empty row hides it)
+        for i in current.keys() - old.keys():  # rows created (or read back) since
+            if current[i]:
                 write.add(i)
             elif i <= newest and i not in absent:  # emptied since, maybe on disk: hide it
                 write.add(i)
