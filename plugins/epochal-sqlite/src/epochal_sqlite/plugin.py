@@ -91,6 +91,7 @@ class SQLiteLog:
         else:
             db_path = Path("epochal.sqlite")
         conn = store.connect(db_path, create=True)
+        conn.execute("PRAGMA cache_size=-256")  # KiB: it only appends; keeps a long run's memory flat
         lock = store.RunLock(db_path, loop.run_id)
         try:
             lock.acquire()
