@@ -5,6 +5,10 @@ Compared in one run against a bare Python loop that calls the same no-op callbac
 dispatch (`pm.hook.before_batch(...)`) for reference. Every figure is the median of several
 repeats of a whole run, divided by the number of steps. Target: epochal ≤ 3× direct at 6.
 
+Then, for each batch type (a tuple of arrays, an array, a dict of arrays, an object without
+``len``), epochal with 0 and 6 plugins against the direct calls over the same batches: the loop's
+own per-batch work (``batch_size``, counters) must not depend on the batch type. Target ≤ 3×.
+
     python bench/loop_overhead.py [--steps 20000] [--repeats 7]
 """
 
@@ -35,6 +39,13 @@ class NoOpModel:
 
     def load_state_dict(self, state: object) -> None:
         pass
+
+
+class Opaque:
+    """A batch without ``len`` (a custom batch object)."""
+
+    def __init__(self, x: np.ndarray) -> None:
+        self.x = x
 
 
 class NoOp:
@@ -131,6 +142,14 @@ def main() -> None:
         e = median_per_step(epochal_loop, batches, k, args.repeats) * 1e9
         p = median_per_step(pluggy_dispatch, batches, k, args.repeats) * 1e9
         print(f"{k:>7} {bare_ns:>7.0f}ns {d:>7.0f}ns {e:>7.0f}ns {p:>7.0f}ns {e / d:>14.2f}x {p / d:>13.2f}x")
+    kinds = {"tuple": (x, y), "array": x, "dict": {"x": x, "y": y}, "no len": Opaque(x)}
+    print(f"\nby batch type: {'type':>8} {'plugins':>7} {'direct':>9} {'epochal':>9} {'epochal/direct':>15}")
+    for name, batch in kinds.items():
+        typed = [batch] * args.steps
+        for k in (0, 6):
+            d = median_per_step(direct, typed, k, args.repeats) * 1e9
+            e = median_per_step(epochal_loop, typed, k, args.repeats) * 1e9
+            print(f"{'':>14} {name:>8} {k:>7} {d:>7.0f}ns {e:>7.0f}ns {e / d:>14.2f}x")
 
 
 if __name__ == "__main__":

@@ -4,8 +4,13 @@
    TrainingLog of 20,000 iterations x 10 metrics into committed rows, against the floor — raw
    ``sqlite3`` ``executemany`` of ready-made tuples in one transaction into the same table (WAL,
    synchronous=NORMAL). Both in one transaction, and both committing every 1,000 iterations
-   (the plugin's default ``flush_every``). Also the same raw insert into a plain table without
-   the primary key, to show what the clustered ``(run_id, iteration, key)`` key costs.
+   (the plugin's default ``flush_every``). The issue's floor: raw ``executemany`` into a plain
+   table ``(run INTEGER, step INTEGER, key TEXT, value REAL)`` (no key, no index), one
+   transaction; target ≥ 0.8×. Then the bytes per row of the plugin's file (target ≤ 30).
+3. Reading one key of a 1e6-row run (100,000 iterations x 10 keys written by the plugin):
+   ``Reader.timeline(run, [key])`` in process (what ``log show --keys`` and ``log plot`` call),
+   and ``epochal log show RUN --keys KEY --csv`` as a subprocess beside ``python -c pass``
+   (target ≤ 0.3 s).
 2. Per-batch overhead: a no-op loop (train_step returns 10 ready metrics, a plugin copies them
    into the log row) with and without sqlite_log (default options), and the cost of one
    ``after_batch`` call when no flush is due.
@@ -34,7 +39,8 @@ from epochal_sqlite import SQLiteLog, store
 from epochal import Loop, TrainingLog, hookimpl
 
 KEYS = [f"train.metric{j}" for j in range(10)]
-INSERT = "INSERT INTO log (run_id, iteration, key, value, value_json) VALUES (?, ?, ?, ?, ?)"
+INSERT = "INSERT INTO records (run, key, iteration, value, value_json) VALUES (?, ?, ?, ?, ?)"
+PLAIN = "INSERT INTO plain (run, step, key, value) VALUES (?, ?, ?, ?)"
 
 
 class FakeLoop:
@@ -76,18 +82,21 @@ def plugin_write(folder: Path, iterations: int, chunk: int) -> float:
 
 
 def raw_write(folder: Path, iterations: int, chunk: int, plain: bool = False) -> float:
-    """Seconds for raw executemany of ready tuples, one transaction per *chunk* iterations."""
+    """Seconds for raw executemany of ready tuples, one transaction per *chunk* iterations.
+
+    *plain*: into ``plain (run INTEGER, step INTEGER, key TEXT, value REAL)`` (the issue's floor);
+    else into the plugin's own ``records`` table (integer run and key ids).
+    """
     path = fresh_db(folder, "raw.sqlite")
     conn = store.connect(path, create=True)
     if plain:
-        conn.execute("DROP TABLE log")
-        conn.execute(
-            "CREATE TABLE log (run_id TEXT, iteration INTEGER, key TEXT, value REAL, value_json TEXT)"
-        )
-    run_id = uuid.uuid4().hex
+        conn.execute("CREATE TABLE plain (run INTEGER, step INTEGER, key TEXT, value REAL)")
+        rows_of = lambda i, j, key: (1, i, key, i * 0.001 + j)  # noqa: E731
+    else:
+        rows_of = lambda i, j, key: (1, j + 1, i, i * 0.001 + j, None)  # noqa: E731
     chunks = [
         [
-            (run_id, i, key, i * 0.001 + j, None)
+            rows_of(i, j, key)
             for i in range(s + 1, min(s + chunk, iterations) + 1)
             for j, key in enumerate(KEYS)
         ]
@@ -96,11 +105,63 @@ def raw_write(folder: Path, iterations: int, chunk: int, plain: bool = False) ->
     start = time.perf_counter()
     for rows in chunks:
         conn.execute("BEGIN")
-        conn.executemany(INSERT, rows)
+        conn.executemany(PLAIN if plain else INSERT, rows)
         conn.execute("COMMIT")
     elapsed = time.perf_counter() - start
     conn.close()
     return elapsed
+
+
+def bytes_per_row(folder: Path, iterations: int) -> float:
+    """The plugin's file size (WAL checkpointed) per record, for *iterations* x 10 records."""
+    plugin_write(folder, iterations, iterations)
+    path = folder / "plugin.sqlite"
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    pages, free, size = (
+        conn.execute(f"PRAGMA {p}").fetchone()[0] for p in ("page_count", "freelist_count", "page_size")
+    )
+    conn.close()
+    return (pages - free) * size / (iterations * len(KEYS))
+
+
+def query_times(folder: Path, repeats: int) -> dict[str, float]:
+    """Seconds to read one key of a 1e6-row run: in process, and ``epochal log show`` in a subprocess."""
+    import subprocess
+    import sys
+
+    iterations = 100_000
+    loop = FakeLoop(iterations)
+    path = fresh_db(folder, "big.sqlite")
+    plugin = SQLiteLog(path=str(path), flush_seconds=0)
+    plugin.before_training(loop)  # type: ignore[arg-type]
+    loop.iteration = iterations
+    plugin.flush(loop)  # type: ignore[arg-type]
+    plugin.close()
+    epochal = str(Path(sys.executable).with_name("epochal"))
+    show = [epochal, "log", "show", loop.run_id, "--db", str(path), "--keys", KEYS[3], "--csv"]
+
+    def in_process() -> float:
+        start = time.perf_counter()
+        with store.Reader(path) as reader:
+            rows = reader.timeline(reader.resolve(loop.run_id), [KEYS[3]])
+        assert len(rows) == iterations
+        return time.perf_counter() - start
+
+    def cli() -> float:
+        start = time.perf_counter()
+        subprocess.run(show, check=True, stdout=subprocess.DEVNULL)
+        return time.perf_counter() - start
+
+    def python() -> float:
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+        return time.perf_counter() - start
+
+    return median_of(
+        repeats,
+        {"Reader.timeline, one key": in_process, "epochal log show --keys": cli, "python -c pass": python},
+    )
 
 
 class NoOpModel:
@@ -176,7 +237,7 @@ def main() -> None:
                 "plugin, 1 flush": lambda: plugin_write(folder, iterations, iterations),
                 "raw, commit every 1,000 iterations": lambda: raw_write(folder, iterations, 1000),
                 "plugin, flush every 1,000 iterations": lambda: plugin_write(folder, iterations, 1000),
-                "raw, plain table (no primary key), 1 transaction": lambda: raw_write(
+                "raw, plain (run INTEGER, step, key TEXT, value), 1 transaction": lambda: raw_write(
                     folder, iterations, iterations, plain=True
                 ),
             },
@@ -189,6 +250,8 @@ def main() -> None:
             },
         )
         hook = median_of(repeats, {"after_batch, no flush due": lambda: after_batch_ns(folder, 200_000)})
+        size = bytes_per_row(folder, iterations)
+        reads = query_times(folder, max(3, repeats // 2))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -198,6 +261,12 @@ def main() -> None:
     for name, seconds in write.items():
         rate = records / seconds
         print(f"  {name:<52} {rate / 1e3:8.0f} k rows/s  {rate / floor:5.2f}x floor")
+    plain = write["raw, plain (run INTEGER, step, key TEXT, value), 1 transaction"] / write["plugin, 1 flush"]
+    print(f"  plugin (1 flush) / raw plain table (1 transaction): {plain:.2f}x  (target >= 0.8x)")
+    print(f"  plugin file: {size:.1f} bytes per numeric row (target <= 30)")
+    print("reading one key of a 1e6-row run (100,000 iterations x 10 keys):")
+    for name, seconds in reads.items():
+        print(f"  {name:<28} {seconds * 1e3:7.0f} ms")
     chunked = write["raw, commit every 1,000 iterations"] / write["plugin, flush every 1,000 iterations"]
     print(f"  plugin / raw at the same commit size (1,000 iterations): {chunked:.2f}x")
     bare, with_sqlite = loops["no-op loop + 10-metric recorder"], loops["... + sqlite_log"]

@@ -193,3 +193,26 @@ def test_batch_size_helper() -> None:
     assert batch_size((1.5, 2.5)) == 1
     assert batch_size(object()) == 1
     assert batch_size("abcd") == 4
+
+
+def test_batch_size_without_len_raises_nothing() -> None:
+    """Objects without ``len`` count as one example, found without a raised TypeError."""
+
+    class Opaque:
+        def __init__(self) -> None:
+            self.x = np.zeros(4)
+
+    class Sized:
+        def __len__(self) -> int:
+            return 6
+
+    class ZeroD:  # a __len__ that refuses, like a 0-d tensor's
+        def __len__(self) -> int:
+            raise TypeError("len() of a 0-d tensor")
+
+    assert batch_size(Opaque()) == 1
+    assert batch_size({"a": Opaque()}) == 1
+    assert batch_size((Opaque(), 2)) == 1
+    assert batch_size(Sized()) == 6 and batch_size([Sized()]) == 6
+    assert batch_size(ZeroD()) == 1 and batch_size({"t": ZeroD()}) == 1
+    assert batch_size((np.array(2.0),)) == 1

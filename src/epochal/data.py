@@ -16,7 +16,7 @@ seen::
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from numbers import Integral
 from typing import Any
 
@@ -168,23 +168,59 @@ def batch_size(batch: Any) -> int:
 
     A tuple or list counts the length of its first element (0 when empty), a mapping the length
     of its first value (0 when empty), any other sized object its length, anything else 1.
+    Called once per batch: the rule for a type is chosen once and cached (no ``isinstance``
+    against ABCs, no raised and caught ``TypeError`` per batch).
     """
-    if type(batch) is np.ndarray:  # the common case first: it is called once per batch
-        return len(batch) if batch.ndim else 1
-    if isinstance(batch, (tuple, list)):
-        return _len_or_1(batch[0]) if batch else 0
-    if isinstance(batch, Mapping):
-        for value in batch.values():
-            return _len_or_1(value)
-        return 0
-    return _len_or_1(batch)
+    rule = _RULES.get(type(batch))
+    if rule is None:
+        rule = _RULES[type(batch)] = _rule_for(type(batch))
+    return rule(batch)
+
+
+def _array_size(batch: Any) -> int:
+    return len(batch) if batch.ndim else 1
+
+
+def _sequence_size(batch: Any) -> int:
+    return _len_or_1(batch[0]) if batch else 0
+
+
+def _mapping_size(batch: Any) -> int:
+    for value in batch.values():
+        return _len_or_1(value)
+    return 0
+
+
+def _one(batch: Any) -> int:
+    return 1
 
 
 def _len_or_1(obj: Any) -> int:
+    rule = _ITEM_RULES.get(type(obj))
+    if rule is None:
+        rule = _ITEM_RULES[type(obj)] = _rule_for(type(obj), item=True)
+    return rule(obj)
+
+
+def _sized(obj: Any) -> int:
     try:
         return len(obj)
-    except TypeError:  # no __len__, or a 0-d array
+    except TypeError:  # a __len__ that refuses (a 0-d tensor)
         return 1
+
+
+def _rule_for(kind: type, item: bool = False) -> Callable[[Any], int]:
+    if hasattr(kind, "__len__") and hasattr(kind, "ndim"):  # numpy arrays, tensors: 0-d counts 1
+        return _array_size
+    if not item and issubclass(kind, (tuple, list)):
+        return _sequence_size
+    if not item and issubclass(kind, Mapping):
+        return _mapping_size
+    return _sized if hasattr(kind, "__len__") else _one
+
+
+_RULES: dict[type, Callable[[Any], int]] = {}
+_ITEM_RULES: dict[type, Callable[[Any], int]] = {}
 
 
 def _is_int(value: Any) -> bool:

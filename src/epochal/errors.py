@@ -6,7 +6,6 @@ Every error a user can cause by configuration or by installing a broken plugin i
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 
 
@@ -30,5 +29,7 @@ class OrderError(PluginError):
 
 def did_you_mean(name: str, choices: Iterable[str]) -> str:
     """Return ``" (did you mean 'x'?)"`` for the closest of *choices*, or ``""``."""
+    import difflib  # only when a name is wrong: not on every start
+
     match = difflib.get_close_matches(name, sorted(set(choices)), n=1, cutoff=0.5)
     return f" (did you mean {match[0]!r}?)" if match else ""

@@ -189,8 +189,8 @@ def test_values_names_and_keys_filter(tmp_path: Path) -> None:
     assert stored["list"] == [1, 2.5, "a"] and stored["dict"] == {"a": 1} and stored["array"] == [0, 1, 2]
     assert stored["huge"] == 2**70
     conn = sqlite3.connect(db)
-    tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    assert {"runs", "log", "meta"} <= tables
+    objects = set(conn.execute("SELECT type, name FROM sqlite_master"))
+    assert {("table", t) for t in ("runs", "keys", "records", "meta")} | {("view", "log")} <= objects
     (kind,) = conn.execute("SELECT typeof(value) FROM log WHERE key = ?", (evil,)).fetchone()
     assert kind == "real"
     assert conn.execute("SELECT value_json FROM log WHERE key = 'text'").fetchone() == ('"hello"',)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 from collections.abc import Mapping
 from pathlib import Path
@@ -43,20 +44,22 @@ def test_new_file_has_current_schema_wal_and_our_application_id(tmp_path: Path) 
     db = tmp_path / "sub" / "dir" / "log.sqlite"
     run_once(db)
     conn = sqlite3.connect(db)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 1
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 2
     assert conn.execute("PRAGMA application_id").fetchone()[0] == store.APPLICATION_ID
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     columns = [row[1] for row in conn.execute("PRAGMA table_info(log)")]
     assert columns == ["run_id", "iteration", "key", "value", "value_json", "superseded"]
     assert conn.execute("SELECT DISTINCT superseded FROM log").fetchall() == [(0,)]
-    assert dict(conn.execute("SELECT key, value FROM meta"))["schema_version"] == "1"
+    assert dict(conn.execute("SELECT key, value FROM meta"))["schema_version"] == "2"
+    records = [row[1] for row in conn.execute("PRAGMA table_info(records)")]
+    assert records == ["run", "key", "iteration", "value", "value_json", "superseded"]
     conn.close()
 
 
 def test_migration_steps_upgrade_an_older_file_in_place(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A hypothetical version 2 adds a column: a version-1 file with runs is upgraded on open."""
+    """A hypothetical version 3 adds a column: a version-2 file with runs is upgraded on open."""
     db = tmp_path / "log.sqlite"
     run_id = run_once(db)
 
@@ -65,13 +68,13 @@ def test_migration_steps_upgrade_an_older_file_in_place(
 
     monkeypatch.setattr(store, "MIGRATIONS", [*store.MIGRATIONS, add_note_column])
     conn = store.connect(db, create=False)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
     assert conn.execute("SELECT run_id, note FROM runs").fetchall() == [(run_id, "from v1")]
     assert (
         conn.execute("SELECT count(*) FROM log WHERE run_id = ?", (run_id,)).fetchone()[0] == 4
     )  # 2 epochs x (epochs_done, valid.loss)
     conn.close()
-    assert store.migrate(sqlite3.connect(db), db) == 2  # already current: nothing to do
+    assert store.migrate(sqlite3.connect(db), db) == 3  # already current: nothing to do
 
 
 def test_a_file_from_a_newer_version_is_a_clear_error_for_reader_and_writer(tmp_path: Path) -> None:
@@ -142,3 +145,41 @@ def test_encode_decode_round_trip() -> None:
         assert store.decode(*store.encode(value)) == value
     assert store.encode(1.25) == (1.25, None) and store.encode(3) == (3.0, None)
     assert store.encode(float("nan")) == (None, "NaN")
+
+
+V1_FILE = Path(__file__).parent / "data" / "v1.sqlite"
+
+
+def test_a_version_1_file_written_by_epochal_sqlite_0_1_is_migrated_with_every_record(
+    tmp_path: Path,
+) -> None:
+    """``data/v1.sqlite`` was written by the plugin of schema version 1 (two runs, text, NaN and
+    superseded rows): opening it migrates it to integer-keyed records, nothing lost."""
+    db = tmp_path / "old.sqlite"
+    shutil.copyfile(V1_FILE, db)
+    old = sqlite3.connect(db)
+    assert old.execute("PRAGMA user_version").fetchone()[0] == 1
+    columns = "run_id, iteration, key, value, value_json, superseded"
+    before = sorted(old.execute(f"SELECT {columns} FROM log"), key=repr)
+    runs = [r for (r,) in old.execute("SELECT run_id FROM runs ORDER BY started")]
+    old.close()
+    assert len(before) == 34 and any(row[5] for row in before)
+
+    with store.Reader(db) as reader:
+        assert reader.conn.execute("PRAGMA user_version").fetchone()[0] == 2
+        after = sorted(reader.conn.execute(f"SELECT {columns} FROM log"), key=repr)  # the view
+        assert after == before
+        for run_id in runs:
+            expected = [
+                (i, k, store.decode(v, j)) for r, i, k, v, j, sup in before if r == run_id and not sup
+            ]
+            got = list(reader.records(run_id))
+            assert sorted(got, key=repr) == sorted(expected, key=repr)
+            assert [i for i, _, _ in got] == sorted(i for i, _, _ in got)
+            one = list(reader.records(run_id, keys=["note"]))
+            assert one and {k for _, k, _ in one} == {"note"}
+        assert reader.keys(runs) == sorted({row[2] for row in before})
+    # and a new run goes on writing into the migrated file
+    run_once(db)
+    with store.Reader(db) as reader:
+        assert len(reader.runs()) == 3

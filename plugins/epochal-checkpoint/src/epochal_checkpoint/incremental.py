@@ -1,17 +1,20 @@
 """Incremental saves of the training log: which rows a checkpoint writes, which segments it links.
 
 The log's rows go into immutable segment files (see :mod:`epochal_checkpoint.storage`). A save
-compares every row the previous complete checkpoint of this run holds with a copy kept from
-that save (``map`` over the rows: C speed, no encoding), takes the rows created since and the
-rows that were empty (or kept in ``state.json``) then, and writes only the new and changed rows
-into one new segment; the previous checkpoint's segments are hard-linked. So a save costs what
-changed plus one C-speed comparison per row, not the re-encoding of the whole history.
+looks only at the rows that may have changed since the previous complete checkpoint of this
+run: the rows resident in the log (compared with copies kept from that save), the rows the log
+evicted or read back since (``log.evicted_since``) and a few to recheck. It writes the new and
+changed ones into one new segment; the previous checkpoint's segments are hard-linked. So a save
+costs what changed plus the log's window, not the history, and the copies kept are bounded by
+the window too.
 
 To keep the number of segments small, the new segment also takes in (re-encodes from the log)
 the newest segments when :data:`FANOUT` - 1 of them at its tail are not larger than it (by
 powers of :data:`FANOUT` rows), like an LSM tree: a checkpoint has at most about
 ``(FANOUT - 1) * log_FANOUT(rows)`` segments, and each row is re-encoded about
-``log_FANOUT(rows)`` times over a run.
+``log_FANOUT(rows)`` times over a run. Segments of :data:`FOLD_LIMIT` rows are not folded
+again (a fold reads its rows into memory): past that, a checkpoint holds about one segment per
+``FOLD_LIMIT`` rows.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import copy
 import itertools
 import operator
+from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +36,9 @@ if TYPE_CHECKING:
 
 #: segments fold into the new one when FANOUT - 1 at the tail are not larger than it.
 FANOUT = 8
+#: segments of this many rows or more are never folded: a fold reads its rows back into memory,
+#: so this bounds a save's memory (and a long run's high-water mark) by a constant.
+FOLD_LIMIT = FANOUT**4
 _FANOUT_BITS = FANOUT.bit_length() - 1
 _MUTABLE = (list, dict)
 #: row values JSON holds exactly and that cannot change in place: such rows skip flatten().
@@ -62,14 +69,19 @@ class LogBase:
     path: Path | None
     #: its segments, in reading order.
     segments: list[storage.Segment]
-    #: every non-empty row whose newest version is in ``segments``, as saved (plain copies).
+    #: the rows resident in the log at that save whose newest version is in ``segments``, as
+    #: saved (plain copies): bounded by the log's window, not by the run's length.
     saved: dict[int, dict[str, Any]]
-    #: ``len(log.row_map)`` at that save: rows created after are past it.
-    seen: int
+    #: ``log.evictions`` at that save: rows evicted (or read back) after it may have changed.
+    mark: int
     #: ``log.load_count`` at that save (a load replaces the rows: start over).
     loads: int
-    #: rows that were empty at that save, or kept in ``state.json``: looked at again.
+    #: rows kept in ``state.json`` (or not in any segment): looked at again.
     recheck: list[int] = field(default_factory=list)
+    #: resident rows that were empty at that save (not on disk, or ``{}`` there).
+    absent: set[int] = field(default_factory=set)
+    #: the newest iteration the log held at that save (-1: none).
+    newest: int = -1
 
 
 @dataclass
@@ -108,33 +120,68 @@ def _changed(saved: dict[int, dict[str, Any]], rows: Mapping[int, dict[str, Any]
         return [i for i, row in saved.items() if not _same(row, rows.get(i))]
 
 
+def _compact(segments: list[storage.Segment]) -> list[storage.Segment]:
+    """*segments* with their row lists made compact, in place: a ``range`` when the rows are
+    consecutive (the common case), else an array of int64 (8 bytes a row instead of ~36)."""
+    for segment in segments:
+        rows = segment.rows
+        if type(rows) is list:
+            ids = sorted(set(rows))
+            if ids and ids[-1] - ids[0] + 1 == len(ids):
+                segment.rows = range(ids[0], ids[-1] + 1)  # type: ignore[assignment]
+            else:
+                segment.rows = array("q", ids)  # type: ignore[assignment]
+    return segments
+
+
 def plan(log: TrainingLog, base: LogBase | None, sequence: int) -> LogSave:
     """Decide what save *sequence* writes of *log*, given the newest complete checkpoint's *base*.
 
-    Nothing is changed: the returned :attr:`LogSave.base` is a new object (sharing the old
-    ``saved`` dict, updated in place: the old base must not be used after this call).
+    Only the rows that may have changed since *base* are looked at: the rows resident in the
+    log (compared with the copies kept from that save), the rows evicted or read back since
+    (``log.evicted_since``) and the rows to recheck. Rows evicted before that save and not read
+    back since cannot have changed. So a save costs what changed plus the log's window, not the
+    history. Nothing is changed: the returned :attr:`LogSave.base` is a new object.
 
     :raises UnsupportedStateError: for a row value that cannot be saved, naming its key path.
     """
-    rows = log.row_map
+    resident = log.row_map
+    mark = log.evictions
     usable = (
         base is not None and base.path is not None and base.loads == log.load_count and base.path.is_dir()
     )
+    old: dict[int, dict[str, Any]] = {}
+    absent: set[int] = set()
+    newest = -1
     if base is None or not usable:
-        saved: dict[int, dict[str, Any]] = {}
         kept: list[storage.Segment] = []
-        write: set[int] = set(rows)
+        current: dict[int, dict[str, Any]] = dict(log.rows())  # every row, evicted ones read back
+        current.update(resident)
+        write: set[int] = {i for i, row in current.items() if row}
         shadow: set[int] = set()
     else:
-        saved, kept = base.saved, list(base.segments)
-        write = set(_changed(saved, rows))
-        shadow = set(write)  # rows on disk: written even when emptied (an empty row hides them)
-        write.update(itertools.islice(rows, base.seen, None))
+        old, kept, absent, newest = base.saved, _compact(list(base.segments)), base.absent, base.newest
+        current = dict(resident)
+        current.update(log.evicted_since(base.mark))
+        current.update(log.peek([i for i in base.recheck if i not in current]))
+        # rows with a copy from the last save: compared at C speed (every one is in current)
+        write = set(_changed(old, current))
+        shadow = set(write)  # on disk: written even when emptied (an empty row hides it)
+        for i in current.keys() - old.keys():  # rows created (or read back) since
+            if current[i]:
+                write.add(i)
+            elif i <= newest and i not in absent:  # emptied since, maybe on disk: hide it
+                write.add(i)
+                shadow.add(i)
         write.update(base.recheck)
     size = level(len(write))
     while kept:
         tail = 0
-        while tail < len(kept) and level(len(kept[-1 - tail].rows)) <= size:
+        while (
+            tail < len(kept)
+            and level(len(kept[-1 - tail].rows)) <= size
+            and len(kept[-1 - tail].rows) < FOLD_LIMIT
+        ):
             tail += 1
         if tail < FANOUT - 1:
             break
@@ -143,23 +190,27 @@ def plan(log: TrainingLog, base: LogBase | None, sequence: int) -> LogSave:
             shadow.update(segment.rows)
         del kept[-tail:]
         size = level(len(write))
+    missing = [i for i in write if i not in current]
+    fresh: Mapping[int, dict[str, Any]] = {}
+    if missing:  # folded segments' rows, evicted (current has every resident row): read back
+        fresh = log.peek(missing)
+        current.update(fresh)
     flat: dict[str, Any] = {}  # the new segment's rows, in iteration order
     other: dict[str, Any] = {}  # rows with containers or numpy values: through flatten()
-    recheck: list[int] = []
     for i in sorted(write):
-        row = rows.get(i)
+        row = current.get(i) or {}
         if row:
             if _is_plain(row):  # the common case: a copy at C speed
-                flat[str(i)] = dict(row)  # also the copy kept to compare with
+                # also the copy kept to compare with (rows read back are copies already)
+                flat[str(i)] = row if i in fresh else dict(row)
             else:
                 flat[str(i)] = plain = plain_row(row)  # numpy values made Python ones
                 if not _is_plain(plain):
                     other[str(i)] = plain
         elif i in shadow:
             flat[str(i)] = {}
-        if row is not None and not row:
-            recheck.append(i)
     inline: dict[str, Any] = {}
+    recheck: list[int] = []
     if other:
         snapshot = storage.flatten({"log": {"rows": other}})
         flat.update(snapshot.tree["log"]["rows"])  # rebuilt containers: copies the log cannot change
@@ -169,16 +220,26 @@ def plan(log: TrainingLog, base: LogBase | None, sequence: int) -> LogSave:
                 inline[key] = other[key]
                 del flat[key]
                 recheck.append(int(key))
-    for key, row in flat.items():
-        if row:
-            saved[int(key)] = row
-        else:
-            saved.pop(int(key), None)
+    # the copies to compare with next time: resident rows only (evicted ones cannot change)
+    saved: dict[int, dict[str, Any]] = {}
+    new_absent: set[int] = set()
+    for i, row in resident.items():
+        if not row:
+            new_absent.add(i)
+            continue
+        written = flat.get(str(i))
+        if written is not None:
+            saved[i] = written
+        elif i not in write and i in old:
+            saved[i] = old[i]
     for key in inline:
         saved.pop(int(key), None)
+    newest = max(newest, max(current, default=-1))
     new = storage.NewSegment(storage.segment_name(sequence, map(int, flat)), flat) if flat else None
     linked = [storage.LinkedSegment(base.path, s) for s in kept] if base is not None and base.path else []
-    return LogSave(inline, linked, new, LogBase(None, [], saved, len(rows), log.load_count, recheck))
+    return LogSave(
+        inline, linked, new, LogBase(None, [], saved, mark, log.load_count, recheck, new_absent, newest)
+    )
 
 
 def resumed_base(
@@ -187,20 +248,20 @@ def resumed_base(
     """The base of a run resumed from checkpoint *info*, whose state's log rows were *rows*.
 
     Called after the loop loaded that state (``log.load_count`` counts it); the rows of the state
-    are the ones the loop copied into the log, in the same order.
+    are the ones the loop copied into the log (the oldest of them may be evicted already).
     """
     if info.segments is None or log.load_count == 0:
         return None
     inline = set(info.inline_rows)
     on_disk: set[int] = set().union(*(s.rows for s in info.segments))
+    recheck = sorted(inline | {int(i) for i in rows if int(i) not in on_disk})
     saved = {}
-    recheck = sorted(inline)
-    for key, row in rows.items():
-        i = int(key)
-        if i in inline or i not in on_disk:
-            if i not in inline:
-                recheck.append(i)
+    for i, row in log.row_map.items():
+        if i in inline or i not in on_disk or not row:
             continue
         mutable = any(type(v) in _MUTABLE for v in row.values())
         saved[i] = copy.deepcopy(row) if mutable else dict(row)
-    return LogBase(info.path, list(info.segments), saved, len(rows), log.load_count, recheck)
+    absent = {i for i, row in log.row_map.items() if not row}
+    newest = max((int(i) for i in rows), default=-1)
+    segments = _compact(list(info.segments))
+    return LogBase(info.path, segments, saved, log.evictions, log.load_count, recheck, absent, newest)

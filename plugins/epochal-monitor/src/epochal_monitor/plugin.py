@@ -117,6 +117,7 @@ class Monitor:
         #: the same since the last running record (only with every_n_batches).
         self._window: dict[str, list[Any]] = {}
         self._skip: set[str] = set()
+        self._running_names: dict[str, str] = {}
         self._batch_size: Any = None
         self._warned: set[str] = set()
 
@@ -195,6 +196,9 @@ class Monitor:
     @hookimpl
     def after_batch(self, loop: Any, batch: Any, outputs: Mapping[str, Any]) -> None:
         """Add the batch's metrics to the accumulators (and write running records when due)."""
+        if self.every_n_batches == 1:
+            self._after_batch_each(loop, batch, outputs)
+            return
         size = -1
         epoch, window = self._epoch, self._window
         running = self.every_n_batches
@@ -236,6 +240,44 @@ class Monitor:
             for key, acc in window.items():
                 row[f"{prefix}.{key}.running"] = self._result(acc)
             self._window = {}
+
+    def _after_batch_each(self, loop: Any, batch: Any, outputs: Mapping[str, Any]) -> None:
+        """``after_batch`` with a running record every batch: the window is this batch alone,
+        so its record is computed from the value directly (the same float operations as
+        :meth:`_update` then :meth:`_result` on a fresh accumulator), with no window kept."""
+        size = -1
+        epoch = self._epoch
+        names = self._running_names
+        row = None
+        for key, raw in outputs.items():
+            if key in self._skip:
+                continue
+            try:
+                value = float(raw)
+            except (TypeError, ValueError):
+                self._skip.add(key)  # not a number: not aggregated
+                continue
+            if value - value != 0.0:  # NaN or infinite
+                self._non_finite(f"{self.prefix}.{key}", value, loop)
+            if size < 0:
+                size = self._batch_size(batch)
+            acc = epoch.get(key)
+            if acc is None:
+                acc = epoch[key] = self._start(self._kind(key))
+            kind = acc[0]
+            if kind == _MEAN:
+                acc[1] += value * size
+                acc[2] += size
+                running = (0.0 + value * size) / size if size else _NAN
+            else:
+                self._update(acc, value, size)
+                running = 0.0 + value if kind == _SUM else value
+            name = names.get(key)
+            if name is None:
+                name = names[key] = f"{self.prefix}.{key}.running"
+            if row is None:
+                row = loop.log.current_row
+            row[name] = running
 
     @hookimpl
     def after_evaluation(self, loop: Any, stream: str, metrics: Mapping[str, float]) -> None:

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
     from epochal.loop import Loop
 
-_INSERT = "INSERT OR REPLACE INTO log (run_id, iteration, key, value, value_json) VALUES (?, ?, ?, ?, ?)"
+_INSERT = "INSERT OR REPLACE INTO records (run, key, iteration, value, value_json) VALUES (?, ?, ?, ?, ?)"
 
 
 def default_path(run_dir: str | Path | None) -> Path:
@@ -84,6 +84,8 @@ class SQLiteLog:
         self._deadline = float("inf")
         self._status: dict[str, Any] = {}
         self._keep: dict[str, bool] = {}
+        self._num = 0  # the run's integer number in the file (runs.num)
+        self._key_ids: dict[str, int] = {}  # key name -> keys.id
         #: the number of records written by this run (for tests and benchmarks).
         self.records_written = 0
 
@@ -95,6 +97,7 @@ class SQLiteLog:
         self.close()
         db_path = default_path(loop.run_dir) if self.path is None else Path(self.path)
         conn = store.connect(db_path, create=True)
+        conn.execute("PRAGMA cache_size=-256")  # KiB: it only appends; keeps a long run's memory flat
         lock = store.RunLock(db_path, loop.run_id)
         try:
             lock.acquire()
@@ -124,13 +127,17 @@ class SQLiteLog:
                     _epochal_version(),
                 ),
             )
+            conn.execute("UPDATE runs SET num = rowid WHERE run_id = ?", (loop.run_id,))
+            (self._num,) = conn.execute("SELECT num FROM runs WHERE run_id = ?", (loop.run_id,)).fetchone()
+            self._key_ids = dict(conn.execute("SELECT name, id FROM keys"))
             if loop.resumed_from is not None:
                 # Rows the run that saved the restored state wrote after it are not part of the
                 # history of the model that was restored: mark them, so that every view of that
                 # run (not only the resumed chain) matches what training actually continued from.
                 conn.execute(
-                    "UPDATE log SET superseded = 1 WHERE run_id = ? AND iteration > ?",
-                    (loop.resumed_from, loop.iteration),
+                    "UPDATE records SET superseded = 1 WHERE iteration > ? AND run = "
+                    "(SELECT num FROM runs WHERE run_id = ?)",
+                    (loop.iteration, loop.resumed_from),
                 )
             conn.execute("COMMIT")
         except BaseException:
@@ -253,38 +260,48 @@ class SQLiteLog:
             self._deadline = time.monotonic() + self.flush_seconds
         return len(records)
 
-    def _collect(self, loop: Loop) -> list[tuple[str, int, str, float | None, str | None]]:
+    def _collect(self, loop: Loop) -> list[tuple[int, int, int, float | None, str | None]]:
         """The records from the cursor row to the current row, and move the cursor."""
         log = loop.log
-        run_id = self.run_id
+        run = self._num
         end = loop.iteration
         keep = self._keep
+        ids = self._key_ids
         patterns = self.keys
         encode = store.encode
-        records: list[tuple[str, int, str, float | None, str | None]] = []
+        records: list[tuple[int, int, int, float | None, str | None]] = []
         append = records.append
         written = self._written
-        for iteration in range(self._cursor, end + 1):
-            if iteration not in log:
-                continue
-            row = log[iteration]
+        # peek: rows the log evicted already are read back without making them resident again
+        for iteration, row in sorted(log.peek(range(self._cursor, end + 1)).items()):
             for key, value in row.items():
-                if iteration == self._cursor and written.get(key, _MISSING) is value:
+                if iteration == self._cursor and _same(written.get(key, _MISSING), value):
                     continue  # written by the last flush and not re-assigned since
                 kept = keep.get(key)
                 if kept is None:
                     kept = keep[key] = _keep(key, patterns)
                 if not kept:
                     continue
+                key_id = ids.get(key)
+                if key_id is None:
+                    key_id = self._intern(key)
                 kind = type(value)
                 if kind is float and value == value:
-                    append((run_id, iteration, key, value, None))  # type: ignore[arg-type]
+                    append((run, key_id, iteration, value, None))
                 else:
                     number, text = encode(value)
-                    append((run_id, iteration, key, number, text))  # type: ignore[arg-type]
+                    append((run, key_id, iteration, number, text))
         self._cursor = end
         self._written = dict(log[end]) if end in log else {}
         return records
+
+    def _intern(self, key: str) -> int:
+        """The id of *key* in the ``keys`` table, added on first use (once per key and file)."""
+        assert self._conn is not None
+        self._conn.execute("INSERT OR IGNORE INTO keys (name) VALUES (?)", (key,))
+        (key_id,) = self._conn.execute("SELECT id FROM keys WHERE name = ?", (key,)).fetchone()
+        self._key_ids[key] = key_id
+        return int(key_id)
 
     def close(self) -> None:
         """Close the database and release the run's lock (the run stays as last flushed)."""
@@ -297,6 +314,19 @@ class SQLiteLog:
 
 
 _MISSING = object()
+
+
+def _same(written: Any, value: Any) -> bool:
+    """Whether *value* is the record the last flush wrote (the same object, or an equal copy
+    of it that the log read back from its spill)."""
+    if written is value:
+        return True
+    if written is _MISSING or type(written) is not type(value) or type(value) not in _SCALARS:
+        return False
+    return bool(written == value)
+
+
+_SCALARS = frozenset({float, int, str, bool, bytes})
 
 
 def _keep(key: str, patterns: list[str]) -> bool:

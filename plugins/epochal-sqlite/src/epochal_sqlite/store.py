@@ -1,22 +1,28 @@
 """The database: schema, migrations, opening and checking a file, run liveness, queries.
 
-One SQLite file holds many runs. Tables (schema version 1, ``PRAGMA user_version``; the file
-is marked as ours by ``PRAGMA application_id``):
+One SQLite file holds many runs. Tables (schema version 2, ``PRAGMA user_version``; the file
+is marked as ours by ``PRAGMA application_id``; version 1 files are migrated when opened):
 
 ``runs``
-    one row per run: ``run_id`` (the loop's fresh uuid hex), ``started``/``ended``/``updated``
+    one row per run: ``run_id`` (the loop's fresh uuid hex), ``num`` (the run's integer number,
+    what ``records`` refer to), ``started``/``ended``/``updated``
     (unix seconds), ``status`` (running, finished, interrupted, failed, killed),
     ``finish_reason``, ``error``, ``error_plugin``, ``epochs_done``, ``iterations_done``,
     ``start_iteration`` (the iteration the run started at: 0, or where it resumed),
     ``flushed_iteration`` (rows before it are all written), ``resumed_from`` (the run id whose
     saved state this run continued), ``config`` and ``plugins`` (JSON), ``log_status`` (the
     loop's ``log.status`` as JSON), ``run_dir``, ``host``, ``pid``, ``epochal_version``.
-``log``
-    one row per record: ``run_id``, ``iteration``, ``key``, ``value`` (REAL for numbers),
-    ``value_json`` (JSON for any other value, and for NaN), ``superseded`` (0; reserved to mark
-    rows a crashed run wrote past the point a resumed run restarted from). Primary key
-    ``(run_id, iteration, key)``, clustered (``WITHOUT ROWID``), so a run's rows are read as
-    one range and a record re-written with a new value replaces the old one.
+``keys``
+    ``id``/``name``: every record key once (records hold the id, not the text).
+``records``
+    one row per record: ``run`` (``runs.num``), ``key`` (``keys.id``), ``iteration``, ``value``
+    (REAL for numbers), ``value_json`` (JSON for any other value, and for NaN), ``superseded``
+    (1 for rows a run wrote past the point a resumed run restarted from). Primary key
+    ``(run, key, iteration)``, clustered (``WITHOUT ROWID``): one key of one run is one range,
+    and a record re-written with a new value replaces the old one. About 25 bytes a number.
+``log`` (a view)
+    the records with version 1's columns: ``run_id``, ``iteration``, ``key`` (the name),
+    ``value``, ``value_json``, ``superseded``; for reading with SQL.
 ``meta``
     ``key``/``value`` text pairs: ``created_by``, ``schema_version``.
 
@@ -114,10 +120,48 @@ def _create_v1(conn: sqlite3.Connection) -> None:
     conn.execute("INSERT INTO meta VALUES ('created_by', ?)", (f"epochal-sqlite {_version()}",))
 
 
+def _compact_v2(conn: sqlite3.Connection) -> None:
+    """Version 1 → 2: records keyed by integers (run number, iteration, key id), ~25 bytes a row.
+
+    ``runs.num`` numbers the runs; ``keys`` interns the key names; ``records`` holds the rows
+    with the primary key ``(run, key, iteration)`` (``WITHOUT ROWID``), so one key of one run is
+    one range (``log show --keys``, ``log plot``) and a run's rows are one range too. The rows of
+    version 1's ``log`` table are copied over; ``log`` becomes a view with the old columns, so
+    SQL written against version 1 still reads.
+    """
+    conn.execute("ALTER TABLE runs ADD COLUMN num INTEGER")
+    conn.execute("UPDATE runs SET num = rowid")
+    conn.execute("CREATE UNIQUE INDEX runs_num ON runs (num)")
+    conn.execute("CREATE TABLE keys (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE)")
+    conn.execute(
+        """CREATE TABLE records (
+            run INTEGER NOT NULL,
+            key INTEGER NOT NULL,
+            iteration INTEGER NOT NULL,
+            value REAL,
+            value_json TEXT,
+            superseded INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (run, key, iteration)
+        ) WITHOUT ROWID"""
+    )
+    conn.execute("INSERT INTO keys (name) SELECT DISTINCT key FROM log ORDER BY key")
+    conn.execute(
+        "INSERT INTO records SELECT runs.num, keys.id, log.iteration, log.value, log.value_json, "
+        "log.superseded FROM log JOIN runs ON runs.run_id = log.run_id JOIN keys ON keys.name = log.key"
+    )
+    conn.execute("DROP TABLE log")
+    conn.execute(
+        "CREATE VIEW log AS SELECT runs.run_id AS run_id, records.iteration AS iteration, "
+        "keys.name AS key, records.value AS value, records.value_json AS value_json, "
+        "records.superseded AS superseded FROM records "
+        "JOIN runs ON runs.num = records.run JOIN keys ON keys.id = records.key"
+    )
+
+
 #: ``MIGRATIONS[v]`` upgrades a file of schema version ``v`` to ``v + 1``, inside the transaction
 #: that also sets ``user_version``. Version 0 is an empty file. A new schema version appends a
 #: step here (e.g. ``ALTER TABLE runs ADD COLUMN ...``); :data:`SCHEMA_VERSION` follows.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_create_v1]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_create_v1, _compact_v2]
 #: the schema version this code writes (and the newest it reads).
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -558,18 +602,33 @@ class Reader:
         Rows marked superseded (written after the point a later run resumed from) are left out
         unless *superseded* is true.
         """
-        query = "SELECT iteration, key, value, value_json FROM log WHERE run_id = ?"
+        run = self._num(run_id)
+        names = self._key_names()
+        match = key_matcher(keys)
+        wanted = [i for i, name in names.items() if match(name)]
+        if run is None or not wanted:
+            return
+        # one range of the primary key per key: only the wanted keys' rows are read
+        query = "SELECT iteration, key, value, value_json FROM records WHERE run = ? AND key = ?"
         if not superseded:
             query += " AND superseded = 0"
-        params: list[Any] = [run_id]
         if upto is not None:
             query += " AND iteration <= ?"
-            params.append(upto)
-        query += " ORDER BY iteration"
-        match = key_matcher(keys)
-        for iteration, key, value, value_json in self.conn.execute(query, params):
-            if match(key):
-                yield iteration, key, decode(value, value_json)
+        found: list[tuple[int, int, float | None, str | None]] = []
+        for key in wanted:
+            params = (run, key) if upto is None else (run, key, upto)
+            found.extend(self.conn.execute(query, params))
+        if len(wanted) > 1:  # in iteration order, then by key name (as version 1 read them)
+            found.sort(key=lambda row: (row[0], names[row[1]]))
+        for iteration, key, value, value_json in found:
+            yield iteration, names[key], decode(value, value_json)
+
+    def _num(self, run_id: str) -> int | None:
+        row = self.conn.execute("SELECT num FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        return None if row is None else row[0]
+
+    def _key_names(self) -> dict[int, str]:
+        return dict(self.conn.execute("SELECT id, name FROM keys"))
 
     def timeline(
         self, run: Run, keys: Sequence[str] = (), chain: bool = True, superseded: bool = False
@@ -595,10 +654,20 @@ class Reader:
     def keys(self, run_ids: Iterable[str]) -> list[str]:
         """The distinct keys recorded by these runs, sorted."""
         found: set[str] = set()
+        names = self._key_names()
         for run_id in run_ids:
-            found.update(
-                k for (k,) in self.conn.execute("SELECT DISTINCT key FROM log WHERE run_id = ?", (run_id,))
-            )
+            run = self._num(run_id)
+            if run is None:
+                continue
+            # one probe of the primary key per known key (keys are few, rows are many)
+            for key, name in names.items():
+                if (
+                    name not in found
+                    and self.conn.execute(
+                        "SELECT 1 FROM records WHERE run = ? AND key = ? LIMIT 1", (run, key)
+                    ).fetchone()
+                ):
+                    found.add(name)
         return sorted(found)
 
 
