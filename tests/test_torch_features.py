@@ -5,6 +5,7 @@ torch.compile."""
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -352,8 +353,9 @@ def test_metric_objects_are_computed_over_the_whole_stream() -> None:
 
 
 class CountingScalar:
-    """A number that counts how often it is read on the host (as a device scalar would sync)."""
+    """A device scalar that counts how often it is read on the host (each read would sync)."""
 
+    device = SimpleNamespace(type="cuda")
     reads = 0
 
     def __init__(self, value: float) -> None:

@@ -285,11 +285,18 @@ class Loop:
             for key, value in outputs.items():
                 if key in skipped:
                     continue
-                # Summed as they are: a 0-d tensor stays on its device until the stream ends.
-                if isinstance(value, (str, bytes)) or not hasattr(value, "__float__"):
-                    skipped.add(key)  # not a number: hooks see it in outputs, it is not averaged
-                    continue
-                try:
+                if type(value) is not float:
+                    if isinstance(value, (str, bytes)) or not hasattr(value, "__float__"):
+                        skipped.add(key)  # not a number: hooks see it in outputs, not averaged
+                        continue
+                    device = getattr(value, "device", None)
+                    if device is None or getattr(device, "type", "cpu") == "cpu":
+                        try:  # a host number: read now, summed in double precision
+                            value = float(value)
+                        except (TypeError, ValueError):  # e.g. an array of several values
+                            skipped.add(key)
+                            continue
+                try:  # a device scalar (a CUDA tensor) is summed where it is, read at the end
                     totals[key] = totals.get(key, 0.0) + value * size
                 except TypeError:
                     skipped.add(key)
