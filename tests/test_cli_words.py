@@ -96,6 +96,14 @@ def _install_lines() -> list[tuple[Path, str]]:
 FROM_AN_INDEX = {"tox", "torch==2.13.0", "build", "twine", "matplotlib"}
 
 
+def _braces(word: str) -> list[str]:
+    """A shell's brace expansion of one ``{a,b}`` group: ``x-{a,b}/`` → ``x-a/``, ``x-b/``."""
+    match = re.search(r"\{([^{}]*)\}", word)
+    if match is None:
+        return [word]
+    return [word[: match.start()] + part + word[match.end() :] for part in match.group(1).split(",")]
+
+
 def test_every_install_line_names_something_installable_from_here() -> None:
     lines = _install_lines()
     assert len(lines) >= 10
@@ -105,7 +113,7 @@ def test_every_install_line_names_something_installable_from_here() -> None:
             for w in command.split()
             if not w.startswith("-") and "://" not in w
         ]
-        for word in words:
+        for word in (expanded for listed in words for expanded in _braces(listed)):
             target = re.sub(r"\[[a-z,]+\]$", "", word)
             if target in FROM_AN_INDEX or target.startswith("epochal-loss-guard"):
                 continue  # the scaffold's example distribution, built by the reader (writing-plugins.md)
