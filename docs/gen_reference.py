@@ -96,7 +96,7 @@ def command_table() -> str:
         options = [
             "`" + " / ".join(param.opts + param.secondary_opts) + "`"
             for param in command.get_params(ctx)
-            if isinstance(param, click.Option) and param.name != "help"
+            if isinstance(param, click.Option) and not {"--help", "-h"} & set(param.opts)
         ]
         lines.append(f"| `{f'{path} {usage}'.strip()}` | {summary} | {', '.join(options)} |")
     lines += ["", END]
