@@ -1,7 +1,9 @@
 """epochal + TorchModel against a hand-written PyTorch loop (and Lightning), side by side.
 
 What is measured: the wall time of whole training runs (``EPOCHS`` epochs of ``STEPS`` steps on
-the same synthetic batches, already on the device), divided by the number of steps. The cases:
+the same synthetic batches, already on the device), divided by the number of steps; objects
+(optimizer, plugins, loop, Trainer) are built before the clock starts, the run call is timed
+(``Loop.run()``, ``Trainer.fit()``). The cases:
 
 * ``raw loop``: ``zero_grad / forward / loss / backward / step``, reading the loss on the host
   every 100 steps (what a hand-written loop that logs does).
@@ -80,24 +82,30 @@ def batches(data: list[Any]) -> list[Any]:
     return [data[i % len(data)] for i in range(STEPS)]
 
 
-def raw_loop(module: torch.nn.Module, data: list[Any], workdir: Path) -> None:
+#: a case builds its objects (untimed) and returns the run to time.
+Case = Callable[[torch.nn.Module, list[Any], Path], Callable[[], None]]
+
+
+def raw_loop(module: torch.nn.Module, data: list[Any], workdir: Path) -> Callable[[], None]:
     optimizer = torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9)
     steps = batches(data)
-    for _ in range(EPOCHS):
-        for i, (x, y) in enumerate(steps):
-            optimizer.zero_grad(set_to_none=True)
-            loss = torch.nn.functional.cross_entropy(module(x), y)
-            loss.backward()
-            optimizer.step()
-            if i % 100 == 0:
-                loss.item()
-    sync()
+
+    def run() -> None:
+        for _ in range(EPOCHS):
+            for i, (x, y) in enumerate(steps):
+                optimizer.zero_grad(set_to_none=True)
+                loss = torch.nn.functional.cross_entropy(module(x), y)
+                loss.backward()
+                optimizer.step()
+                if i % 100 == 0:
+                    loss.item()
+        sync()
+
+    return run
 
 
-def epochal_loop(
-    plugins: str, async_save: bool = False
-) -> Callable[[torch.nn.Module, list[Any], Path], None]:
-    def run(module: torch.nn.Module, data: list[Any], workdir: Path) -> None:
+def epochal_loop(plugins: str, async_save: bool = False) -> Case:
+    def prepare(module: torch.nn.Module, data: list[Any], workdir: Path) -> Callable[[], None]:
         from epochal import Loop, load_plugins
         from epochal.torch import TorchModel
 
@@ -116,15 +124,20 @@ def epochal_loop(
                     "progress": {"force": True},
                 },
             )
-        Loop(model, {"train": batches(data)}, plugins=plugin_set, max_epochs=EPOCHS, run_dir=workdir,
-             handle_signals=False).run()  # fmt: skip
-        sync()
+        loop = Loop(model, {"train": batches(data)}, plugins=plugin_set, max_epochs=EPOCHS, run_dir=workdir,
+                    handle_signals=False)  # fmt: skip
 
-    return run
+        def run() -> None:
+            loop.run()
+            sync()
+
+        return run
+
+    return prepare
 
 
-def lightning_loop(callbacks: bool) -> Callable[[torch.nn.Module, list[Any], Path], None]:
-    def run(module: torch.nn.Module, data: list[Any], workdir: Path) -> None:
+def lightning_loop(callbacks: bool) -> Case:
+    def prepare(module: torch.nn.Module, data: list[Any], workdir: Path) -> Callable[[], None]:
         import lightning
 
         class Wrapped(lightning.LightningModule):
@@ -163,14 +176,20 @@ def lightning_loop(callbacks: bool) -> Callable[[torch.nn.Module, list[Any], Pat
         from torch.utils.data import DataLoader
 
         # batch_size=None: the batches as they are (a plain list would read as several loaders)
-        trainer.fit(Wrapped(), train_dataloaders=DataLoader(batches(data), batch_size=None))
-        sync()
+        loader = DataLoader(batches(data), batch_size=None)
+        wrapped = Wrapped()
 
-    return run
+        def run() -> None:
+            trainer.fit(wrapped, train_dataloaders=loader)
+            sync()
+
+        return run
+
+    return prepare
 
 
-def cases() -> dict[str, Callable[[torch.nn.Module, list[Any], Path], None]]:
-    found: dict[str, Callable[[torch.nn.Module, list[Any], Path], None]] = {
+def cases() -> dict[str, Case]:
+    found: dict[str, Case] = {
         "raw loop": raw_loop,
         "epochal, no plugins": epochal_loop("none"),
         "epochal, six plugins": epochal_loop("six"),
@@ -199,20 +218,21 @@ def main() -> None:
             continue
         initial = {k: v.clone() for k, v in module.state_dict().items()}
         times: dict[str, list[float]] = {case: [] for case in cases()}
-        for run in cases().values():  # warm-up: kernels, cuDNN autotuning, imports
+        for prepare in cases().values():  # warm-up: kernels, cuDNN autotuning, imports
             module.load_state_dict(initial)
             module.to(DEVICE)
             with tempfile.TemporaryDirectory() as tmp, _quiet():
-                run(module, data, Path(tmp))
+                prepare(module, data, Path(tmp))()
         for _ in range(REPEATS):
-            for case, run in cases().items():
+            for case, prepare in cases().items():
                 module.load_state_dict(initial)
                 module.to(DEVICE)  # Lightning moves the module back to the CPU when it ends
                 with tempfile.TemporaryDirectory() as tmp, _quiet():
+                    run = prepare(module, data, Path(tmp))  # objects are built before the clock
                     gc.collect()
                     sync()
                     start = time.perf_counter()
-                    run(module, data, Path(tmp))
+                    run()
                     times[case].append((time.perf_counter() - start) / (EPOCHS * STEPS))
         medians = {case: statistics.median(t) for case, t in times.items()}
         results[name] = medians
