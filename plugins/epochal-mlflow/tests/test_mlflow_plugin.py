@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 from epochal_mlflow import MLflow
-from epochal_mlflow.records import number
 from epochal_sqlite import Reader, SQLiteLog
 from mlflow import MlflowClient
 
 from epochal import hookimpl
-from epochal.testing import run_loop
+from epochal.records import number
+from epochal.testing import ResumeFrom, run_loop
 
 
 class TrainRecords:
@@ -38,15 +38,6 @@ class SaveAt:
     def after_epoch(self, loop: Any) -> None:
         if loop.epoch == self.epoch:
             self.state = copy.deepcopy(loop.state_dict())
-
-
-class ResumeWith:
-    def __init__(self, state: Mapping[str, Any]) -> None:
-        self.state = state
-
-    @hookimpl
-    def resume_state(self) -> Mapping[str, Any]:
-        return self.state
 
 
 def history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
@@ -114,7 +105,7 @@ def test_a_resumed_run_continues_the_same_mlflow_run(tmp_path: Path, mlflow_serv
         {
             "train": TrainRecords(),
             "mlflow": MLflow(mlflow_server, experiment),
-            "resume": ResumeWith(saver.state),
+            "resume": ResumeFrom(saver.state),
         },
         run_dir=tmp_path / "run",
         max_epochs=4,
@@ -146,7 +137,7 @@ def test_resume_from_an_earlier_state_starts_a_continuing_run_without_the_supers
         {
             "train": TrainRecords(),
             "mlflow": MLflow(mlflow_server, experiment),
-            "resume": ResumeWith(saver.state),
+            "resume": ResumeFrom(saver.state),
         },
         run_dir=tmp_path / "run",
         max_epochs=3,

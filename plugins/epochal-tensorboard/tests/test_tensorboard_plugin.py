@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 from epochal_tensorboard import TensorBoard
-from epochal_tensorboard.records import number
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from epochal import hookimpl
-from epochal.testing import run_loop
+from epochal.records import number
+from epochal.testing import ResumeFrom, run_loop
 
 
 def read(log_dir: Path) -> EventAccumulator:
@@ -48,15 +48,6 @@ class SaveAt:
             import copy
 
             self.state = copy.deepcopy(loop.state_dict())
-
-
-class ResumeWith:
-    def __init__(self, state: Mapping[str, Any]) -> None:
-        self.state = state
-
-    @hookimpl
-    def resume_state(self) -> Mapping[str, Any]:
-        return self.state
 
 
 def test_every_numeric_record_is_a_scalar_with_its_iteration_as_step(tmp_path: Path) -> None:
@@ -116,7 +107,7 @@ def test_resumed_run_supersedes_the_steps_after_the_restored_state(tmp_path: Pat
     restored = saver.state["iteration"]
     # The resumed run goes a different way (another seed) so stale values would show.
     second = run_loop(
-        {"train": TrainRecords(), "tensorboard": TensorBoard(), "resume": ResumeWith(saver.state)},
+        {"train": TrainRecords(), "tensorboard": TensorBoard(), "resume": ResumeFrom(saver.state)},
         run_dir=tmp_path / "run",
         max_epochs=3,
         seed=1,

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from epochal import hookimpl
-from epochal_mlflow.records import Cursor, flat_config
+from epochal.records import Cursor, flat_config
 from epochal_mlflow.tracker import RunSpec, Tracker, warn
 
 if TYPE_CHECKING:

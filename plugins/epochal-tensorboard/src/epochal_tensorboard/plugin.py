@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from epochal import hookimpl
-from epochal_tensorboard.records import Cursor, flat_config
+from epochal.records import Cursor, flat_config
 
 if TYPE_CHECKING:
     from epochal.loop import Loop

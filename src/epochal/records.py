@@ -1,6 +1,7 @@
 """Which log records are new since the last write: a cursor over the training log.
 
-The same rule as ``sqlite_log``: the cursor is the iteration of the row written last and the
+For plugins that copy the log somewhere else (``tensorboard``, ``mlflow``). The same rule as
+``sqlite_log``: the cursor is the iteration of the row written last and the
 records of that row already written; a collection returns every numeric record from the cursor
 row to the current row that is new or was re-assigned since, and moves the cursor.
 """
