@@ -17,29 +17,35 @@ from epochal.testing import epochal_command
 HERE = Path(__file__).parent
 
 
+Install = Callable[[Path, Path], None]
+
+
 @pytest.fixture(scope="session")
-def throwaway_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def pip_install_target() -> Install:
+    """``install(source, target)``: pip-install the distribution at *source* into the directory
+    *target* (put it on PYTHONPATH), without dependencies, as a third-party package would be."""
+
+    def install(source: Path, target: Path) -> None:
+        subprocess.run(
+            [
+                sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                "--disable-pip-version-check", "--target", str(target), str(source),
+            ],
+            check=True,
+            capture_output=True,
+        )  # fmt: skip
+
+    return install
+
+
+@pytest.fixture(scope="session")
+def throwaway_site(tmp_path_factory: pytest.TempPathFactory, pip_install_target: Install) -> Path:
     """A directory holding the throwaway distribution installed by pip (put it on PYTHONPATH)."""
     root = tmp_path_factory.mktemp("throwaway")
     source = root / "src"
     shutil.copytree(HERE / "throwaway", source)
     site = root / "site"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "--disable-pip-version-check",
-            "--target",
-            str(site),
-            str(source),
-        ],
-        check=True,
-    )
+    pip_install_target(source, site)
     assert list(site.glob("epochal_throwaway-1.2.3.dist-info/entry_points.txt"))
     return site
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -31,28 +31,13 @@ autoload = false
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def site(tmp_path_factory: pytest.TempPathFactory, pip_install_target: Callable[[Path, Path], None]) -> Path:
     """Both distributions pip-installed into one directory (as third-party packages are)."""
     root = tmp_path_factory.mktemp("addhooks")
     target = root / "site"
     for name in ("host", "user"):
         shutil.copytree(HERE / "addhooks" / name, root / name)
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "install",
-                "-q",
-                "--no-deps",
-                "--no-build-isolation",
-                "--disable-pip-version-check",
-                "--target",
-                str(target),
-                str(root / name),
-            ],
-            check=True,
-        )
+        pip_install_target(root / name, target)
     return target
 
 

@@ -5,9 +5,9 @@ docs/cli.md listing every command."""
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 import tomllib
+from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
 
@@ -55,7 +55,9 @@ def test_plugin_distributions_declare_the_core_range() -> None:
         assert not epochal.specifier.contains("1.0"), f"{pyproject}: no upper bound"
 
 
-def test_a_plugin_made_for_another_epochal_is_warned_about(tmp_path: Path) -> None:
+def test_a_plugin_made_for_another_epochal_is_warned_about(
+    tmp_path: Path, pip_install_target: Callable[[Path, Path], None]
+) -> None:
     source = tmp_path / "future"
     (source / "epochal_future").mkdir(parents=True)
     (source / "epochal_future" / "__init__.py").write_text(
@@ -68,8 +70,7 @@ def test_a_plugin_made_for_another_epochal_is_warned_about(tmp_path: Path) -> No
         '[project.entry-points."epochal.plugins"]\nfuture = "epochal_future:Future"\n'
     )
     site = tmp_path / "site"
-    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation"]
-    subprocess.run([*pip, "--target", str(site), str(source)], check=True, capture_output=True)
+    pip_install_target(source, site)
     listed = epochal_command("plugins", cwd=tmp_path, env={"PYTHONPATH": str(site)})
     assert listed.returncode == 0, listed.stderr
     assert "future" in listed.stdout

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -29,7 +29,6 @@ version = "6.6.6"
 tw_alpha = "epochal_impostor:Impostor"
 """
 
-PIP_INSTALL = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation"]
 IMPOSTOR = """
 import os
 from pathlib import Path
@@ -43,16 +42,17 @@ class Impostor:
 
 
 @pytest.fixture(scope="module")
-def impostor_site(tmp_path_factory: pytest.TempPathFactory, throwaway_site: Path) -> Path:
+def impostor_site(
+    tmp_path_factory: pytest.TempPathFactory,
+    throwaway_site: Path,
+    pip_install_target: Callable[[Path, Path], None],
+) -> Path:
     source = tmp_path_factory.mktemp("impostor")
     (source / "pyproject.toml").write_text(IMPOSTOR_PYPROJECT)
     (source / "epochal_impostor.py").write_text(IMPOSTOR)
     (source / "src").mkdir()
     site = source / "site"
-    subprocess.run(
-        [*PIP_INSTALL, "--target", str(site), str(source)],
-        check=True,
-    )
+    pip_install_target(source, site)
     return site
 
 
