@@ -19,6 +19,7 @@ from typing import Any, Literal, Protocol
 from epochal import _rng
 from epochal._dispatch import blame, each_implementation
 from epochal.data import batch_size
+from epochal.distributed.world import World, current_world
 from epochal.errors import ConfigError, EpochalError
 from epochal.log import TrainingLog
 from epochal.plugins import PluginSet, compose
@@ -97,6 +98,8 @@ class Loop:
     :param handle_signals: install the SIGINT/SIGTERM handlers while running (main thread only).
     :param trace_plugins: trace every hook call: ``"-"`` to stderr, else a JSON-lines file path
         (default: from ``EPOCHAL_TRACE_PLUGINS``).
+    :param world: this process's place among the processes training together (default: the
+        world :func:`epochal.distributed.init_from_env` joined; one process when none).
     """
 
     def __init__(
@@ -118,6 +121,7 @@ class Loop:
         config: Mapping[str, Any] | None = None,
         handle_signals: bool = True,
         trace_plugins: str | None = None,
+        world: World | None = None,
     ) -> None:
         if "train" not in data:
             raise ConfigError(
@@ -133,6 +137,8 @@ class Loop:
         ):
             if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
                 raise ConfigError(f"{name} must be a non-negative integer, not {limit!r}")
+        #: rank and size of the run's processes (``World()``: one process).
+        self.world = world if world is not None else current_world()
         self.model = model
         self.data = {name: _wrap_stream(stream, seed) for name, stream in data.items()}
         self._source: str | None = getattr(config, "source", None)

@@ -12,6 +12,14 @@ from epochal.loop import Loop
 from epochal.plugins import PluginSet
 
 
+def join_world(config: Mapping[str, Any]) -> None:
+    """Under a launcher (torchrun, ``--nproc``), join the process group before the model is built."""
+    from epochal.distributed import init_from_env, launched
+
+    if launched():
+        init_from_env(**dict(config.get("distributed", {})))
+
+
 def build_loop(
     config: Mapping[str, Any],
     order: Sequence[str] | None = None,
@@ -27,6 +35,7 @@ def build_loop(
             "(from a clone of epochal: pip install plugins/epochal-checkpoint; "
             "and do not leave 'checkpoint' out)"
         )
+    join_world(config)
     model = call_factory(config, "model")
     data = call_factory(config, "data")
     if not isinstance(data, Mapping):

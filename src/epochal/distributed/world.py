@@ -1,0 +1,187 @@
+"""Where this process stands in a run: rank, world size, and the collectives the core needs.
+
+One process is the world ``World()`` (rank 0 of 1): every collective is the identity and torch
+is never imported. Under ``torchrun`` (or ``epochal run --nproc N``) the launcher's environment
+(``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``) makes
+:func:`init_from_env` join torch's default process group; the core never sends a byte itself.
+
+Host-side decisions (stop flags, metric sums, objects) go over a gloo *control* group, so that
+they neither wait for the GPU nor queue behind NCCL kernels; training collectives (DDP's
+gradient all-reduce) use the default group and its backend.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Literal
+
+from epochal.errors import ConfigError
+
+ReduceOp = Literal["sum", "max", "min"]
+
+#: seconds a collective may wait for a peer before the run fails (a dead rank must not hang us).
+DEFAULT_TIMEOUT = 300.0
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place among the processes of one run.
+
+    :param rank: this process's global rank (0 … size-1).
+    :param size: the number of processes training together.
+    :param local_rank: the rank on this machine (picks the GPU).
+    :param backend: the default process group's backend (``nccl``/``gloo``; None alone).
+    """
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    backend: str | None = None
+    _control: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def distributed(self) -> bool:
+        """True when more than one process trains."""
+        return self.size > 1
+
+    @property
+    def is_zero(self) -> bool:
+        """True on rank 0, the process that writes files and prints for the run."""
+        return self.rank == 0
+
+    def all_reduce(self, values: Sequence[float], op: ReduceOp = "sum") -> list[float]:
+        """*values* reduced element-wise over every rank (float64, on the host)."""
+        if self.size == 1:
+            return [float(v) for v in values]
+        import torch
+        import torch.distributed as dist
+
+        tensor = torch.tensor([float(v) for v in values], dtype=torch.float64)
+        reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
+        dist.all_reduce(tensor, op=reduce_op, group=self._control)
+        return tensor.tolist()
+
+    def all_reduce_async(self, values: Sequence[float], op: ReduceOp = "max") -> Any:
+        """Start reducing *values*; the returned handle's ``wait()`` gives the reduced list.
+
+        For decisions taken one batch later without blocking this one (stop flags).
+        """
+        return _Pending(self, values, op)
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """*obj* of rank *src*, on every rank (picklable objects only)."""
+        if self.size == 1:
+            return obj
+        import torch.distributed as dist
+
+        box = [obj if self.rank == src else None]
+        dist.broadcast_object_list(box, src=src, group=self._control)
+        return box[0]
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's *obj*, in rank order, on every rank."""
+        if self.size == 1:
+            return [obj]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.size
+        dist.all_gather_object(out, obj, group=self._control)
+        return out
+
+    def barrier(self) -> None:
+        """Wait until every rank gets here."""
+        if self.size > 1:
+            import torch.distributed as dist
+
+            dist.barrier(group=self._control)
+
+
+class _Pending:
+    """An asynchronous all-reduce of a few host numbers over the control group."""
+
+    def __init__(self, world: World, values: Sequence[float], op: ReduceOp) -> None:
+        self._values = [float(v) for v in values]
+        self._work = None
+        if world.size > 1:
+            import torch
+            import torch.distributed as dist
+
+            self._tensor = torch.tensor(self._values, dtype=torch.float64)
+            reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
+            self._work = dist.all_reduce(self._tensor, op=reduce_op, group=world._control, async_op=True)
+
+    def wait(self) -> list[float]:
+        if self._work is None:
+            return self._values
+        self._work.wait()
+        return self._tensor.tolist()
+
+
+_current = World()
+
+
+def current_world() -> World:
+    """The world this process joined (``World()`` until :func:`init_from_env` joins one)."""
+    return _current
+
+
+def launched() -> bool:
+    """True when a launcher (torchrun, ``epochal run --nproc``) started this process."""
+    return int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
+
+
+def default_backend(device: str | None = None) -> str:
+    """``nccl`` when CUDA is there (and the device is not the CPU), else ``gloo``."""
+    import torch
+
+    if device not in (None, "cpu") and torch.cuda.is_available():
+        return "nccl"
+    if device is None and torch.cuda.is_available():
+        return "nccl"
+    return "gloo"
+
+
+def init_from_env(backend: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> World:
+    """Join the process group the launcher's environment describes; return this process's world.
+
+    Idempotent: a second call returns the same world. Without a launcher (``WORLD_SIZE`` unset
+    or 1) it returns ``World()`` and imports nothing.
+    """
+    global _current
+    if _current.distributed or not launched():
+        return _current
+    import torch
+    import torch.distributed as dist
+
+    rank = int(os.environ["RANK"])
+    size = int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    backend = backend or default_backend()
+    if backend == "nccl":
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                "[distributed] backend = 'nccl' needs CUDA GPUs and this machine has none; "
+                "use backend = 'gloo' (or leave it out: gloo is chosen on CPUs)"
+            )
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout))
+    control = None
+    if backend != "gloo":
+        control = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout))
+    _current = World(rank=rank, size=size, local_rank=local_rank, backend=backend, _control=control)
+    return _current
+
+
+def shutdown() -> None:
+    """Leave the process group (the end of a distributed run)."""
+    global _current
+    if _current.distributed:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    _current = World()
