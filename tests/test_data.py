@@ -8,7 +8,7 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 
-from epochal.data import BatchStream, batch_size
+from epochal.data import BatchStream, batch_size, empty_rule
 
 
 def arrays(n: int = 10) -> tuple[np.ndarray, np.ndarray]:
@@ -216,3 +216,90 @@ def test_batch_size_without_len_raises_nothing() -> None:
     assert batch_size(Sized()) == 6 and batch_size([Sized()]) == 6
     assert batch_size(ZeroD()) == 1 and batch_size({"t": ZeroD()}) == 1
     assert batch_size((np.array(2.0),)) == 1
+
+
+def test_empty_rule_agrees_with_batch_size_for_every_batch_type() -> None:
+    """The loop's per-type emptiness check says "empty" exactly when ``batch_size`` is 0."""
+
+    class Opaque:
+        pass
+
+    class Sized:
+        def __init__(self, n: int) -> None:
+            self.n = n
+
+        def __len__(self) -> int:
+            return self.n
+
+    class ZeroD:
+        def __len__(self) -> int:
+            raise TypeError("len() of a 0-d tensor")
+
+    x = np.zeros((7, 3))
+    batches = [
+        x,
+        x[:0],
+        np.array(3.0),
+        np.float32(1.0),
+        (x, x),
+        (x[:0], x),
+        (np.array(2.0), x),
+        (),
+        [x[:2]],
+        [[], x],
+        ([1, 2], x),
+        ((), x),
+        (Opaque(), x),
+        (ZeroD(), x),
+        (1.5, 2.5),
+        {"image": x[:5], "label": x},
+        {"image": x[:0], "label": x},
+        {"a": np.array(1.0)},
+        {},
+        OrderedDict(label=[1, 2, 3]),
+        OrderedDict(label=[]),
+        {"a": Opaque()},
+        {"a": Sized(0)},
+        Opaque(),
+        Sized(0),
+        Sized(4),
+        ZeroD(),
+        "",
+        "abcd",
+    ]
+    for batch in batches:
+        rule = empty_rule(type(batch))
+        empty = False if rule is None else bool(rule(batch))
+        assert empty == (batch_size(batch) == 0), batch
+    assert empty_rule(Opaque) is None  # never empty: the loop checks nothing
+
+
+def test_loop_skips_empty_batches_of_every_type() -> None:
+    from epochal import Loop
+
+    class Model:
+        def __init__(self) -> None:
+            self.seen: list[object] = []
+
+        def train_step(self, batch: object) -> dict[str, float]:
+            self.seen.append(batch)
+            return {}
+
+        def eval_step(self, batch: object) -> dict[str, float]:
+            return {}
+
+        def state_dict(self) -> dict[str, object]:
+            return {}
+
+        def load_state_dict(self, state: object) -> None:
+            pass
+
+    x = np.zeros((3, 2))
+    full = [x, (x, x), {"a": x}, [x], OrderedDict(a=[1])]
+    empty = [x[:0], (x[:0], x), {"a": x[:0]}, [], {}, OrderedDict(a=[])]
+    stream = [b for pair in zip(full + full, empty + full) for b in pair]
+    model = Model()
+    loop = Loop(model, {"train": stream}, max_epochs=1, on_empty_batch="ignore", handle_signals=False)
+    loop.run()
+    assert [id(b) for b in model.seen] == [id(b) for b in stream if batch_size(b) != 0]
+    assert loop.iteration == len(model.seen) == len(stream) - len(empty)

@@ -21,7 +21,7 @@ import functools
 import inspect
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
@@ -176,5 +176,7 @@ class Hooks:
         self.tracer = tracer
         self.rebuild()
 
-    def __getattr__(self, hook: str) -> Callable[..., Any] | None:  # for type checkers
-        raise AttributeError(hook)
+    if TYPE_CHECKING:  # for type checkers only: a real __getattr__ would make every
+        # ``hooks.after_batch`` read in the loop's hot path unspecialized (3x slower in 3.11)
+
+        def __getattr__(self, hook: str) -> Callable[..., Any] | None: ...

@@ -223,5 +223,71 @@ _RULES: dict[type, Callable[[Any], int]] = {}
 _ITEM_RULES: dict[type, Callable[[Any], int]] = {}
 
 
+def empty_rule(kind: type) -> Callable[[Any], bool] | None:
+    """A predicate telling whether a batch of type *kind* is empty (``batch_size(batch) == 0``).
+
+    None for a type whose batches always count 1 (no ``len``): the loop then checks nothing. The
+    loop asks once per batch type, so the usual batches (a tuple or dict of numpy arrays, an
+    array) cost one call and no dispatch per batch.
+    """
+    rule = _EMPTY_RULES.get(kind, _MISSING)
+    if rule is _MISSING:
+        size = _rule_for(kind)
+        if size is _one:
+            rule = None
+        elif size is _sequence_size:
+            rule = _sequence_empty
+        elif size is _mapping_size:
+            rule = _mapping_empty
+        elif kind is np.ndarray:
+            rule = _ndarray_empty
+        else:
+            rule = _empty_by_size(size)
+        _EMPTY_RULES[kind] = rule
+    return rule
+
+
+def _ndarray_empty(batch: np.ndarray) -> bool:
+    try:
+        return len(batch) == 0
+    except TypeError:  # 0-d: one example
+        return False
+
+
+def _sequence_empty(batch: Any, _ndarray: Any = np.ndarray) -> bool:
+    if not batch:
+        return True
+    first = batch[0]
+    if type(first) is _ndarray:  # the common case, without a dispatch
+        try:
+            return len(first) == 0
+        except TypeError:  # 0-d: one example
+            return False
+    return _len_or_1(first) == 0
+
+
+def _mapping_empty(batch: Any, _ndarray: Any = np.ndarray) -> bool:
+    for key in batch:  # the first value (cheaper than a values() view)
+        first = batch[key]
+        if type(first) is _ndarray:
+            try:
+                return len(first) == 0
+            except TypeError:
+                return False
+        return _len_or_1(first) == 0
+    return True
+
+
+def _empty_by_size(size: Callable[[Any], int]) -> Callable[[Any], bool]:
+    def empty(batch: Any) -> bool:
+        return size(batch) == 0
+
+    return empty
+
+
+_MISSING: Any = object()
+_EMPTY_RULES: dict[type, Callable[[Any], bool] | None] = {}
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, Integral) and not isinstance(value, bool)

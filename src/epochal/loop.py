@@ -18,7 +18,7 @@ from typing import Any, Literal, Protocol
 
 from epochal import _rng
 from epochal._dispatch import blame, each_implementation
-from epochal.data import batch_size
+from epochal.data import batch_size, empty_rule
 from epochal.distributed.world import World, current_world
 from epochal.errors import ConfigError, EpochalError
 from epochal.log import TrainingLog
@@ -401,22 +401,32 @@ class Loop:
             self._in_epoch, self._batch_in_epoch = True, 0
             if hooks.before_epoch is not None:
                 hooks.before_epoch(self)
-        limit = self.max_iterations if self.max_iterations is not None else float("inf")
+        # An int limit: comparing ints is cheaper than comparing an int with float("inf").
+        limit = self.max_iterations if self.max_iterations is not None else sys.maxsize
         if self.iteration >= limit:
             self._stop_reason = f"max_iterations={self.max_iterations} reached"
             return False
         train_step = self.model.train_step
         started = self._batch_in_epoch
+        # The hot path: per batch, only what a batch needs (measured by bench/loop_overhead.py).
+        # The empty-batch check is chosen once per batch type, not dispatched per batch.
+        kind: type | None = None
+        empty: Any = None
         for batch in self._train_batches():
-            if batch_size(batch) == 0 and self._empty_batch("train"):
+            if type(batch) is not kind:
+                kind = type(batch)
+                empty = empty_rule(kind)
+            if empty is not None and empty(batch) and self._empty_batch("train"):
                 continue
-            if hooks.before_batch is not None:
-                hooks.before_batch(self, batch)
+            before = hooks.before_batch  # read per batch: a hook may rebuild the hooks
+            if before is not None:
+                before(self, batch)
             outputs = train_step(batch)
             self.iteration += 1
             self._batch_in_epoch += 1
-            if hooks.after_batch is not None:
-                hooks.after_batch(self, batch, outputs)
+            after = hooks.after_batch
+            if after is not None:
+                after(self, batch, outputs)
             if self._stop_reason is not None or self.iteration >= limit:
                 if self._stop_reason is None:
                     self._stop_reason = f"max_iterations={self.max_iterations} reached"
