@@ -145,6 +145,53 @@ def test_records_written_later_into_the_current_row_are_picked_up(tmp_path: Path
     assert rows[8]["late.final"] == "done" and rows[8]["late.epoch"] == 2 and rows[4]["late.batch"] == 4
 
 
+def test_a_record_assigned_again_after_a_flush_reads_back_as_its_last_value(tmp_path: Path) -> None:
+    """The row being written is flushed, then a plugin assigns one of its records again (a new
+    value, another kind of value): readers and the ``log`` view see the last value, once."""
+
+    class Reassign:
+        @hookimpl
+        def after_batch(self, loop: Any) -> None:
+            row = loop.log.current_row
+            row["m"] = float(loop.iteration)
+
+        @hookimpl
+        def after_epoch(self, loop: Any) -> None:
+            loop.log.current_row["m"] = "final" if loop.epoch == 1 else -1.5
+
+    db = tmp_path / "log.sqlite"
+    loop = Loop(
+        CountingModel(),
+        data(3, valid=False),
+        # flush_every=1: each batch row is written before after_epoch assigns "m" again
+        plugins={"sqlite_log": SQLiteLog(path=str(db), flush_every=1), "reassign": Reassign()},
+        max_epochs=2,
+        handle_signals=False,
+    )
+    log = loop.run()
+    assert log[3]["m"] == "final" and log[6]["m"] == -1.5
+    rows = rows_of(db, loop.run_id)
+    assert {i: r["m"] for i, r in rows.items()} == {1: 1.0, 2: 2.0, 3: "final", 4: 4.0, 5: 5.0, 6: -1.5}
+    with Reader(db) as reader:
+        assert list(reader.records(loop.run_id, keys=["m"], upto=3))[-1] == (3, "m", "final")
+    conn = sqlite3.connect(db)
+    written = conn.execute(
+        "SELECT count(*) FROM chunks WHERE key = (SELECT id FROM keys WHERE name = 'm') "
+        "AND first <= 3 AND last >= 3"
+    )
+    assert written.fetchone()[0] == 2  # iteration 3 was written twice: the later wins
+    view = conn.execute("SELECT iteration, value, value_json FROM log WHERE key = 'm' ORDER BY iteration")
+    assert view.fetchall() == [
+        (1, 1.0, None),
+        (2, 2.0, None),
+        (3, None, '"final"'),
+        (4, 4.0, None),
+        (5, 5.0, None),
+        (6, -1.5, None),
+    ]
+    conn.close()
+
+
 def test_values_names_and_keys_filter(tmp_path: Path) -> None:
     """Numbers as REAL, other JSON-able values as JSON; SQL-shaped names stored verbatim."""
     import numpy as np
@@ -190,7 +237,7 @@ def test_values_names_and_keys_filter(tmp_path: Path) -> None:
     assert stored["huge"] == 2**70
     conn = sqlite3.connect(db)
     objects = set(conn.execute("SELECT type, name FROM sqlite_master"))
-    assert {("table", t) for t in ("runs", "keys", "records", "meta")} | {("view", "log")} <= objects
+    assert {("table", t) for t in ("runs", "keys", "chunks", "meta")} | {("view", "log")} <= objects
     (kind,) = conn.execute("SELECT typeof(value) FROM log WHERE key = ?", (evil,)).fetchone()
     assert kind == "real"
     assert conn.execute("SELECT value_json FROM log WHERE key = 'text'").fetchone() == ('"hello"',)

@@ -44,22 +44,22 @@ def test_new_file_has_current_schema_wal_and_our_application_id(tmp_path: Path) 
     db = tmp_path / "sub" / "dir" / "log.sqlite"
     run_once(db)
     conn = sqlite3.connect(db)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 2
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 3
     assert conn.execute("PRAGMA application_id").fetchone()[0] == store.APPLICATION_ID
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     columns = [row[1] for row in conn.execute("PRAGMA table_info(log)")]
     assert columns == ["run_id", "iteration", "key", "value", "value_json", "superseded"]
     assert conn.execute("SELECT DISTINCT superseded FROM log").fetchall() == [(0,)]
-    assert dict(conn.execute("SELECT key, value FROM meta"))["schema_version"] == "2"
-    records = [row[1] for row in conn.execute("PRAGMA table_info(records)")]
-    assert records == ["run", "key", "iteration", "value", "value_json", "superseded"]
+    assert dict(conn.execute("SELECT key, value FROM meta"))["schema_version"] == "3"
+    chunks = [row[1] for row in conn.execute("PRAGMA table_info(chunks)")]
+    assert chunks == ["run", "key", "first", "last", "steps", "vals", "kind", "superseded"]
     conn.close()
 
 
 def test_migration_steps_upgrade_an_older_file_in_place(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A hypothetical version 3 adds a column: a version-2 file with runs is upgraded on open."""
+    """A hypothetical version 4 adds a column: a version-3 file with runs is upgraded on open."""
     db = tmp_path / "log.sqlite"
     run_id = run_once(db)
 
@@ -68,13 +68,13 @@ def test_migration_steps_upgrade_an_older_file_in_place(
 
     monkeypatch.setattr(store, "MIGRATIONS", [*store.MIGRATIONS, add_note_column])
     conn = store.connect(db, create=False)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 4
     assert conn.execute("SELECT run_id, note FROM runs").fetchall() == [(run_id, "from v1")]
     assert (
         conn.execute("SELECT count(*) FROM log WHERE run_id = ?", (run_id,)).fetchone()[0] == 4
     )  # 2 epochs x (epochs_done, valid.loss)
     conn.close()
-    assert store.migrate(sqlite3.connect(db), db) == 3  # already current: nothing to do
+    assert store.migrate(sqlite3.connect(db), db) == 4  # already current: nothing to do
 
 
 def test_a_file_from_a_newer_version_is_a_clear_error_for_reader_and_writer(tmp_path: Path) -> None:
@@ -166,7 +166,7 @@ def test_a_version_1_file_written_by_epochal_sqlite_0_1_is_migrated_with_every_r
     assert len(before) == 34 and any(row[5] for row in before)
 
     with store.Reader(db) as reader:
-        assert reader.conn.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert reader.conn.execute("PRAGMA user_version").fetchone()[0] == 3
         after = sorted(reader.conn.execute(f"SELECT {columns} FROM log"), key=repr)  # the view
         assert after == before
         for run_id in runs:
@@ -178,6 +178,64 @@ def test_a_version_1_file_written_by_epochal_sqlite_0_1_is_migrated_with_every_r
             assert [i for i, _, _ in got] == sorted(i for i, _, _ in got)
             one = list(reader.records(run_id, keys=["note"]))
             assert one and {k for _, k, _ in one} == {"note"}
+        assert reader.keys(runs) == sorted({row[2] for row in before})
+    # and a new run goes on writing into the migrated file
+    run_once(db)
+    with store.Reader(db) as reader:
+        assert len(reader.runs()) == 3
+
+
+V2_FILE = Path(__file__).parent / "data" / "v2.sqlite"
+
+
+def test_a_version_2_file_written_by_the_schema_2_plugin_is_migrated_with_every_record(
+    tmp_path: Path,
+) -> None:
+    """``data/v2.sqlite`` was written by the plugin of schema version 2 (``data/make_v2.py``: a run
+    and a run resumed from it, floats, ints, big ints, booleans, text, lists, NaN, -inf,
+    superseded rows): opening it packs the records into chunks, nothing lost, the same rows read."""
+    db = tmp_path / "old.sqlite"
+    shutil.copyfile(V2_FILE, db)
+    old = sqlite3.connect(db)
+    assert old.execute("PRAGMA user_version").fetchone()[0] == 2
+    columns = "run_id, iteration, key, value, value_json, superseded"
+    before = old.execute(f"SELECT {columns} FROM log").fetchall()
+    runs = [r for (r,) in old.execute("SELECT run_id FROM runs ORDER BY started")]
+    old.close()
+    assert len(before) == 132 and sum(row[5] for row in before) == 44
+    decoded = {(r, i, k, sup): store.decode(v, j) for r, i, k, v, j, sup in before}
+
+    with store.Reader(db) as reader:
+        assert reader.conn.execute("PRAGMA user_version").fetchone()[0] == 3
+        tables = {name for (name,) in reader.conn.execute("SELECT name FROM sqlite_master")}
+        assert "records" not in tables and {"chunks", "log"} <= tables
+        # the view: every record once, same values (-inf now as JSON text), same superseded flags
+        after = reader.conn.execute(f"SELECT {columns} FROM log").fetchall()
+        assert len(after) == len(before)
+        assert {(r, i, k, sup): store.decode(v, j) for r, i, k, v, j, sup in after}.keys() == decoded.keys()
+        for r, i, k, v, j, sup in after:
+            expected = decoded[(r, i, k, sup)]
+            got = store.decode(v, j)
+            assert got == expected or (got != got and expected != expected), (r, i, k)
+            assert type(got) is type(expected)
+        for run_id in runs:
+            for with_superseded in (False, True):
+                expected_records = sorted(
+                    (i, k, value)
+                    for (r, i, k, sup), value in decoded.items()
+                    if r == run_id and (with_superseded or not sup) and k != "nan"
+                )
+                got_records = [
+                    rec for rec in reader.records(run_id, superseded=with_superseded) if rec[1] != "nan"
+                ]
+                assert got_records == expected_records
+            one = list(reader.records(run_id, keys=["big"]))
+            assert one and all(k == "big" and v == 2**60 + i for i, k, v in one)
+        first, second = (reader.get(r) for r in runs)
+        assert first is not None and second is not None and second.resumed_from == first.run_id
+        timeline = reader.timeline(second, ["train.loss"])
+        assert [i for i, _, _ in timeline] == list(range(1, 13))
+        assert [owner for _, owner, _ in timeline] == [first.run_id] * 3 + [second.run_id] * 9
         assert reader.keys(runs) == sorted({row[2] for row in before})
     # and a new run goes on writing into the migrated file
     run_once(db)

@@ -15,6 +15,7 @@ A RUN is a full run id, a unique prefix of one, or ``latest``.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -158,6 +159,15 @@ def show_command(
     with store.Reader(find_db(db, config)) as reader:
         target = reader.resolve(run)
         runs = reader.chain(target) if chain else [target]
+        if as_csv and len(patterns) == 1 and not any(c in patterns[0] for c in "*?["):
+            # one key, the usual script's query: its records without a dict per row
+            series = reader.series(target, patterns[0], chain=chain, superseded=with_superseded)
+            if series and all(type(value) is float for _, _, value in series):
+                # numbers only: the lines csv.writer writes (a float's repr, run ids unquoted),
+                # formatted at twice its speed
+                print_csv(["iteration", "run_id", patterns[0]], [])
+                sys.stdout.write("".join([f"{i},{owner},{v!r}\n" for i, owner, v in series]))
+                return
         rows = reader.timeline(target, patterns, chain=chain, superseded=with_superseded)
     columns = sorted({key for _, _, record in rows for key in record})
     if patterns and not columns:
@@ -171,9 +181,10 @@ def show_command(
         click.echo(json.dumps(payload, indent=2, default=str))
         return
     if as_csv:
+        csv_header = ["iteration", "run_id", *columns]
         print_csv(
-            ["iteration", "run_id", *columns],
-            [[i, owner, *(_csv_cell(record.get(c)) for c in columns)] for i, owner, record in rows],
+            csv_header,
+            [[i, owner, *[_csv_cell(record.get(c)) for c in columns]] for i, owner, record in rows],
         )
         return
     shown = [r.run_id[:8] for r in runs]

@@ -56,9 +56,9 @@ def read_series(
                 f"run {run.run_id} has no key {', '.join(map(repr, missing))}; "
                 f"its keys: {', '.join(available) or 'none'}"
             )
-        rows = reader.timeline(run, wanted, chain=chain)
-        for key in wanted:
-            points = [(i, store.finite(record[key])) for i, _, record in rows if key in record]
+        finite = store.finite
+        for key in wanted:  # one index range per key and run
+            points = [(i, finite(value)) for i, _, value in reader.series(run, key, chain=chain)]
             xs = [i for i, v in points if v is not None]
             ys = [v for _, v in points if v is not None]
             if xs:

@@ -15,6 +15,7 @@ Records written later into a row *before* the cursor row (a plugin writing into
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sqlite3
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 
     from epochal.loop import Loop
 
-_INSERT = "INSERT OR REPLACE INTO records (run, key, iteration, value, value_json) VALUES (?, ?, ?, ?, ?)"
+_INSERT = "INSERT INTO chunks (run, key, first, last, steps, vals, kind) VALUES (?, ?, ?, ?, ?, ?, ?)"
 
 
 def default_path(run_dir: str | Path | None) -> Path:
@@ -135,9 +136,9 @@ class SQLiteLog:
                 # history of the model that was restored: mark them, so that every view of that
                 # run (not only the resumed chain) matches what training actually continued from.
                 conn.execute(
-                    "UPDATE records SET superseded = 1 WHERE iteration > ? AND run = "
-                    "(SELECT num FROM runs WHERE run_id = ?)",
-                    (loop.iteration, loop.resumed_from),
+                    "UPDATE runs SET superseded_after = min(coalesce(superseded_after, ?), ?) "
+                    "WHERE run_id = ?",
+                    (loop.iteration, loop.iteration, loop.resumed_from),
                 )
             conn.execute("COMMIT")
         except BaseException:
@@ -215,13 +216,13 @@ class SQLiteLog:
         conn = self._conn
         if conn is None:
             return 0
-        records = self._collect(loop)
+        chunks, count = self._collect(loop)
         status = loop.log.status
         now = time.time()
         conn.execute("BEGIN IMMEDIATE")
         try:
-            if records:
-                conn.executemany(_INSERT, records)
+            if chunks:
+                conn.executemany(_INSERT, chunks)
             if final or status != self._status:
                 state = status.get("status", "running")
                 if error is not None and state not in ("failed", "interrupted"):
@@ -255,23 +256,24 @@ class SQLiteLog:
         except BaseException:
             conn.execute("ROLLBACK")
             raise
-        self.records_written += len(records)
+        self.records_written += count
         if self.flush_seconds:
             self._deadline = time.monotonic() + self.flush_seconds
-        return len(records)
+        return count
 
-    def _collect(self, loop: Loop) -> list[tuple[int, int, int, float | None, str | None]]:
-        """The records from the cursor row to the current row, and move the cursor."""
+    def _collect(self, loop: Loop) -> tuple[list[tuple[Any, ...]], int]:
+        """The chunks (one per key) of the records from the cursor row to the current row, and
+        their number of records; move the cursor."""
         log = loop.log
-        run = self._num
         end = loop.iteration
         keep = self._keep
         ids = self._key_ids
         patterns = self.keys
         encode = store.encode
-        records: list[tuple[int, int, int, float | None, str | None]] = []
-        append = records.append
+        numbers: dict[int, tuple[list[int], list[float]]] = {}  # key id -> (iterations, values)
+        texts: dict[int, tuple[list[int], list[str]]] = {}  # key id -> (iterations, JSON texts)
         written = self._written
+        count = 0
         # peek: rows the log evicted already are read back without making them resident again
         for iteration, row in sorted(log.peek(range(self._cursor, end + 1)).items()):
             for key, value in row.items():
@@ -285,15 +287,33 @@ class SQLiteLog:
                 key_id = ids.get(key)
                 if key_id is None:
                     key_id = self._intern(key)
-                kind = type(value)
-                if kind is float and value == value:
-                    append((run, key_id, iteration, value, None))
+                count += 1
+                if type(value) is float and value - value == 0.0:  # finite: a number in JSON
+                    series = numbers.get(key_id)
+                    if series is None:
+                        series = numbers[key_id] = ([], [])
+                    series[0].append(iteration)
+                    series[1].append(value)
+                    continue
+                number, text = encode(value)
+                if number is not None and number - number == 0.0:
+                    series = numbers.get(key_id)
+                    if series is None:
+                        series = numbers[key_id] = ([], [])
+                    series[0].append(iteration)
+                    series[1].append(number)
                 else:
-                    number, text = encode(value)
-                    append((run, key_id, iteration, number, text))
+                    other = texts.get(key_id)
+                    if other is None:
+                        other = texts[key_id] = ([], [])
+                    other[0].append(iteration)
+                    other[1].append(text if text is not None else json.dumps(number))
         self._cursor = end
         self._written = dict(log[end]) if end in log else {}
-        return records
+        run = self._num
+        chunks = [store.chunk(run, key_id, steps, values, 0) for key_id, (steps, values) in numbers.items()]
+        chunks += [store.chunk(run, key_id, steps, values, 1) for key_id, (steps, values) in texts.items()]
+        return chunks, count
 
     def _intern(self, key: str) -> int:
         """The id of *key* in the ``keys`` table, added on first use (once per key and file)."""

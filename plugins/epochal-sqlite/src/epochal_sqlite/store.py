@@ -1,28 +1,36 @@
 """The database: schema, migrations, opening and checking a file, run liveness, queries.
 
-One SQLite file holds many runs. Tables (schema version 2, ``PRAGMA user_version``; the file
-is marked as ours by ``PRAGMA application_id``; version 1 files are migrated when opened):
+One SQLite file holds many runs. Tables (schema version 3, ``PRAGMA user_version``; the file
+is marked as ours by ``PRAGMA application_id``; version 1 and 2 files are migrated when opened):
 
 ``runs``
     one row per run: ``run_id`` (the loop's fresh uuid hex), ``num`` (the run's integer number,
-    what ``records`` refer to), ``started``/``ended``/``updated``
+    what ``chunks`` refer to), ``started``/``ended``/``updated``
     (unix seconds), ``status`` (running, finished, interrupted, failed, killed),
     ``finish_reason``, ``error``, ``error_plugin``, ``epochs_done``, ``iterations_done``,
     ``start_iteration`` (the iteration the run started at: 0, or where it resumed),
     ``flushed_iteration`` (rows before it are all written), ``resumed_from`` (the run id whose
     saved state this run continued), ``config`` and ``plugins`` (JSON), ``log_status`` (the
-    loop's ``log.status`` as JSON), ``run_dir``, ``host``, ``pid``, ``epochal_version``.
+    loop's ``log.status`` as JSON), ``run_dir``, ``host``, ``pid``, ``epochal_version``,
+    ``superseded_after`` (the records of this run past this iteration are superseded: a later
+    run resumed from a state this run saved there; NULL: none).
 ``keys``
     ``id``/``name``: every record key once (records hold the id, not the text).
-``records``
-    one row per record: ``run`` (``runs.num``), ``key`` (``keys.id``), ``iteration``, ``value``
-    (REAL for numbers), ``value_json`` (JSON for any other value, and for NaN), ``superseded``
-    (1 for rows a run wrote past the point a resumed run restarted from). Primary key
-    ``(run, key, iteration)``, clustered (``WITHOUT ROWID``): one key of one run is one range,
-    and a record re-written with a new value replaces the old one. About 25 bytes a number.
+``chunks``
+    the records, one row per key and flush: ``run`` (``runs.num``), ``key`` (``keys.id``),
+    ``first``/``last`` (the first and last iteration), ``steps`` (a JSON array of the
+    iterations, NULL when they are every iteration from ``first`` to ``last``), ``vals`` (a JSON
+    array of the values: numbers when ``kind`` is 0, else the JSON text of each value — strings,
+    booleans, lists, NaN, infinities, integers beyond 2**53), ``superseded`` (1: all its
+    records are superseded, from a version 2 file). A flush writes one row per key, so a write
+    costs a fraction of a row-per-record insert and one key of one run is one index range
+    (``chunks_by_key``). A record written again later (a re-assigned record of the row being
+    written) is in a later chunk, which wins: ``rowid`` is the order of writing. About 19 bytes
+    a number.
 ``log`` (a view)
-    the records with version 1's columns: ``run_id``, ``iteration``, ``key`` (the name),
-    ``value``, ``value_json``, ``superseded``; for reading with SQL.
+    one row per record with version 1's columns: ``run_id``, ``iteration``, ``key`` (the name),
+    ``value``, ``value_json``, ``superseded``; for reading with SQL (it unpacks the chunks:
+    slower than :class:`Reader`, which reads only the chunks it needs).
 ``meta``
     ``key``/``value`` text pairs: ``created_by``, ``schema_version``.
 
@@ -32,6 +40,7 @@ Every metric name and value is a bound parameter, never part of the SQL text.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import math
 import os
@@ -158,10 +167,106 @@ def _compact_v2(conn: sqlite3.Connection) -> None:
     )
 
 
+def _chunks_v3(conn: sqlite3.Connection) -> None:
+    """Version 2 → 3: records packed per key and flush into ``chunks``; ``runs.superseded_after``.
+
+    Every record of ``records`` is copied into chunks (consecutive records of one run and key,
+    split by kind and superseded flag, at most :data:`CHUNK_MIGRATE` records a chunk); then
+    ``records`` is dropped and ``log`` recreated over ``chunks``.
+    """
+    conn.execute("ALTER TABLE runs ADD COLUMN superseded_after INTEGER")
+    _create_chunks(conn)
+    rows = conn.execute(
+        "SELECT run, key, superseded, iteration, value, value_json FROM records "
+        "ORDER BY run, key, superseded, iteration"
+    )
+    group: tuple[int, int, int, int] | None = None
+    steps: list[int] = []
+    values: list[Any] = []
+
+    def write() -> None:
+        if group is not None and steps:
+            run, key, superseded, kind = group
+            conn.execute(
+                "INSERT INTO chunks (run, key, first, last, steps, vals, kind, superseded) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (run, key, steps[0], steps[-1], _steps_json(steps), json.dumps(values), kind, superseded),
+            )
+
+    for run, key, superseded, iteration, value, value_json in rows.fetchall():
+        if value_json is None and value is not None and math.isfinite(value):
+            kind, item = 0, value
+        else:
+            kind, item = 1, value_json if value_json is not None else json.dumps(value)
+        if (run, key, superseded, kind) != group or len(steps) >= CHUNK_MIGRATE:
+            write()
+            group, steps, values = (run, key, superseded, kind), [], []
+        steps.append(iteration)
+        values.append(item)
+    write()
+    conn.execute("DROP VIEW log")
+    conn.execute("DROP TABLE records")
+    _create_log_view(conn)
+
+
+#: the most records a chunk made by the migration from version 2 holds.
+CHUNK_MIGRATE = 4096
+
+
+def _create_chunks(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        """CREATE TABLE chunks (
+            run INTEGER NOT NULL,
+            key INTEGER NOT NULL,
+            first INTEGER NOT NULL,
+            last INTEGER NOT NULL,
+            steps TEXT,
+            vals TEXT NOT NULL,
+            kind INTEGER NOT NULL DEFAULT 0,
+            superseded INTEGER NOT NULL DEFAULT 0
+        )"""
+    )
+    # (run, key) then rowid: one key of one run is one range, in the order of writing
+    conn.execute("CREATE INDEX chunks_by_key ON chunks (run, key)")
+
+
+def _create_log_view(conn: sqlite3.Connection) -> None:
+    """``log``: one row per record (the one written last of each run, key and iteration)."""
+    iteration = (
+        "CASE WHEN c.steps IS NULL THEN c.first + j.key ELSE json_extract(c.steps, '$[' || j.key || ']') END"
+    )
+    conn.execute(
+        f"""CREATE VIEW log AS
+        SELECT run_id, iteration, key, value, value_json,
+            (flagged OR iteration > coalesce(after, iteration)) AS superseded
+        FROM (
+            SELECT runs.run_id AS run_id, {iteration} AS iteration, keys.name AS key,
+                CASE WHEN c.kind = 0 THEN j.value END AS value,
+                CASE WHEN c.kind = 1 THEN j.value END AS value_json,
+                c.superseded AS flagged, runs.superseded_after AS after,
+                row_number() OVER (PARTITION BY c.run, c.key, {iteration} ORDER BY c.rowid DESC) AS newest
+            FROM chunks AS c JOIN runs ON runs.num = c.run JOIN keys ON keys.id = c.key,
+                json_each(c.vals) AS j
+        )
+        WHERE newest = 1"""
+    )
+
+
+def chunk(run: int, key: int, steps: list[int], values: list[Any], kind: int) -> tuple[Any, ...]:
+    """The row of ``chunks`` (without ``superseded``) holding *values* recorded at *steps*
+    (increasing iterations): finite floats (*kind* 0) or the JSON texts of values (*kind* 1)."""
+    return run, key, steps[0], steps[-1], _steps_json(steps), json.dumps(values), kind
+
+
+def _steps_json(steps: list[int]) -> str | None:
+    """The ``steps`` of a chunk: None when *steps* (increasing) are every iteration in their range."""
+    return None if steps[-1] - steps[0] + 1 == len(steps) else json.dumps(steps)
+
+
 #: ``MIGRATIONS[v]`` upgrades a file of schema version ``v`` to ``v + 1``, inside the transaction
 #: that also sets ``user_version``. Version 0 is an empty file. A new schema version appends a
 #: step here (e.g. ``ALTER TABLE runs ADD COLUMN ...``); :data:`SCHEMA_VERSION` follows.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_create_v1, _compact_v2]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_create_v1, _compact_v2, _chunks_v3]
 #: the schema version this code writes (and the newest it reads).
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -599,33 +704,72 @@ class Reader:
     ) -> Iterator[tuple[int, str, Any]]:
         """``(iteration, key, value)`` of one run in iteration order, up to iteration *upto*.
 
-        Rows marked superseded (written after the point a later run resumed from) are left out
+        Records superseded (written after the point a later run resumed from) are left out
         unless *superseded* is true.
         """
-        run = self._num(run_id)
         names = self._key_names()
-        match = key_matcher(keys)
-        wanted = [i for i, name in names.items() if match(name)]
-        if run is None or not wanted:
+        wanted = self._wanted(keys, names)
+        if len(wanted) == 1:
+            name = names[wanted[0]]
+            for iteration, value in self._run_series(run_id, wanted[0], upto, superseded):
+                yield iteration, name, value
             return
-        # one range of the primary key per key: only the wanted keys' rows are read
-        query = "SELECT iteration, key, value, value_json FROM records WHERE run = ? AND key = ?"
+        found = [
+            (iteration, names[key], value)
+            for key in wanted
+            for iteration, value in self._run_series(run_id, key, upto, superseded)
+        ]
+        found.sort(key=_by_iteration_and_key)  # in iteration order, then by key name (as version 1)
+        yield from found
+
+    def _wanted(self, keys: Sequence[str], names: dict[int, str] | None = None) -> list[int]:
+        """The ids of the keys matching the glob patterns *keys* (no patterns: every key)."""
+        match = key_matcher(keys)
+        return [i for i, name in (names or self._key_names()).items() if match(name)]
+
+    def _run_series(self, run_id: str, key: int, upto: int | None, superseded: bool) -> list[tuple[int, Any]]:
+        """``(iteration, value)`` of one key of the run *run_id*, up to *upto*."""
+        row = self.conn.execute(
+            "SELECT num, superseded_after FROM runs WHERE run_id = ?", (run_id,)
+        ).fetchone()
+        if row is None:
+            return []
+        run, after = row
+        stop = upto  # records past *stop* are not wanted (beyond upto, or superseded)
+        if not superseded and after is not None:
+            stop = after if stop is None else min(stop, after)
+        return self._series(run, key, stop, superseded)
+
+    def _series(self, run: int, key: int, stop: int | None, superseded: bool) -> list[tuple[int, Any]]:
+        """``(iteration, value)`` of one key of one run, in iteration order, up to *stop*."""
+        query = "SELECT first, last, steps, vals, kind FROM chunks WHERE run = ? AND key = ?"
+        params: tuple[int, ...] = (run, key)
         if not superseded:
             query += " AND superseded = 0"
-        if upto is not None:
-            query += " AND iteration <= ?"
-        found: list[tuple[int, int, float | None, str | None]] = []
-        for key in wanted:
-            params = (run, key) if upto is None else (run, key, upto)
-            found.extend(self.conn.execute(query, params))
-        if len(wanted) > 1:  # in iteration order, then by key name (as version 1 read them)
-            found.sort(key=lambda row: (row[0], names[row[1]]))
-        for iteration, key, value, value_json in found:
-            yield iteration, names[key], decode(value, value_json)
-
-    def _num(self, run_id: str) -> int | None:
-        row = self.conn.execute("SELECT num FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-        return None if row is None else row[0]
+        if stop is not None:
+            query += " AND first <= ?"
+            params += (stop,)
+        pieces: list[list[tuple[int, Any]]] = []
+        ordered = True  # every chunk after the ones before it (no record written twice)
+        end = None
+        for first, last, steps, vals, kind in self.conn.execute(query + " ORDER BY rowid", params):
+            values = json.loads(vals)
+            if kind:
+                values = [decode(None, text) for text in values]
+            iterations = range(first, last + 1) if steps is None else json.loads(steps)
+            piece = list(zip(iterations, values))
+            if stop is not None and last > stop:
+                piece = [pair for pair in piece if pair[0] <= stop]
+            if end is not None and first <= end:
+                ordered = False
+            end = last if end is None else max(end, last)
+            pieces.append(piece)
+        if ordered:
+            return [pair for piece in pieces for pair in piece] if len(pieces) != 1 else pieces[0]
+        merged: dict[int, Any] = {}
+        for piece in pieces:  # in the order of writing: a later record wins
+            merged.update(piece)
+        return sorted(merged.items(), key=_first)
 
     def _key_names(self) -> dict[int, str]:
         return dict(self.conn.execute("SELECT id, name FROM keys"))
@@ -640,7 +784,79 @@ class Reader:
         wrote past that point were redone by the successor and are left out); a row at that
         iteration merges both runs' records (the successor's win).
         """
+        with _no_gc():  # ~1e5 new dicts and tuples, none cyclic: no collection passes over them
+            return self._timeline(run, keys, chain, superseded)
+
+    def _timeline(
+        self, run: Run, keys: Sequence[str], chain: bool, superseded: bool
+    ) -> list[tuple[int, str, dict[str, Any]]]:
+        names = self._key_names()
+        wanted = self._wanted(keys, names)
+        if len(wanted) == 1:  # one key (log plot, log show --keys): one index range per run
+            name = names[wanted[0]]
+            return [
+                (i, owner, {name: v}) for i, owner, v in self._chain_series(run, wanted[0], chain, superseded)
+            ]
         runs = self.chain(run) if chain else [run]
+        # Records come in iteration order, and each member's after its predecessor's (those end
+        # where it started): rows are built in one pass, merging at the iteration they share.
+        timeline: list[tuple[int, str, dict[str, Any]]] = []
+        append = timeline.append
+        newest, owner = -1, ""
+        record: dict[str, Any] = {}
+        for index, member in enumerate(runs):
+            upto = runs[index + 1].start_iteration if index + 1 < len(runs) else None
+            member_id = member.run_id
+            for iteration, key, value in self.records(member_id, upto, keys, superseded):
+                if iteration != newest:
+                    if iteration < newest:  # out of order (not written by our plugin): sort
+                        return self._timeline_unordered(runs, keys, superseded)
+                    newest, owner, record = iteration, member_id, {}
+                    append((iteration, owner, record))
+                elif owner != member_id:  # the successor's row at the iteration it resumed at
+                    owner = member_id
+                    timeline[-1] = (iteration, owner, record)
+                record[key] = value
+        return timeline
+
+    def series(
+        self, run: Run, key: str, chain: bool = True, superseded: bool = False
+    ) -> list[tuple[int, str, Any]]:
+        """One key of the run's log as ``(iteration, run_id, value)`` in iteration order: the
+        records of *key* in :meth:`timeline`, without building a dict per row."""
+        ids = [i for i, name in self._key_names().items() if name == key]
+        if not ids:
+            return []
+        with _no_gc():
+            return self._chain_series(run, ids[0], chain, superseded)
+
+    def _chain_series(self, run: Run, key: int, chain: bool, superseded: bool) -> list[tuple[int, str, Any]]:
+        runs = self.chain(run) if chain else [run]
+        found: list[tuple[int, str, Any]] = []
+        for index, member in enumerate(runs):
+            upto = runs[index + 1].start_iteration if index + 1 < len(runs) else None
+            owner = member.run_id
+            pairs = self._run_series(owner, key, upto, superseded)
+            if found and pairs and pairs[0][0] <= found[-1][0]:
+                if pairs[0][0] < found[-1][0]:  # not written by our plugin: merge and sort
+                    return self._chain_series_unordered(runs, key, superseded)
+                found.pop()  # the successor's record at the iteration it resumed at wins
+            found += [(i, owner, v) for i, v in pairs]
+        return found
+
+    def _chain_series_unordered(
+        self, runs: list[Run], key: int, superseded: bool
+    ) -> list[tuple[int, str, Any]]:
+        merged: dict[int, tuple[str, Any]] = {}
+        for index, member in enumerate(runs):
+            upto = runs[index + 1].start_iteration if index + 1 < len(runs) else None
+            for i, v in self._run_series(member.run_id, key, upto, superseded):
+                merged[i] = (member.run_id, v)
+        return [(i, owner, v) for i, (owner, v) in sorted(merged.items(), key=_first)]
+
+    def _timeline_unordered(
+        self, runs: list[Run], keys: Sequence[str], superseded: bool
+    ) -> list[tuple[int, str, dict[str, Any]]]:
         rows: dict[int, tuple[str, dict[str, Any]]] = {}
         for index, member in enumerate(runs):
             upto = runs[index + 1].start_iteration if index + 1 < len(runs) else None
@@ -654,21 +870,37 @@ class Reader:
     def keys(self, run_ids: Iterable[str]) -> list[str]:
         """The distinct keys recorded by these runs, sorted."""
         found: set[str] = set()
-        names = self._key_names()
         for run_id in run_ids:
-            run = self._num(run_id)
-            if run is None:
-                continue
-            # one probe of the primary key per known key (keys are few, rows are many)
-            for key, name in names.items():
-                if (
-                    name not in found
-                    and self.conn.execute(
-                        "SELECT 1 FROM records WHERE run = ? AND key = ? LIMIT 1", (run, key)
-                    ).fetchone()
-                ):
-                    found.add(name)
+            found.update(
+                name
+                for (name,) in self.conn.execute(
+                    "SELECT name FROM keys WHERE id IN (SELECT DISTINCT key FROM chunks WHERE run = "
+                    "(SELECT num FROM runs WHERE run_id = ?))",
+                    (run_id,),
+                )
+            )
         return sorted(found)
+
+
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector: reading 1e5 rows builds 1e5 containers, and the
+    collections their allocation triggers took half the time of ``log show --keys``."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _by_iteration_and_key(record: tuple[int, str, Any]) -> tuple[int, str]:
+    return record[0], record[1]
+
+
+def _first(pair: tuple[int, Any]) -> int:
+    return pair[0]
 
 
 def key_matcher(patterns: Sequence[str]) -> Callable[[str], bool]:
