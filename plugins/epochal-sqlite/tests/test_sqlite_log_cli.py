@@ -208,3 +208,28 @@ def test_ambiguous_prefix_names_the_candidates(tmp_path: Path) -> None:
     one_line_error(epochal(tmp_path, "log", "show", "abc", "--db", str(db)), "ambiguous", "abc1", "abc2")
     done = epochal(tmp_path, "log", "show", "abc2", "--db", str(db))
     assert done.returncode == 0 and "no records" in done.stdout
+
+
+def test_show_one_key_as_csv_is_the_same_as_through_the_general_path(tmp_path: Path) -> None:
+    """``log show --keys KEY --csv`` (one key: read as one series, lines formatted directly)
+    prints exactly what the general path (a glob pattern: a timeline of dict rows) prints,
+    for a resumed run's chain, without it, and for a key holding text and NaN."""
+    import shutil
+
+    db = tmp_path / "v2.sqlite"
+    shutil.copyfile(Path(__file__).parent / "data" / "v2.sqlite", db)  # a run and a resumed run
+    done = epochal(tmp_path, "log", "runs", "--db", str(db), "--csv")
+    resumed = list(csv.DictReader(io.StringIO(done.stdout)))[-1]["run_id"]
+    for key in ("train.loss", "valid.loss", "note", "nan", "big"):
+        pattern = f"{key[:-1]}[{key[-1]}]"  # the same key through a glob
+        for chain in ("--chain", "--no-chain"):
+            fast = epochal(tmp_path, "log", "show", resumed, "--db", str(db), "--keys", key, "--csv", chain)
+            slow = epochal(
+                tmp_path, "log", "show", resumed, "--db", str(db), "--keys", pattern, "--csv", chain
+            )
+            assert fast.returncode == slow.returncode == 0, fast.stderr + slow.stderr
+            assert fast.stdout == slow.stdout
+            lines = fast.stdout.splitlines()
+            assert lines[0] == f"iteration,run_id,{key}"
+            if key == "train.loss" and chain == "--chain":
+                assert len(lines) == 1 + 12  # 3 iterations of the first run, 9 of the resumed one
