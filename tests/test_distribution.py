@@ -185,3 +185,15 @@ def test_requires_and_conflicts_are_checked_before_training(throwaway_cli, write
     assert result.returncode == 0, result.stderr
     assert "ok:" in result.stdout and "tw_needy, tw_alpha" in result.stdout
     assert events() == []
+
+
+def test_a_declared_command_imports_only_its_plugin(throwaway_cli):
+    """``tw-hello`` is declared in the entry-point group ``epochal.commands``: running it imports
+    that module only, so a broken plugin of the same distribution is not even imported (no
+    warning), while ``--help`` (every plugin asked) still reports it."""
+    result = throwaway_cli("tw-hello", "again")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "hello again from epochal-throwaway"
+    assert "tw_broken" not in result.stderr
+    listing = throwaway_cli("--help")
+    assert "tw-hello" in listing.stdout and "tw_broken" in listing.stderr

@@ -41,6 +41,12 @@ class EpochalGroup(click.Group):
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         command = super().get_command(ctx, cmd_name)
+        if command is None and not self._plugin_commands_loaded:
+            # a command a distribution declares (entry point group epochal.commands): only its
+            # module is imported, not every installed plugin
+            from epochal.plugins import declared_command
+
+            command = declared_command(cmd_name)
         if command is None:
             self._load_plugin_commands()
             command = super().get_command(ctx, cmd_name)

@@ -585,6 +585,30 @@ def _order(units: list[_Unit], explicit: list[str]) -> list[_Unit]:
     return [by_name[name] for name in names]
 
 
+#: entry points naming the command objects ``register_commands`` adds, by command name.
+COMMANDS_GROUP = "epochal.commands"
+
+
+def declared_command(name: str) -> Any | None:
+    """The click command *name* as a plugin distribution declares it in the entry-point group
+    ``epochal.commands`` (``log = "epochal_sqlite.commands:log_group"``), importing only that
+    module; None when no distribution or several declare it, when autoloading is off (then
+    only the plugins in ``EPOCHAL_PLUGINS`` may add commands), or when it cannot be loaded (the
+    caller then asks every plugin's ``register_commands``, which reports why)."""
+    if autoload_disabled():
+        return None
+    found = [ep for ep in importlib.metadata.entry_points(group=COMMANDS_GROUP) if ep.name == name]
+    if len({ep.value for ep in found}) != 1:
+        return None
+    try:
+        command = found[0].load()
+    except Exception:  # reported by the full path
+        return None
+    import click
+
+    return command if isinstance(command, click.Command) and command.name == name else None
+
+
 def register_commands(cli: Any) -> None:
     """Let installed plugins add subcommands to the ``epochal`` click group *cli*.
 

@@ -19,8 +19,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from epochal_checkpoint import storage
 from epochal_checkpoint.errors import CheckpointWriteError, UnsupportedStateError
 
@@ -45,6 +43,8 @@ def model_tensors(model_state: Any) -> dict[str, Any]:
     """
     if _is_torch_state(model_state):
         return dict(model_state["module"])
+    import numpy as np  # here: listing plugins (epochal plugins, every CLI start) does not pay for it
+
     found: dict[str, Any] = {}
 
     def walk(value: Any, path: str) -> None:
@@ -81,6 +81,7 @@ def export_weights(model_state: Any, path: str | Path, metadata: Mapping[str, An
         if any(isinstance(v, Mapping) for v in tensors.values()):
             _save_torch(tensors, tmp, {"format": framework, **meta})
         else:
+            import numpy as np
             from safetensors.numpy import save_file
 
             arrays = {k: np.ascontiguousarray(v, dtype=v.dtype.newbyteorder("<")) for k, v in tensors.items()}

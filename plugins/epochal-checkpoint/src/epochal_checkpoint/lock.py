@@ -17,8 +17,6 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import filelock
-
 from epochal_checkpoint.errors import CheckpointLockedError, CheckpointWriteError
 
 LOCK = ".epochal-lock"
@@ -48,6 +46,9 @@ class DirectoryLock:
     def __init__(self, directory: Path, run_id: str) -> None:
         self.directory = directory
         self.run_id = run_id
+        import filelock  # here: importing the plugin (every CLI start) does not pay for it
+
+        self._timeout = filelock.Timeout
         self._lock = filelock.FileLock(directory / LOCK, timeout=0, thread_local=False)
 
     @property
@@ -65,7 +66,7 @@ class DirectoryLock:
             return
         try:
             self._lock.acquire(timeout=0)
-        except filelock.Timeout:
+        except self._timeout:
             who = _describe(_read_holder(self.directory))
             raise CheckpointLockedError(
                 f"checkpoint directory {str(self.directory)!r} is in use by {who}; "
