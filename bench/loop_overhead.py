@@ -143,13 +143,35 @@ def main() -> None:
         p = median_per_step(pluggy_dispatch, batches, k, args.repeats) * 1e9
         print(f"{k:>7} {bare_ns:>7.0f}ns {d:>7.0f}ns {e:>7.0f}ns {p:>7.0f}ns {e / d:>14.2f}x {p / d:>13.2f}x")
     kinds = {"tuple": (x, y), "array": x, "dict": {"x": x, "y": y}, "no len": Opaque(x)}
-    print(f"\nby batch type: {'type':>8} {'plugins':>7} {'direct':>9} {'epochal':>9} {'epochal/direct':>15}")
-    for name, batch in kinds.items():
-        typed = [batch] * args.steps
+    # Interleaved rounds: every (type, plugins, variant) once per round, so that the load of a
+    # shared machine hits them alike; medians over the rounds, and the median of the per-round
+    # ratios epochal/direct.
+    runs = {
+        (name, k, variant): make([batch] * args.steps, k)
+        for name, batch in kinds.items()
+        for k in (0, 6)
+        for variant, make in (("direct", direct), ("epochal", epochal_loop))
+    }
+    for run in runs.values():
+        run()  # warm up
+    samples: dict[tuple[str, int, str], list[float]] = {key: [] for key in runs}
+    for _ in range(args.repeats):
+        for key, run in runs.items():
+            start = time.perf_counter()
+            run()
+            samples[key].append((time.perf_counter() - start) / args.steps * 1e9)
+    print(
+        f"\nby batch type, {args.repeats} interleaved rounds: {'type':>8} {'plugins':>7} {'direct':>9} "
+        f"{'epochal':>9} {'epochal/direct':>15} {'ratio min-max':>14}"
+    )
+    for name in kinds:
         for k in (0, 6):
-            d = median_per_step(direct, typed, k, args.repeats) * 1e9
-            e = median_per_step(epochal_loop, typed, k, args.repeats) * 1e9
-            print(f"{'':>14} {name:>8} {k:>7} {d:>7.0f}ns {e:>7.0f}ns {e / d:>14.2f}x")
+            d, e = samples[(name, k, "direct")], samples[(name, k, "epochal")]
+            ratios = [b / a for a, b in zip(d, e)]
+            print(
+                f"{'':>36} {name:>8} {k:>7} {statistics.median(d):>7.0f}ns {statistics.median(e):>7.0f}ns "
+                f"{statistics.median(ratios):>14.2f}x {min(ratios):>6.2f}-{max(ratios):.2f}x"
+            )
 
 
 if __name__ == "__main__":

@@ -1,17 +1,18 @@
-"""Benchmark of the sqlite_log plugin (epochal-sqlite): write path and per-batch overhead.
+"""Benchmark of the sqlite_log plugin (epochal-sqlite): write path, file size, reads, per-batch cost.
 
 1. Write path, rows/s (a row = one record: run, iteration, key, value): the plugin turning a
-   TrainingLog of 20,000 iterations x 10 metrics into committed rows, against the floor — raw
-   ``sqlite3`` ``executemany`` of ready-made tuples in one transaction into the same table (WAL,
-   synchronous=NORMAL). Both in one transaction, and both committing every 1,000 iterations
-   (the plugin's default ``flush_every``). The issue's floor: raw ``executemany`` into a plain
-   table ``(run INTEGER, step INTEGER, key TEXT, value REAL)`` (no key, no index), one
-   transaction; target ≥ 0.8×. Then the bytes per row of the plugin's file (target ≤ 30).
-3. Reading one key of a 1e6-row run (100,000 iterations x 10 keys written by the plugin):
-   ``Reader.timeline(run, [key])`` in process (what ``log show --keys`` and ``log plot`` call),
-   and ``epochal log show RUN --keys KEY --csv`` as a subprocess beside ``python -c pass``
-   (target ≤ 0.3 s).
-2. Per-batch overhead: a no-op loop (train_step returns 10 ready metrics, a plugin copies them
+   TrainingLog of 20,000 iterations x 10 metrics into committed rows, against the issue's floor
+   — raw ``sqlite3`` ``executemany`` of ready-made tuples into a plain table ``(run INTEGER,
+   step INTEGER, key TEXT, value REAL)`` (no key, no index; WAL, synchronous=NORMAL). Both in
+   one transaction (the log keeps every row in memory, as the floor has its tuples ready;
+   target ≥ 0.8×), and both committing every 1,000 iterations (the plugin's default
+   ``flush_every``, the log with its default window). Then the bytes per numeric row of the
+   plugin's file (target ≤ 30). Values have as many digits as real metrics (float32 reads).
+2. Reading one key of a 1e6-row run (100,000 iterations x 10 keys, written in flushes of 1,000):
+   ``Reader.timeline(run, [key])`` and ``plot.read_series`` in process, and ``epochal log show
+   RUN --keys KEY --csv`` and ``epochal log plot RUN --key KEY -o x.png`` as subprocesses beside
+   ``python -c pass`` and ``python -c "import matplotlib.pyplot"`` (target ≤ 0.3 s).
+3. Per-batch overhead: a no-op loop (train_step returns 10 ready metrics, a plugin copies them
    into the log row) with and without sqlite_log (default options), and the cost of one
    ``after_batch`` call when no flush is due.
 
@@ -34,12 +35,19 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 from epochal_sqlite import SQLiteLog, store
 
 from epochal import Loop, TrainingLog, hookimpl
 
 KEYS = [f"train.metric{j}" for j in range(10)]
 PLAIN = "INSERT INTO plain (run, step, key, value) VALUES (?, ?, ?, ?)"
+
+
+def value(i: int, j: int) -> float:
+    """A metric value with as many digits as a real one (a loss read from a float32 tensor
+    prints as 17–18 characters), not a short decimal: the bytes per row depend on it."""
+    return float(np.float32(1.0 / (1.0 + i * 1e-3) + j))
 
 
 class FakeLoop:
@@ -51,7 +59,7 @@ class FakeLoop:
         for i in range(1, iterations + 1):
             row = self.log[i]
             for j, key in enumerate(KEYS):
-                row[key] = i * 0.001 + j
+                row[key] = value(i, j)
         self.log.status["status"] = "running"
         self.epoch, self.run_id, self.resumed_from, self.config = 0, uuid.uuid4().hex, None, {}
         self.run_dir, self.plugins, self.error_plugin = None, {}, None
@@ -93,7 +101,7 @@ def raw_write(folder: Path, iterations: int, chunk: int) -> float:
     conn.execute("CREATE TABLE plain (run INTEGER, step INTEGER, key TEXT, value REAL)")
     chunks = [
         [
-            (1, i, key, i * 0.001 + j)
+            (1, i, key, value(i, j))
             for i in range(s + 1, min(s + chunk, iterations) + 1)
             for j, key in enumerate(KEYS)
         ]
@@ -123,41 +131,61 @@ def bytes_per_row(folder: Path, iterations: int) -> float:
 
 
 def query_times(folder: Path, repeats: int) -> dict[str, float]:
-    """Seconds to read one key of a 1e6-row run: in process, and ``epochal log show`` in a subprocess."""
+    """Seconds to read one key of a 1e6-row run: in process (what ``log show --keys`` and
+    ``log plot`` read), and ``epochal log show`` / ``epochal log plot`` as subprocesses."""
     import subprocess
     import sys
 
+    from epochal_sqlite import plot
+
     iterations = 100_000
-    loop = FakeLoop(iterations)
+    loop = FakeLoop(iterations, window=0)
     path = fresh_db(folder, "big.sqlite")
     plugin = SQLiteLog(path=str(path), flush_seconds=0)
     plugin.before_training(loop)  # type: ignore[arg-type]
-    loop.iteration = iterations
-    plugin.flush(loop)  # type: ignore[arg-type]
+    for end in range(1000, iterations + 1, 1000):  # flushes of the default size
+        loop.iteration = end
+        plugin.flush(loop)  # type: ignore[arg-type]
     plugin.close()
     epochal = str(Path(sys.executable).with_name("epochal"))
     show = [epochal, "log", "show", loop.run_id, "--db", str(path), "--keys", KEYS[3], "--csv"]
+    png = folder / "plot.png"
+    draw = [epochal, "log", "plot", loop.run_id, "--db", str(path), "--key", KEYS[3], "-o", str(png)]
 
-    def in_process() -> float:
+    def timeline() -> float:
         start = time.perf_counter()
         with store.Reader(path) as reader:
             rows = reader.timeline(reader.resolve(loop.run_id), [KEYS[3]])
         assert len(rows) == iterations
         return time.perf_counter() - start
 
-    def cli() -> float:
+    def series() -> float:
         start = time.perf_counter()
-        subprocess.run(show, check=True, stdout=subprocess.DEVNULL)
+        with store.Reader(path) as reader:
+            found = plot.read_series(reader, [reader.resolve(loop.run_id)], [KEYS[3]], True)
+        assert len(found[0].xs) == iterations
         return time.perf_counter() - start
 
-    def python() -> float:
-        start = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "pass"], check=True)
-        return time.perf_counter() - start
+    def command(argv: list[str]) -> Callable[[], float]:
+        def run() -> float:
+            start = time.perf_counter()
+            subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+            return time.perf_counter() - start
+
+        return run
 
     return median_of(
         repeats,
-        {"Reader.timeline, one key": in_process, "epochal log show --keys": cli, "python -c pass": python},
+        {
+            "Reader.timeline, one key": timeline,
+            "plot.read_series, one key": series,
+            "epochal log show --keys KEY --csv": command(show),
+            "epochal log plot --key KEY -o x.png": command(draw),
+            "python -c pass": command([sys.executable, "-c", "pass"]),
+            "python -c 'import matplotlib.pyplot'": command(
+                [sys.executable, "-c", "import matplotlib.pyplot"]
+            ),
+        },
     )
 
 
@@ -265,7 +293,7 @@ def main() -> None:
     print(f"  plugin file: {size:.1f} bytes per numeric row (target <= 30)")
     print("reading one key of a 1e6-row run (100,000 iterations x 10 keys):")
     for name, seconds in reads.items():
-        print(f"  {name:<28} {seconds * 1e3:7.0f} ms")
+        print(f"  {name:<40} {seconds * 1e3:7.0f} ms")
     bare, with_sqlite = loops["no-op loop + 10-metric recorder"], loops["... + sqlite_log"]
     print(f"per-batch overhead, no-op loop, 10 metrics per batch, {batches:,} batches:")
     print(f"  loop + recorder          {bare / batches * 1e9:8.0f} ns/batch")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sqlite3
 import time
 import warnings
@@ -123,7 +122,7 @@ class SQLiteLog:
                     store.dumps(_plugin_versions(loop)),
                     store.dumps(status),
                     None if loop.run_dir is None else str(loop.run_dir),
-                    socket.gethostname(),
+                    _hostname(),
                     os.getpid(),
                     _epochal_version(),
                 ),
@@ -361,6 +360,12 @@ def _plugin_versions(loop: Loop) -> dict[str, str | None]:
     """``{plugin name: version}`` of the plugins of the run, in call order."""
     infos = {info.name: info for info in loop.plugin_set.infos}
     return {name: getattr(infos.get(name), "version", None) for name in loop.plugins}
+
+
+def _hostname() -> str:
+    import socket  # here: listing plugins (every CLI start) does not pay for it
+
+    return socket.gethostname()
 
 
 def _epochal_version() -> str | None:
