@@ -295,8 +295,8 @@ def test_loop_skips_empty_batches_of_every_type() -> None:
             pass
 
     x = np.zeros((3, 2))
-    full = [x, (x, x), {"a": x}, [x], OrderedDict(a=[1])]
-    empty = [x[:0], (x[:0], x), {"a": x[:0]}, [], {}, OrderedDict(a=[])]
+    full = [x, (x, x), {"a": x}, [x], OrderedDict(a=[1]), {"a": np.array(1.0)}, {"a": [1], "b": []}]
+    empty = [x[:0], (x[:0], x), {"a": x[:0]}, [], {}, OrderedDict(a=[]), {"a": [], "b": x}, {"a": x[:0, 0]}]
     stream = [b for pair in zip(full + full, empty + full) for b in pair]
     model = Model()
     loop = Loop(model, {"train": stream}, max_epochs=1, on_empty_batch="ignore", handle_signals=False)

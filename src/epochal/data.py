@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+ndarray = np.ndarray
 _STATE_KEYS = frozenset({"seed", "epoch", "position"})
 
 

@@ -18,7 +18,7 @@ from typing import Any, Literal, Protocol
 
 from epochal import _rng
 from epochal._dispatch import blame, each_implementation
-from epochal.data import batch_size, empty_rule
+from epochal.data import _mapping_empty, batch_size, empty_rule, ndarray
 from epochal.distributed.world import World, current_world
 from epochal.errors import ConfigError, EpochalError
 from epochal.log import TrainingLog
@@ -416,8 +416,24 @@ class Loop:
             if type(batch) is not kind:
                 kind = type(batch)
                 empty = empty_rule(kind)
-            if empty is not None and empty(batch) and self._empty_batch("train"):
-                continue
+            if empty is not None:
+                if empty is _mapping_empty:  # inlined: for a dict, calling the rule costs as much as it
+                    for key in batch:  # the first value's length, as batch_size counts it
+                        first = batch[key]
+                        if type(first) is not ndarray:
+                            skip = empty(batch)
+                        else:
+                            try:
+                                skip = len(first) == 0
+                            except TypeError:  # 0-d: one example
+                                skip = False
+                        break
+                    else:
+                        skip = True  # {}
+                else:
+                    skip = empty(batch)
+                if skip and self._empty_batch("train"):
+                    continue
             before = hooks.before_batch  # read per batch: a hook may rebuild the hooks
             if before is not None:
                 before(self, batch)
