@@ -18,7 +18,7 @@ from typing import Any, Literal, Protocol
 
 from epochal import _rng
 from epochal._dispatch import blame, each_implementation
-from epochal.data import _mapping_empty, batch_size, empty_rule, ndarray
+from epochal.data import _mapping_empty, _sequence_empty, batch_size, empty_rule, ndarray
 from epochal.distributed.world import World, current_world
 from epochal.errors import ConfigError, EpochalError
 from epochal.log import TrainingLog
@@ -62,6 +62,10 @@ def _wrap_stream(stream: Any, seed: int | None) -> Any:
         if is_dataloader(stream):
             return LoaderStream(stream, seed=seed or 0)
     return stream
+
+
+#: the first item of an empty tuple, list or dict batch (in the batch loop).
+_NO_ITEM = object()
 
 
 class EmptyDataError(EpochalError):
@@ -417,21 +421,24 @@ class Loop:
                 kind = type(batch)
                 empty = empty_rule(kind)
             if empty is not None:
-                if empty is _mapping_empty:  # inlined: for a dict, calling the rule costs as much as it
-                    for key in batch:  # the first value's length, as batch_size counts it
+                # Inlined for tuples, lists and dicts of arrays (a call costs as much as the
+                # check): the first item's length, as batch_size counts it; else the rule.
+                if empty is _sequence_empty:
+                    first = batch[0] if batch else _NO_ITEM
+                elif empty is _mapping_empty:
+                    first = _NO_ITEM
+                    for key in batch:
                         first = batch[key]
-                        if type(first) is not ndarray:
-                            skip = empty(batch)
-                        else:
-                            try:
-                                skip = len(first) == 0
-                            except TypeError:  # 0-d: one example
-                                skip = False
                         break
-                    else:
-                        skip = True  # {}
                 else:
-                    skip = empty(batch)
+                    first = None
+                if type(first) is ndarray:
+                    try:
+                        skip = len(first) == 0
+                    except TypeError:  # 0-d: one example
+                        skip = False
+                else:
+                    skip = first is _NO_ITEM or empty(batch)
                 if skip and self._empty_batch("train"):
                     continue
             before = hooks.before_batch  # read per batch: a hook may rebuild the hooks
