@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-ndarray = np.ndarray
+_ndarray = np.ndarray
 _STATE_KEYS = frozenset({"seed", "epoch", "position"})
 
 
@@ -224,7 +224,7 @@ _RULES: dict[type, Callable[[Any], int]] = {}
 _ITEM_RULES: dict[type, Callable[[Any], int]] = {}
 
 
-def empty_rule(kind: type) -> Callable[[Any], bool] | None:
+def _empty_rule(kind: type) -> Callable[[Any], bool] | None:
     """A predicate telling whether a batch of type *kind* is empty (``batch_size(batch) == 0``).
 
     None for a type whose batches always count 1 (no ``len``): the loop then checks nothing. The

@@ -18,7 +18,7 @@ from typing import Any, Literal, Protocol
 
 from epochal import _rng
 from epochal._dispatch import blame, each_implementation
-from epochal.data import _mapping_empty, _sequence_empty, batch_size, empty_rule, ndarray
+from epochal.data import _empty_rule, _mapping_empty, _ndarray, _sequence_empty, batch_size
 from epochal.distributed.world import World, current_world
 from epochal.errors import ConfigError, EpochalError
 from epochal.log import TrainingLog
@@ -419,7 +419,7 @@ class Loop:
         for batch in self._train_batches():
             if type(batch) is not kind:
                 kind = type(batch)
-                empty = empty_rule(kind)
+                empty = _empty_rule(kind)
             if empty is not None:
                 # Inlined for tuples, lists and dicts of arrays (a call costs as much as the
                 # check): the first item's length, as batch_size counts it; else the rule.
@@ -432,7 +432,7 @@ class Loop:
                         break
                 else:
                     first = None
-                if type(first) is ndarray:
+                if type(first) is _ndarray:
                     try:
                         skip = len(first) == 0
                     except TypeError:  # 0-d: one example
