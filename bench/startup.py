@@ -14,7 +14,7 @@ epochal and plugin module from source at every start, while site-packages has it
 
 The commands run interleaved ``REPEATS`` times (``BENCH_REPEATS``, default 15) after one warm-up
 each; the medians and the ratio ``epochal plugins / import pluggy, stevedore`` are printed as
-Markdown (target: at most 2×). Then ``python -X importtime`` runs both ``IMPORTTIME_RUNS`` times
+Markdown (target: at most 1.5×, issue 13). Then ``python -X importtime`` runs both ``IMPORTTIME_RUNS`` times
 (bytecode cached) and the median self and cumulative import times are printed for the slowest
 modules and summed per top-level package, side by side, to show which imports dominate.
 Run: ``python bench/startup.py``.
@@ -35,7 +35,7 @@ from pathlib import Path
 
 REPEATS = int(os.environ.get("BENCH_REPEATS", "15"))
 IMPORTTIME_RUNS = int(os.environ.get("BENCH_IMPORTTIME_RUNS", "5"))
-TARGET = 2.0
+TARGET = 1.5
 
 
 def epochal_script() -> list[str]:

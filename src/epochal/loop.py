@@ -421,8 +421,8 @@ class Loop:
                 kind = type(batch)
                 empty = _empty_rule(kind)
             if empty is not None:
-                # Inlined for tuples, lists and dicts of arrays (a call costs as much as the
-                # check): the first item's length, as batch_size counts it; else the rule.
+                # Inlined for arrays and tuples, lists and dicts of arrays (a call costs as much
+                # as the check): the array's length, as batch_size counts it; else the rule.
                 if empty is _sequence_empty:
                     first = batch[0] if batch else _NO_ITEM
                 elif empty is _mapping_empty:
@@ -431,7 +431,7 @@ class Loop:
                         first = batch[key]
                         break
                 else:
-                    first = None
+                    first = batch
                 if type(first) is _ndarray:
                     try:
                         skip = len(first) == 0
