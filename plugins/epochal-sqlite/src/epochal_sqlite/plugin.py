@@ -6,8 +6,10 @@ cursor: the iteration of the row it flushed last, and the records of that row it
 At each flush (every ``flush_every`` rows, every ``flush_seconds``, at each epoch end, at the
 end of training, on an interrupt or an error) it writes the rows from the cursor to the current
 iteration — for the cursor row only the records that are new or were re-assigned since — in one
-transaction with ``executemany``, together with the run's status. ``after_batch`` only compares
-two counters (and reads the monotonic clock), so the cost per batch stays small.
+transaction, together with the run's status: one ``chunks`` row per key (the key's values as a
+JSON array, see :mod:`epochal_sqlite.store`), so a flush costs a few inserts, not one per
+record. ``after_batch`` only compares two counters (and reads the monotonic clock), so the cost
+per batch stays small.
 
 Records written later into a row *before* the cursor row (a plugin writing into
 ``log[i - 100]``) are not picked up; every record written into the current row is.
