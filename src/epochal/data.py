@@ -44,7 +44,9 @@ class UnevenShardsError(ValueError):
         )
 
 
-def shard_indices(order: np.ndarray, rank: int, size: int, remainder: Remainder) -> np.ndarray:
+def shard_indices(
+    order: np.ndarray, rank: int, size: int, remainder: Remainder, unit: str = "examples"
+) -> np.ndarray:
     """The part of *order* that rank *rank* of *size* takes: ``order[rank::size]``.
 
     Like ``torch.utils.data.DistributedSampler``: every rank derives the same *order*, the
@@ -57,7 +59,7 @@ def shard_indices(order: np.ndarray, rank: int, size: int, remainder: Remainder)
     extra = n % size
     if extra:
         if remainder == "error":
-            raise UnevenShardsError(n, size)
+            raise UnevenShardsError(n, size, unit)
         if remainder == "drop":
             order = order[: n - extra]
         elif remainder == "pad":

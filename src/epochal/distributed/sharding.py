@@ -59,14 +59,14 @@ def shard_stream(
         if callable(shard):
             return shard(rank, size, remainder)
         if isinstance(stream, (list, tuple)):
-            return [stream[i] for i in shard_indices(range(len(stream)), rank, size, remainder)]  # type: ignore[arg-type]
+            return [stream[i] for i in shard_indices(range(len(stream)), rank, size, remainder, "batches")]  # type: ignore[arg-type]
     except UnevenShardsError as error:
         per_epoch = "per epoch" if error.unit == "examples" else "per pass"
         raise ConfigError(
             f"{prefix}[data] stream {name!r}: {error}, and every process must train on the same "
-            f'number of batches. Set [loop] uneven_shards = "drop" (leave out {error.left_over} '
-            f'{error.unit} {per_epoch}) or "pad" (repeat {size - error.left_over} {error.unit} '
-            f"{per_epoch}), or make the data a multiple of {size}"
+            f'number of batches. Set [loop] uneven_shards = "drop" (leave out {error.left_over} of the '
+            f'{error.unit} {per_epoch}) or "pad" (repeat {size - error.left_over} of them {per_epoch}), '
+            f"or make the number of {error.unit} a multiple of {size}"
         ) from None
     except ValueError as error:
         raise ConfigError(f"{prefix}[data] stream {name!r} cannot be sharded: {error}") from None
