@@ -157,6 +157,13 @@ def main() -> None:
         versus = value / median[("raw", nproc)]
         scaling = median[(case, 1)] / value if nproc == 2 else 1.0
         print(f"| {case} | {nproc} | {value:.2f} | {1e6 / value:,.0f} | {versus:.3f}x | {scaling:.2f}x |")
+    print("\nmedians of the per-round ratios (each round's cases ran back to back):")
+    for nproc in (1, 2):
+        paired = [e / r for e, r in zip(times[("epochal", nproc)], times[("raw", nproc)])]
+        print(f"- epochal / raw on {nproc} process(es): {statistics.median(paired):.3f}x")
+    for case in CASES:
+        paired = [one / two for one, two in zip(times[(case, 1)], times[(case, 2)])]
+        print(f"- {case}: throughput of 2 processes / 1 process: {statistics.median(paired):.2f}x")
     out = os.environ.get("BENCH_JSON")
     if out:
         Path(out).write_text(json.dumps({f"{c}/{n}": v for (c, n), v in times.items()}, indent=1))

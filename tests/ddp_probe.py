@@ -55,7 +55,12 @@ def accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def make_model(
-    seed: int = 0, lr: float = 0.5, accumulate_grad_batches: int = 1, compile: str = "", device: str = "cpu"
+    seed: int = 0,
+    lr: float = 0.5,
+    accumulate_grad_batches: int = 1,
+    compile: str = "",
+    device: str = "cpu",
+    plain_metric: bool = False,
 ) -> TorchModel:
     """An MLP trained by plain SGD, with a batch metric and a torchmetrics F1 over whole streams."""
     from torchmetrics.classification import MulticlassF1Score
@@ -64,7 +69,12 @@ def make_model(
     module = torch.nn.Sequential(torch.nn.Linear(FEATURES, 16), torch.nn.Tanh(), torch.nn.Linear(16, CLASSES))
     optimizer = torch.optim.SGD(module.parameters(), lr=lr)
     net: Any = torch.compile(module, backend=compile) if compile else module
-    metrics = {"accuracy": accuracy, "f1": MulticlassF1Score(num_classes=CLASSES, average="macro")}
+    metrics: dict[str, Any] = {
+        "accuracy": accuracy,
+        "f1": MulticlassF1Score(num_classes=CLASSES, average="macro"),
+    }
+    if plain_metric:
+        metrics["count"] = Count()
     return TorchModel(
         net,
         optimizer,
@@ -73,6 +83,22 @@ def make_model(
         device=device,
         accumulate_grad_batches=accumulate_grad_batches,
     )
+
+
+class Count:
+    """A metric object of the user's own (update/compute/reset, no sync): examples seen."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def update(self, outputs: Any, targets: Any) -> None:
+        self.n += len(targets)
+
+    def compute(self) -> int:
+        return self.n
+
+    def reset(self) -> None:
+        self.n = 0
 
 
 def as_numpy(value: Any) -> np.ndarray:

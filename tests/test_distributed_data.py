@@ -282,3 +282,10 @@ def test_worker_seeds_differ_by_rank_and_the_order_does_not() -> None:
             shard.loader.sampler.generator.initial_seed() == shards[0].loader.sampler.generator.initial_seed()
         )
     assert seeds[0] != seeds[1]
+
+
+def test_one_process_array_reduction_is_a_copy() -> None:
+    arrays = [np.arange(3, dtype=np.float32), np.ones((2, 2))]
+    out = World().all_reduce_arrays(arrays)
+    assert [a.dtype for a in out] == [np.float32, np.float64]
+    assert all(np.array_equal(a, b) and a is not b for a, b in zip(out, arrays))

@@ -224,8 +224,14 @@ def test_uneven_train_data_is_one_clear_error_before_training(tmp_path: Path) ->
 
 
 def test_a_compiled_module_trains_under_ddp(tmp_path: Path) -> None:
-    text = config(tmp_path, model='compile = "aot_eager"', data="loader = false", epochs=1)
-    ranks = records(tmp_path, torchrun(tmp_path, text))
+    text = config(
+        tmp_path, model='compile = "aot_eager"\nplain_metric = true', data="loader = false", epochs=1
+    )
+    result = torchrun(tmp_path, text)
+    ranks = records(tmp_path, result)
+    # a metric object that cannot sync is computed over each rank's shard, and the run says so
+    assert result.stderr.count("TorchModel metric 'count' (Count) has no sync()") == 2
+    assert [r["metrics"]["valid"]["count"] for r in ranks] == [11, 10]
     assert_same_parameters(ranks)
     state = ranks[0]["state"]
     assert list(state["module"]) == list(ddp_probe.make_model().raw_module.state_dict())
