@@ -56,7 +56,10 @@ class EpochalGroup(click.Group):
         except EpochalError as error:
             if ctx.meta.get("epochal.traceback"):
                 raise
-            raise _Failure(str(error)) from None
+            from epochal.distributed.world import launched
+
+            where = f"rank {os.environ.get('RANK')}: " if launched() else ""  # which process says it
+            raise _Failure(f"{where}{error}") from None
 
 
 def _split(values: tuple[str, ...]) -> list[str]:
@@ -71,6 +74,21 @@ def cli(ctx: click.Context, traceback: bool) -> None:
     """epochal: a training loop whose every feature is a plugin."""
     ctx.meta["epochal.traceback"] = traceback
 
+
+_NPROC_OPTION = click.option(
+    "--nproc",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Train on this many local processes, started by torch's elastic launcher (torchrun's).",
+)
+_BACKEND_OPTION = click.option(
+    "--backend",
+    type=click.Choice(["auto", "gloo", "nccl"]),
+    default=None,
+    help="The process group's backend with several processes (default: [distributed] backend, "
+    "else auto: nccl on GPUs, gloo on CPUs).",
+)
 
 _PLUGINS_HELP = (
     "Call order for this run: these plugins first, in this order; every other installed plugin "
@@ -120,6 +138,14 @@ def _plugin_choice(config: dict[str, Any], order: tuple[str, ...], only: tuple[s
     metavar="[FILE]",
     help="Print every hook call with the plugins called and their durations (to FILE as JSON lines).",
 )
+@_NPROC_OPTION
+@_BACKEND_OPTION
+@click.option(
+    "--port",
+    type=int,
+    default=None,
+    help="With --nproc: the local TCP port of the processes' rendezvous (default: a free one).",
+)
 def run(
     config_file: str,
     order: tuple[str, ...],
@@ -129,6 +155,9 @@ def run(
     resume: str | None,
     profile: bool,
     trace: str | None,
+    nproc: int,
+    backend: str | None,
+    port: int | None,
 ) -> None:
     """Train as CONFIG_FILE (TOML) says.
 
@@ -140,10 +169,14 @@ def run(
     off; --plugins only puts the named ones first, --only runs the named ones and no other. The
     run ends with a summary: last and best metrics, the checkpoint directory, the log database
     and the commands to resume and to plot.
+
+    --nproc N trains on N local processes started by torch's elastic launcher (what torchrun
+    does); `torchrun ... -m epochal run CONFIG` works the same. See docs/scaling-out.md.
     """
     import time
 
     from epochal.config import load_config
+    from epochal.distributed import launched, shutdown
     from epochal.errors import ConfigError
     from epochal.runner import build_loop
     from epochal.summary import RunSummary
@@ -151,34 +184,100 @@ def run(
     if profile:
         overrides = (*overrides, "plugins.timing.table=true")
     config = load_config(config_file, overrides)
+    if backend is not None:
+        config.setdefault("distributed", {})["backend"] = backend
+    if nproc > 1:
+        if launched():
+            raise ConfigError(
+                "--nproc: this process was started by a launcher already (torchrun sets WORLD_SIZE); "
+                "leave --nproc out and let torchrun start the processes"
+            )
+        where = "--backend" if backend is not None else f"{config_file}: [distributed] backend"
+        sys.exit(_launch(config, config_file, nproc, port, order, only, disable, resume, where))
     loop = build_loop(config, _plugin_choice(config, order, only), _split(disable), resume or False)
-    if profile and "timing" not in loop.plugins:
-        raise ConfigError(
-            "--profile needs the 'timing' plugin, which this run does not load (from a clone of "
-            "epochal: pip install plugins/epochal-timing; or name it in --only, or do not disable it)"
-        )
-    if not resume:
-        _refuse_other_runs_checkpoints(loop, config_file)
-    if trace is not None:
-        loop.trace_plugins = trace
-    argv = _without_resume(sys.argv[sys.argv.index(config_file) + 1 :]) if config_file in sys.argv else []
-    summary = RunSummary(config_file, argv)
-    loop.plugin_set.pm.register(summary, name="epochal.summary")
-    loop.hooks.rebuild()
-    started = time.perf_counter()
     try:
-        log = loop.run()
-    except KeyboardInterrupt:  # a third Ctrl-C: stopped at once, nothing saved
-        click.echo(
-            f"epochal: run {loop.run_id} stopped at once by a third SIGINT after {loop.iteration} "
-            "batch(es); nothing was saved at this point",
-            err=True,
-        )
-        sys.exit(128 + signal.SIGINT)
-    for line in summary.lines(loop, time.perf_counter() - started):
-        click.echo(line)
+        if profile and "timing" not in loop.plugins and loop.world.is_zero:
+            raise ConfigError(
+                "--profile needs the 'timing' plugin, which this run does not load (from a clone of "
+                "epochal: pip install plugins/epochal-timing; or name it in --only, or do not disable it)"
+            )
+        if not resume:
+            _refuse_other_runs_checkpoints(loop.plugins.get("checkpoint"), loop, config_file)
+        if trace is not None:
+            loop.trace_plugins = trace
+        argv = _without_resume(sys.argv[sys.argv.index(config_file) + 1 :]) if config_file in sys.argv else []
+        summary = RunSummary(config_file, [*os.environ.get(_LAUNCH_ARGS_ENV, "").split(), *argv])
+        if loop.world.is_zero:  # the run's messages come from rank 0 only
+            loop.plugin_set.pm.register(summary, name="epochal.summary")
+            loop.hooks.rebuild()
+        started = time.perf_counter()
+        try:
+            log = loop.run()
+        except KeyboardInterrupt:  # a third Ctrl-C: stopped at once, nothing saved
+            click.echo(
+                f"epochal: run {loop.run_id} stopped at once by a third SIGINT after {loop.iteration} "
+                "batch(es); nothing was saved at this point",
+                err=True,
+            )
+            sys.exit(128 + signal.SIGINT)
+        if loop.world.is_zero:
+            for line in summary.lines(loop, time.perf_counter() - started):
+                click.echo(line)
+    finally:
+        shutdown()
     if log.status["status"] == "interrupted" and loop.signal_received is not None:
         sys.exit(128 + loop.signal_received)
+
+
+_LAUNCH_ARGS_ENV = "EPOCHAL_LAUNCH_ARGS"
+
+
+def _launch(
+    config: dict[str, Any],
+    config_file: str,
+    nproc: int,
+    port: int | None,
+    order: tuple[str, ...],
+    only: tuple[str, ...],
+    disable: tuple[str, ...],
+    resume: str | None,
+    where: str,
+) -> int:
+    """``epochal run --nproc N``: check what can be checked here, then start N workers."""
+    import shlex
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from epochal.distributed.launch import check_port, last_checkpoint, launch, worker_arguments
+    from epochal.distributed.world import DEFAULT_TIMEOUT, check_backend
+    from epochal.runner import check_run
+
+    section = config.get("distributed", {})
+    check_backend(section.get("backend"), where)
+    check_port(port)
+    checked = check_run(config, _plugin_choice(config, order, only), _split(disable))
+    checkpoint = checked.plugins.get("checkpoint")
+    run = SimpleNamespace(run_dir=config.get("loop", {}).get("run_dir"))
+    if not resume:
+        _refuse_other_runs_checkpoints(checkpoint, run, config_file)
+    argv = worker_arguments(sys.argv[1:])
+    os.environ[_LAUNCH_ARGS_ENV] = f"--nproc {nproc}"  # for the summary's resume command
+
+    def explain(failure: Any) -> str:
+        from epochal.summary import RunSummary
+
+        directory = RunSummary._checkpoints(SimpleNamespace(plugins=checked.plugins, run_dir=run.run_dir))
+        latest = last_checkpoint(Path(directory) if directory is not None else None)
+        after = argv[argv.index(config_file) + 1 :] if config_file in argv else []
+        again = ["epochal", "run", config_file, "--nproc", str(nproc), *_without_resume(after), "--resume"]
+        if latest is None:
+            saved = "no complete checkpoint was written, so a rerun starts afresh"
+        else:
+            saved = f"the last complete checkpoint is {latest}; resume: {shlex.join(again)}"
+        return f"{failure.describe()}, and the other ranks were stopped; {saved}"
+
+    timeout = float(section.get("timeout", DEFAULT_TIMEOUT))
+    return launch(nproc, argv, port=port, shutdown_timeout=timeout, on_failure=explain)
 
 
 def _without_resume(args: list[str]) -> list[str]:
@@ -199,7 +298,7 @@ def _without_resume(args: list[str]) -> list[str]:
     return out
 
 
-def _refuse_other_runs_checkpoints(loop: Any, config_file: str) -> None:
+def _refuse_other_runs_checkpoints(plugin: Any, loop: Any, config_file: str) -> None:
     """A fresh run into a checkpoint directory holding an earlier run's checkpoints is an error.
 
     Mixing two runs' checkpoints in one directory makes ``--resume`` pick whichever is newest;
@@ -209,7 +308,6 @@ def _refuse_other_runs_checkpoints(loop: Any, config_file: str) -> None:
 
     from epochal.errors import ConfigError
 
-    plugin = loop.plugins.get("checkpoint")
     if not callable(getattr(plugin, "directory", None)):
         return
     try:
