@@ -327,7 +327,10 @@ def _refuse_other_runs_checkpoints(plugin: Any, loop: Any, config_file: str) -> 
 @cli.command(name="plugins")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option(
-    "--csv", "as_csv", is_flag=True, help="Print CSV: position, name, status, distribution, version, hooks."
+    "--csv",
+    "as_csv",
+    is_flag=True,
+    help="Print CSV: position, name, status, distribution, version, hooks, rank.",
 )
 @click.option("--order", "show_order", is_flag=True, help="Show the call order of every hook.")
 @click.option(
@@ -343,6 +346,12 @@ def _refuse_other_runs_checkpoints(plugin: Any, loop: Any, config_file: str) -> 
     help="Run every check a run of this config makes before training (plugins, options, order, "
     "requires/conflicts, factories), without training.",
 )
+@click.option(
+    "--nproc",
+    type=click.IntRange(min=1),
+    default=1,
+    help="With --check: also check a run on this many processes (backend; where each plugin runs).",
+)
 def plugins_command(
     as_json: bool,
     as_csv: bool,
@@ -352,6 +361,7 @@ def plugins_command(
     only: tuple[str, ...],
     disable: tuple[str, ...],
     check_file: str | None,
+    nproc: int,
 ) -> None:
     """List installed plugins: distribution, version, hooks, status, position.
 
@@ -369,6 +379,19 @@ def plugins_command(
         checked_config = load_config(check_file)
         checked = check_run(checked_config, _plugin_choice(checked_config, order, only), _split(disable))
         click.echo(f"ok: {check_file}: plugins in call order: {', '.join(checked.plugins) or 'none'}")
+        if nproc > 1:
+            from epochal.distributed.world import check_backend
+
+            backend = check_backend(
+                checked_config.get("distributed", {}).get("backend"), f"{check_file}: [distributed] backend"
+            )
+            ranks = {i.name: i.rank for i in checked.infos if i.status == "loaded"}
+            everywhere = [n for n in checked.plugins if ranks.get(n) != "zero"]
+            zero = [n for n in checked.plugins if ranks.get(n) == "zero"]
+            click.echo(
+                f"ok: on {nproc} processes ({backend}): every rank runs "
+                f"{', '.join(everywhere) or 'no plugin'}; rank 0 only: {', '.join(zero) or 'none'}"
+            )
         return
 
     config = load_config(config_file) if config_file else {}
@@ -387,9 +410,17 @@ def plugins_command(
         return
     if as_csv:
         print_csv(
-            ("position", "name", "status", "distribution", "version", "hooks"),
+            ("position", "name", "status", "distribution", "version", "hooks", "rank"),
             [
-                (i["position"], i["name"], i["status"], i["distribution"], i["version"], " ".join(i["hooks"]))
+                (
+                    i["position"],
+                    i["name"],
+                    i["status"],
+                    i["distribution"],
+                    i["version"],
+                    " ".join(i["hooks"]),
+                    i["rank"],
+                )
                 for i in infos
             ],
         )
@@ -403,11 +434,12 @@ def plugins_command(
             i["name"],
             i["status"],
             f"{i['distribution'] or '-'} {i['version'] or ''}".strip(),
+            {"zero": "rank 0", "all": "all ranks"}.get(i["rank"] or "", "-"),
             ", ".join(i["hooks"]),
         )
         for i in infos
     ]
-    print_table(("#", "name", "status", "distribution", "hooks"), rows, numeric=(0,))
+    print_table(("#", "name", "status", "distribution", "runs on", "hooks"), rows, numeric=(0,))
     for i in infos:
         if i["error"]:
             click.echo(f"{i['name']}: {i['error']}", err=True)
@@ -474,6 +506,8 @@ def new_plugin_command(name: str, directory: str) -> None:
 @click.option(
     "--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", help="Override a config value."
 )
+@_NPROC_OPTION
+@_BACKEND_OPTION
 def check_resume_command(
     config_file: str,
     at: int | None,
@@ -481,14 +515,30 @@ def check_resume_command(
     only: tuple[str, ...],
     disable: tuple[str, ...],
     overrides: tuple[str, ...],
+    nproc: int,
+    backend: str | None,
 ) -> None:
-    """Check that a run interrupted at batch N and resumed matches a straight run bitwise."""
+    """Check that a run interrupted at batch N and resumed matches a straight run bitwise.
+
+    With --nproc N the three runs are `epochal run --nproc N` runs, and every rank's RNG, stream
+    and plugin states are compared too.
+    """
     from epochal.config import load_config
-    from epochal.resumecheck import check_resume
+    from epochal.resumecheck import check_resume, check_resume_processes
 
     config = load_config(config_file, overrides)
     choice = _plugin_choice(config, order, only)
-    report = check_resume(config, at, choice, _split(disable), say=click.echo)
+    if nproc > 1:
+        from epochal.distributed.world import check_backend
+
+        check_backend(backend or config.get("distributed", {}).get("backend"), "--backend")
+        arguments = [a for o in overrides for a in ("--set", o)]
+        arguments += [a for o in order for a in ("--plugins", o)] + [a for o in only for a in ("--only", o)]
+        arguments += [a for o in disable for a in ("--disable", o)]
+        arguments += ["--backend", backend] if backend else []
+        report = check_resume_processes(config_file, nproc, at, arguments, say=click.echo)
+    else:
+        report = check_resume(config, at, choice, _split(disable), say=click.echo)
     if report.left_out:
         click.echo(f"left out (not deterministic): {', '.join(report.left_out)}")
     if report.ok:

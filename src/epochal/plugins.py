@@ -357,6 +357,7 @@ def load_plugins(
         named = name in explicit_set or name in options
         if not named and getattr(objects[name], "autoload", True) is False:
             infos[name].status = "available"  # it asks to be loaded only when named (bundles)
+            infos[name].rank = getattr(objects[name], "rank", None)
             continue
         table = options.get(name, {})
         own = own_options(objects[name])  # a plugin's own option of a trigger key's name wins

@@ -144,8 +144,9 @@ def launch(
         shutdown_timeout=int(shutdown_timeout),
     )
     # torch's agent logs every step of a failure (and a page of report); epochal says it in one line
-    for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
+    for name in list(logging.root.manager.loggerDict):
+        if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher")):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
         elastic_launch(config, entrypoint=sys.executable)("-m", "epochal", *argv)
     except SignalException as raised:
