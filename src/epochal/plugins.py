@@ -171,9 +171,14 @@ RANKS = ("all", "zero")
 def plugin_rank(name: str, plugin: object, parent: object = None) -> str:
     """Where *plugin* runs on several processes: ``all`` ranks (default) or rank ``zero`` only.
 
-    A composite's children run where the composite does unless they say otherwise.
+    It is read from the plugin's class (or module), so an instance attribute that happens to be
+    called ``rank`` means nothing here. A composite's children run where the composite does
+    unless they say otherwise.
     """
-    rank = getattr(plugin, "rank", getattr(parent, "rank", "all"))
+    rank = _declared_rank(plugin)
+    if rank is None:
+        rank = _declared_rank(parent) if parent is not None else None
+    rank = "all" if rank is None else rank
     if rank not in RANKS:
         raise PluginError(
             f"plugin {name!r} declares rank = {rank!r}; a plugin runs on 'all' ranks or on rank 'zero' only"
@@ -357,7 +362,7 @@ def load_plugins(
         named = name in explicit_set or name in options
         if not named and getattr(objects[name], "autoload", True) is False:
             infos[name].status = "available"  # it asks to be loaded only when named (bundles)
-            infos[name].rank = getattr(objects[name], "rank", None)
+            infos[name].rank = _declared_rank(objects[name])
             continue
         table = options.get(name, {})
         own = own_options(objects[name])  # a plugin's own option of a trigger key's name wins
@@ -484,6 +489,12 @@ def _assemble(
     ]
     plugin_set.elsewhere = elsewhere
     return plugin_set
+
+
+def _declared_rank(plugin: object) -> Any:
+    """The ``rank`` attribute of *plugin*'s class, or of the module/class that is the plugin."""
+    owner = plugin if inspect.ismodule(plugin) or inspect.isclass(plugin) else type(plugin)
+    return getattr(owner, "rank", None)
 
 
 def _this_rank() -> int:
