@@ -1,8 +1,8 @@
 """A tiny data-parallel regression for the multi-process tests (copied beside each test's config).
 
-The gradient is averaged over the ranks with ``World.all_reduce`` (what DDP does for a torch
-module); each rank trains on its own shard of the examples (``x[rank::size]``), and the
-evaluation stream is sharded the same way, so its reduced metrics are those of the whole stream.
+The gradient is averaged over the ranks with ``World.all_reduce_arrays`` (what DDP does for a
+torch module) once the loop called ``distribute(world)``; the loop gives each rank its own shard
+of the train and evaluation streams, so the reduced evaluation metrics are the whole stream's.
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ class Model:
         self.delay = delay
         self.world = current_world()
 
+    def distribute(self, world: Any) -> None:
+        self.world = world
+
     def train_step(self, batch: Any) -> dict[str, float]:
         x, y = batch
         if self.delay:
@@ -36,7 +39,7 @@ class Model:
         # is averaged with the gradients: the ranks' models stay equal, as DDP keeps them)
         noise = np.random.normal(scale=1e-6, size=3 + self.world.rank)[:3]
         grad = x.T @ error / len(x) + noise
-        grad = np.array(self.world.all_reduce(grad.tolist(), "sum")) / self.world.size
+        grad = self.world.all_reduce_arrays([grad])[0] / self.world.size
         self.w = self.w - self.lr * grad
         return {"loss": float((error**2).mean())}
 
@@ -57,14 +60,12 @@ def make_model(lr: float = 0.1, seed: int = 0, delay: float = 0.0) -> Model:
 
 def make_data(examples: int = 64, batch_size: int = 4, seed: int = 0, valid: int = 30) -> dict[str, Any]:
     """8 batches per rank and epoch on 2 processes (16 on one); a valid stream of *valid* examples."""
-    world = current_world()
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(examples, 3))
     y = x @ np.array([1.0, -2.0, 0.5]) + 0.1 * rng.normal(size=examples)
-    r, n = world.rank, world.size
     return {
-        "train": BatchStream(x[r::n], y[r::n], batch_size=batch_size, seed=seed),
-        "valid": BatchStream(x[:valid][r::n], y[:valid][r::n], batch_size=4, shuffle=False),
+        "train": BatchStream(x, y, batch_size=batch_size, seed=seed),
+        "valid": BatchStream(x[:valid], y[:valid], batch_size=4, shuffle=False),
     }
 
 

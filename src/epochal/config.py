@@ -36,6 +36,7 @@ LOOP_OPTIONS: dict[str, Any] = {
     "on_empty_batch": Literal["error", "warn", "ignore"],
     "on_empty_stream": Literal["error", "warn", "ignore"],
     "run_dir": str,
+    "uneven_shards": Literal["error", "drop", "pad"],
 }
 PLUGINS_OPTIONS: dict[str, Any] = {"order": list[str], "disable": list[str], "autoload": bool}
 #: the keys of ``[distributed]`` (runs on several processes) and their types.

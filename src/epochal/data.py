@@ -18,11 +18,61 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from numbers import Integral
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 _STATE_KEYS = frozenset({"seed", "epoch", "position"})
+#: what a shard does with the examples left over when the world size does not divide them.
+Remainder = Literal["error", "drop", "pad", "keep"]
+REMAINDERS = ("error", "drop", "pad", "keep")
+
+
+class UnevenShardsError(ValueError):
+    """The processes would get different numbers of batches (remainder ``"error"``).
+
+    :param count: the number of items (examples, or batches) to share.
+    :param size: the number of processes.
+    :param unit: what is counted (``"examples"`` or ``"batches"``).
+    """
+
+    def __init__(self, count: int, size: int, unit: str = "examples") -> None:
+        self.count, self.size, self.unit = count, size, unit
+        self.left_over = count % size
+        super().__init__(
+            f"{count} {unit} cannot be shared evenly by {size} processes ({self.left_over} left over)"
+        )
+
+
+def shard_indices(
+    order: np.ndarray, rank: int, size: int, remainder: Remainder, unit: str = "examples"
+) -> np.ndarray:
+    """The part of *order* that rank *rank* of *size* takes: ``order[rank::size]``.
+
+    Like ``torch.utils.data.DistributedSampler``: every rank derives the same *order*, the
+    ranks take interleaved items, so the first ``k`` items of every rank together are the first
+    ``k * size`` items of *order*. With a remainder (``len(order) % size``), ``"drop"`` leaves
+    the last items of *order* out, ``"pad"`` repeats its first items, ``"keep"`` lets the first
+    ranks have one item more, and ``"error"`` raises :class:`UnevenShardsError`.
+    """
+    n = len(order)
+    extra = n % size
+    if extra:
+        if remainder == "error":
+            raise UnevenShardsError(n, size, unit)
+        if remainder == "drop":
+            order = order[: n - extra]
+        elif remainder == "pad":
+            order = np.resize(order, n + size - extra) if n else order
+    return order[rank::size]
+
+
+def check_shard(rank: int, size: int, remainder: str) -> None:
+    """Raise ValueError unless ``0 <= rank < size`` and *remainder* is one of :data:`REMAINDERS`."""
+    if not _is_int(size) or size < 1 or not _is_int(rank) or not 0 <= rank < size:
+        raise ValueError(f"a shard needs 0 <= rank < size, got rank {rank!r} of size {size!r}")
+    if remainder not in REMAINDERS:
+        raise ValueError(f"remainder must be one of {', '.join(REMAINDERS)}, not {remainder!r}")
 
 
 class BatchStream:
@@ -44,6 +94,11 @@ class BatchStream:
 
     Batches are tuples with one array per input array, or the batch array itself when a single
     array was given. Every batch is a fresh array (fancy indexing), never a view of the inputs.
+
+    On several processes the loop trains each on its own shard (:meth:`shard`): every rank
+    derives the same order of an epoch and takes every ``size``-th example of it, then cuts its
+    part into batches of ``batch_size`` (a batch size per process, as with torch's
+    ``DistributedSampler``).
     """
 
     def __init__(
@@ -76,6 +131,30 @@ class BatchStream:
         self._position = 0
         n, b = self.num_examples, self.batch_size
         self._num_batches = n // b if drop_last else -(-n // b)
+        #: this stream's shard: rank ``rank`` of ``shards`` (0 of 1: the whole data).
+        self.rank, self.shards = 0, 1
+        self.remainder: Remainder = "keep"
+
+    def shard(self, rank: int, size: int, remainder: Remainder = "keep") -> BatchStream:
+        """A stream over rank *rank*'s part of every epoch, for *size* processes.
+
+        Epoch ``e``'s order is the same on every rank; rank ``r`` takes ``order[r::size]`` (see
+        :func:`shard_indices` for *remainder*, applied to the examples). The shard starts at
+        epoch 0, position 0, with this stream's seed and options; its state adds
+        ``"world_size"``, and a state saved on another number of processes loads only at an
+        epoch boundary (position 0).
+
+        :raises UnevenShardsError: *remainder* is ``"error"`` and *size* does not divide the examples.
+        """
+        check_shard(rank, size, remainder)
+        part = BatchStream(
+            *self.arrays, batch_size=self.batch_size, shuffle=self.shuffle, seed=self._seed,
+            drop_last=self.drop_last,
+        )  # fmt: skip
+        part.rank, part.shards, part.remainder = rank, size, remainder
+        n = len(shard_indices(np.arange(self.num_examples), rank, size, remainder))
+        part._num_batches = n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        return part
 
     @property
     def seed(self) -> int:
@@ -102,10 +181,17 @@ class BatchStream:
             return np.random.default_rng([self._seed, epoch]).permutation(self.num_examples)
         return np.arange(self.num_examples)
 
+    def indices(self, epoch: int) -> np.ndarray:
+        """The indices of the examples this stream's shard visits in *epoch*, in order."""
+        order = self.order(epoch)
+        if self.shards == 1:
+            return order
+        return shard_indices(order, self.rank, self.shards, self.remainder)
+
     def __iter__(self) -> Iterator[Any]:
         """Yield the remaining batches of the current epoch, advancing the stored position."""
         epoch, position = self._epoch, self._position
-        order = self.order(epoch)
+        order = self.indices(epoch)
         arrays, size, single = self.arrays, self.batch_size, len(self.arrays) == 1
         for k in range(position, self._num_batches):
             if (self._epoch, self._position) != (epoch, k):
@@ -120,8 +206,15 @@ class BatchStream:
             self._epoch, self._position = epoch + 1, 0
 
     def state_dict(self) -> dict[str, int]:
-        """Return ``{"seed", "epoch", "position"}``: the stream's state, as plain ints."""
-        return {"seed": self._seed, "epoch": self._epoch, "position": self._position}
+        """Return ``{"seed", "epoch", "position"}``: the stream's state, as plain ints.
+
+        A shard adds ``"world_size"``. Every rank's train shard has the same state (the
+        ranks take the same number of batches), so one rank's state stands for all.
+        """
+        state = {"seed": self._seed, "epoch": self._epoch, "position": self._position}
+        if self.shards > 1:
+            state["world_size"] = self.shards
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a state returned by :meth:`state_dict` of a stream with the same seed.
@@ -129,7 +222,7 @@ class BatchStream:
         :raises ValueError: on missing or unknown keys, a different seed, or a negative or
             out-of-range epoch or position.
         """
-        keys = set(state)
+        keys = set(state) - {"world_size"}
         if keys != _STATE_KEYS:
             problems = []
             if missing := _STATE_KEYS - keys:
@@ -137,6 +230,7 @@ class BatchStream:
             if unknown := keys - _STATE_KEYS:
                 problems.append(f"unknown keys {sorted(map(str, unknown))}")
             raise ValueError("invalid BatchStream state: " + "; ".join(problems))
+        check_world_size(state, self.shards, "BatchStream")
         for key in sorted(_STATE_KEYS):
             if not _is_int(state[key]) or state[key] < 0:
                 raise ValueError(
@@ -160,6 +254,22 @@ class BatchStream:
             f"BatchStream(n={self.num_examples}, arrays={len(self.arrays)}, "
             f"batch_size={self.batch_size}, shuffle={self.shuffle}, seed={self._seed}, "
             f"drop_last={self.drop_last}, epoch={self._epoch}, position={self._position})"
+        )
+
+
+def check_world_size(state: Mapping[str, Any], size: int, what: str) -> None:
+    """Refuse a stream *state* saved mid-epoch on another number of processes than *size*.
+
+    At an epoch boundary (position 0) the next epoch is sharded afresh for *size* processes.
+    """
+    saved = state.get("world_size", 1)
+    if not _is_int(saved) or saved < 1:
+        raise ValueError(f"invalid {what} state: 'world_size' must be a positive int, got {saved!r}")
+    if saved != size and state.get("position"):
+        raise ValueError(
+            f"cannot resume a {what} saved in the middle of an epoch on {saved} process(es) on "
+            f"{size}: the shards of that epoch differ; resume on {saved} process(es), or from a "
+            "checkpoint saved at the end of an epoch"
         )
 
 

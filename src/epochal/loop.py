@@ -40,6 +40,14 @@ class Model(Protocol):
     call hooks of its own, such as ``before_optimizer_step``), ``begin_evaluation(stream)``
     before an evaluation stream, and ``end_evaluation(stream) -> Mapping[str, Any]`` after it,
     whose values (metrics over the whole stream) replace the batch means of the same name.
+
+    On several processes (``torchrun``, ``epochal run --nproc``) the loop calls the model's
+    ``distribute(world)`` once, before ``attach``: the model makes its training steps agree
+    across the ranks of *world* (an :class:`epochal.distributed.World`), e.g. by averaging its
+    gradients (:class:`epochal.torch.TorchModel` wraps its module in ``DistributedDataParallel``).
+    A model without it cannot train on several processes (a ``ConfigError`` says so). Each rank
+    trains on its own shard of the data; ``end_evaluation`` values must be those of the whole
+    stream (sync metric objects across the ranks, as torchmetrics does by itself).
     """
 
     def train_step(self, batch: Any) -> Mapping[str, Any]:
@@ -101,6 +109,10 @@ class Loop:
         (default: from ``EPOCHAL_TRACE_PLUGINS``).
     :param world: this process's place among the processes training together (default: the
         world :func:`epochal.distributed.init_from_env` joined; one process when none).
+    :param uneven_shards: on several processes, what to do when the train stream's examples
+        cannot be shared evenly by the processes: ``error`` (before training), ``drop`` (leave
+        the remainder of each epoch's order out) or ``pad`` (repeat its first examples).
+        Evaluation streams are shared out whole (the ranks' parts may differ by one batch).
     """
 
     def __init__(
@@ -123,6 +135,7 @@ class Loop:
         handle_signals: bool = True,
         trace_plugins: str | None = None,
         world: World | None = None,
+        uneven_shards: Literal["error", "drop", "pad"] = "error",
     ) -> None:
         if "train" not in data:
             raise ConfigError(
@@ -141,8 +154,10 @@ class Loop:
         #: rank and size of the run's processes (``World()``: one process).
         self.world = world if world is not None else current_world()
         self.model = model
-        self.data = {name: _wrap_stream(stream, seed) for name, stream in data.items()}
         self._source: str | None = getattr(config, "source", None)
+        self.data = {name: _wrap_stream(stream, seed) for name, stream in data.items()}
+        if self.world.distributed:
+            self.data = self._shard_data(uneven_shards, seed)
         self._plugin_set = plugins if isinstance(plugins, PluginSet) else compose(plugins or {})
         self._plugin_set.check_dependencies()
         #: plugin instances by name, in call order.
@@ -197,9 +212,37 @@ class Loop:
             self._agreement = Agreement(self.world)
             self._plugin_set.pm.register(self._agreement, name="epochal.agreement")
             self._plugin_set.hooks.rebuild()
+            self._distribute_model()
         attach = getattr(model, "attach", None)
         if callable(attach):
             attach(self)
+
+    def _shard_data(self, uneven: str, seed: int | None) -> dict[str, Any]:
+        """This rank's shard of every stream."""
+        from epochal.distributed.sharding import UNEVEN_SHARDS, shard_stream
+
+        where = f"{self._source}: [loop] uneven_shards" if self._source else "uneven_shards"
+        if uneven not in UNEVEN_SHARDS:
+            raise ConfigError(f"{where} must be one of {', '.join(UNEVEN_SHARDS)}, not {uneven!r}")
+        world = self.world
+        return {
+            name: shard_stream(name, stream, world.rank, world.size, uneven, seed, self._source or "")
+            for name, stream in self.data.items()
+        }
+
+    def _distribute_model(self) -> None:
+        """The model's ``distribute(world)``: its steps agree across the ranks."""
+        model = self.model
+        distribute = getattr(model, "distribute", None)
+        if not callable(distribute):
+            kind = type(model)
+            raise ConfigError(
+                f"the model ({kind.__module__}.{kind.__qualname__}) has no distribute(world) method, "
+                f"so it cannot train on {self.world.size} processes: each would train its own copy. "
+                "Give it one that averages the gradients across the ranks (see the Model protocol; "
+                "epochal.torch.TorchModel has one), or run on one process"
+            )
+        distribute(self.world)
 
     def _schedule(self, every: int | Mapping[str, int]) -> dict[str, int]:
         """``[loop] eval_every_n_epochs`` as ``stream → n`` (0: never)."""

@@ -85,7 +85,7 @@ class DigitsMLP:
 
     Implements the epochal model protocol: ``train_step``, ``eval_step`` (each taking a batch
     ``(x, y)`` and returning ``{"loss", "accuracy"}`` as Python floats), ``state_dict`` and
-    ``load_state_dict``.
+    ``load_state_dict``, and ``distribute`` (several processes average their gradients).
     """
 
     PARAMS = ("W1", "b1", "W2", "b2")
@@ -116,6 +116,16 @@ class DigitsMLP:
         self.velocity: dict[str, np.ndarray] = (
             {f"v_{k}": np.zeros_like(v) for k, v in self.params.items()} if momentum else {}
         )
+        self.world: Any = None
+
+    def distribute(self, world: Any) -> None:
+        """Train with the other ranks of *world*: rank 0's parameters, gradients averaged.
+
+        Each step all-reduces the four gradients (one host collective) and divides by the
+        world size, as DDP does, so every rank takes the same step.
+        """
+        self.load_state_dict(world.broadcast_object(self.state_dict()))
+        self.world = world if world.size > 1 else None
 
     def _forward(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         p = self.params
@@ -145,6 +155,10 @@ class DigitsMLP:
         dh = dlogits @ p["W2"].T
         dh[h <= 0] = 0
         grads = {"W1": x.T @ dh, "b1": dh.sum(0), "W2": h.T @ dlogits, "b2": dlogits.sum(0)}
+        if self.world is not None:  # the mean of the ranks' gradients (their batches are equal)
+            summed = self.world.all_reduce_arrays(list(grads.values()))
+            size = DTYPE(self.world.size)
+            grads = {name: grad / size for name, grad in zip(grads, summed)}
         lr, wd, mu = DTYPE(self.lr), DTYPE(self.weight_decay), DTYPE(self.momentum)
         for name, grad in grads.items():
             if wd and name.startswith("W"):

@@ -8,9 +8,14 @@ in the epoch as state. Resuming at batch *k* builds a one-off DataLoader over th
 batches of the same order (same dataset, collate function, workers, pinning), so no sample is
 loaded twice. The loop wraps every DataLoader it is given in a LoaderStream by itself.
 
-Worker processes get seeds from ``(seed, epoch)`` too; which worker loads which batch after a
-mid-epoch resume differs, so random augmentations drawn inside workers repeat exactly only
-when they derive from the sample (not from the worker's generator).
+Worker processes get seeds from ``(seed, epoch)`` too (and the rank, on several processes);
+which worker loads which batch after a mid-epoch resume differs, so random augmentations drawn
+inside workers repeat exactly only when they derive from the sample (not from the worker's
+generator).
+
+On several processes the loop gives each rank its shard (:meth:`LoaderStream.shard`), as
+``DistributedSampler`` would: the epoch's order is the same on every rank and rank ``r`` takes
+every ``size``-th example of it (every ``size``-th batch for a custom ``batch_sampler``).
 """
 
 from __future__ import annotations
@@ -21,6 +26,9 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data.distributed import DistributedSampler
+
+from epochal.data import Remainder, UnevenShardsError, check_shard, check_world_size, shard_indices
 
 __all__ = ["LoaderStream", "is_dataloader"]
 
@@ -32,8 +40,8 @@ def is_dataloader(stream: Any) -> bool:
     return isinstance(stream, DataLoader)
 
 
-def _generator(seed: int, epoch: int, purpose: int) -> torch.Generator:
-    value = int(np.random.SeedSequence([seed, epoch, purpose]).generate_state(1, np.uint64)[0] >> 1)
+def _generator(seed: int, epoch: int, purpose: int, *rank: int) -> torch.Generator:
+    value = int(np.random.SeedSequence([seed, epoch, purpose, *rank]).generate_state(1, np.uint64)[0] >> 1)
     return torch.Generator().manual_seed(value)
 
 
@@ -66,10 +74,74 @@ class LoaderStream:
         self._seed = int(seed)
         self._epoch = 0
         self._position = 0
+        #: this stream's shard: rank ``rank`` of ``shards`` (0 of 1: the whole data).
+        self.rank, self.shards = 0, 1
+        self.remainder: Remainder = "keep"
+        self._shard_batches: int | None = None
+
+    def shard(self, rank: int, size: int, remainder: Remainder = "keep") -> LoaderStream:
+        """A stream over rank *rank*'s part of every epoch, for *size* processes.
+
+        Map-style datasets: the sampler's order of an epoch (the same on every rank, from
+        ``(seed, epoch)``) is shared out example by example (``order[rank::size]``, *remainder*
+        as in :func:`epochal.data.shard_indices`) and each rank's part is cut into batches of the
+        loader's ``batch_size`` and ``drop_last``; with a custom ``batch_sampler`` whole batches
+        are shared out. A loader whose sampler is already a ``DistributedSampler`` for this
+        rank and size is used as it is. The workers' seeds include the rank.
+
+        :raises UnevenShardsError: *remainder* is ``"error"`` and *size* does not divide the data.
+        :raises ValueError: a DataLoader over an ``IterableDataset``, or a ``DistributedSampler``
+            for another rank or size.
+        """
+        check_shard(rank, size, remainder)
+        loader = self.loader
+        part = LoaderStream(loader, seed=self._seed)
+        part.rank, part.shards, part.remainder = rank, size, remainder
+        sampler = getattr(loader, "sampler", None)
+        if isinstance(sampler, DistributedSampler):
+            if (sampler.rank, sampler.num_replicas) != (rank, size):
+                raise ValueError(
+                    f"the DataLoader's DistributedSampler is for rank {sampler.rank} of "
+                    f"{sampler.num_replicas} processes, but this is rank {rank} of {size}"
+                )
+            return part  # torch's sampler shards it already (told the epoch each time)
+        if isinstance(loader.dataset, IterableDataset):
+            raise ValueError(
+                "a DataLoader over an IterableDataset cannot be sharded by epochal (it has no "
+                "indices to share out): give the stream a shard(rank, size, remainder) method that "
+                "returns this rank's part, or use a map-style dataset"
+            )
+        if loader.batch_size is None:  # a custom batch_sampler: share out whole batches
+            count = len(loader.batch_sampler)  # type: ignore[arg-type]
+            if remainder == "error" and count % size:
+                raise UnevenShardsError(count, size, "batches")
+            part._shard_batches = len(shard_indices(np.arange(count), rank, size, remainder))
+        else:
+            n = len(shard_indices(np.arange(len(sampler)), rank, size, remainder))  # type: ignore[arg-type]
+            b = loader.batch_size
+            part._shard_batches = n // b if loader.drop_last else -(-n // b)
+        return part
 
     def __len__(self) -> int:
         """The number of batches per epoch (when the DataLoader knows it)."""
+        if self._shard_batches is not None:
+            return self._shard_batches
         return len(self.loader)
+
+    def _batches(self) -> list[list[int]]:
+        """This shard's batches of the epoch the loader is prepared for."""
+        loader = self.loader
+        if loader.batch_size is None:
+            batches = list(loader.batch_sampler)  # type: ignore[arg-type]
+            chosen = shard_indices(np.arange(len(batches)), self.rank, self.shards, self.remainder)
+            return [list(batches[i]) for i in chosen]
+        order = np.asarray(list(loader.sampler), dtype=np.int64)
+        mine = shard_indices(order, self.rank, self.shards, self.remainder).tolist()
+        b = loader.batch_size
+        batches = [mine[i : i + b] for i in range(0, len(mine), b)]
+        if loader.drop_last and batches and len(batches[-1]) < b:
+            batches.pop()
+        return batches
 
     def _prepare(self, epoch: int) -> None:
         loader = self.loader
@@ -77,15 +149,20 @@ class LoaderStream:
         if callable(getattr(sampler, "set_epoch", None)):
             sampler.set_epoch(epoch)  # type: ignore[union-attr]
         elif sampler is not None and hasattr(sampler, "generator"):
-            sampler.generator = _generator(self._seed, epoch, 0)
-        loader.generator = _generator(self._seed, epoch, 1)
+            sampler.generator = _generator(self._seed, epoch, 0)  # the same order on every rank
+        ranks = (self.rank,) if self.shards > 1 else ()
+        loader.generator = _generator(self._seed, epoch, 1, *ranks)  # the workers' seeds
 
     def __iter__(self) -> Iterator[Any]:
         """Yield the remaining batches of the current epoch, advancing the stored position."""
         epoch, position = self._epoch, self._position
         self._prepare(epoch)
         loader = self.loader
-        if position == 0:
+        if self._shard_batches is not None:
+            batches = self._batches()[position:]
+            self._prepare(epoch)  # the workers' seeds as the full epoch's loader had them
+            iterator = iter(self._rest(batches))
+        elif position == 0:
             iterator = iter(loader)
         elif not isinstance(loader.dataset, IterableDataset) and loader.batch_sampler is not None:
             # map-style: the rest of this epoch's batches
@@ -123,18 +200,22 @@ class LoaderStream:
         return DataLoader(loader.dataset, **options)
 
     def state_dict(self) -> dict[str, int]:
-        """``{"seed", "epoch", "position"}`` as plain ints."""
-        return {"seed": self._seed, "epoch": self._epoch, "position": self._position}
+        """``{"seed", "epoch", "position"}`` as plain ints (a shard adds ``"world_size"``)."""
+        state = {"seed": self._seed, "epoch": self._epoch, "position": self._position}
+        if self.shards > 1:
+            state["world_size"] = self.shards
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a state from :meth:`state_dict` of a stream with the same seed.
 
         :raises ValueError: on missing or unknown keys, another seed, or a bad epoch/position.
         """
-        if set(state) != _STATE_KEYS:
+        if set(state) - {"world_size"} != _STATE_KEYS:
             raise ValueError(
                 f"invalid LoaderStream state: keys {sorted(map(str, state))}, expected {sorted(_STATE_KEYS)}"
             )
+        check_world_size(state, self.shards, "LoaderStream")
         for key in sorted(_STATE_KEYS):
             value = state[key]
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:

@@ -14,10 +14,12 @@ checkpoint needs neither pickle nor torch to be read, and restoring it is bitwis
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from epochal.errors import ConfigError
 from epochal.torch.checks import check_module, check_optimizer, compare_keys
@@ -55,6 +57,8 @@ class TorchModel:
         run, across epoch boundaries; a partial window is saved in checkpoints.
     :param gradient_clip_val: clip gradients before each optimizer step (None: no clipping).
     :param gradient_clip_algorithm: ``"norm"`` (total 2-norm) or ``"value"`` (each element).
+    :param ddp_options: keyword arguments for ``DistributedDataParallel`` on several processes
+        (``find_unused_parameters``, ``static_graph``, ``bucket_cap_mb``, ...).
 
     A batch is ``(inputs, targets)`` or a mapping with ``"inputs"`` and ``"targets"``; arrays
     and tensors in it (nested in tuples, lists, dicts) are moved to the device. Each step
@@ -63,6 +67,13 @@ class TorchModel:
 
     Between ``backward()`` and the optimizer step, the loop's ``before_optimizer_step`` hook is
     called (gradients unscaled, not yet clipped), so a plugin can read or change gradients.
+
+    On several processes the loop calls :meth:`distribute`: the module is wrapped in
+    ``DistributedDataParallel`` (gradients averaged across the ranks at every optimizer step,
+    not on the accumulation steps between), evaluation runs the unwrapped module (no
+    collectives, so the ranks' evaluation shards may differ in length), metric objects are
+    synced across the ranks when computed, and the state keeps the module's own names, so a
+    checkpoint of N processes loads on one and the other way round.
     """
 
     def __init__(
@@ -77,6 +88,7 @@ class TorchModel:
         accumulate_grad_batches: int = 1,
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: Literal["norm", "value"] = "norm",
+        ddp_options: Mapping[str, Any] | None = None,
     ) -> None:
         if isinstance(accumulate_grad_batches, bool) or not isinstance(accumulate_grad_batches, int):
             raise ConfigError(
@@ -124,6 +136,44 @@ class TorchModel:
         self.optimizer_steps = 0
         self.optimizer_stepped = False
         self._loop: Any = None
+        self.ddp_options = dict(ddp_options or {})
+        #: the world of :meth:`distribute` (None: one process); ``_ddp`` the DDP wrapper.
+        self.world: Any = None
+        self._ddp: DistributedDataParallel | None = None
+        #: the module evaluation runs (``module`` without the DDP wrapper).
+        self._eval_module: torch.nn.Module = self.module
+
+    def distribute(self, world: Any) -> None:
+        """Train on the ranks of *world* (an :class:`epochal.distributed.World`): wrap in DDP.
+
+        Called once by the loop, before training. On CUDA the module moves to this rank's GPU
+        (``cuda:LOCAL_RANK``); DDP broadcasts rank 0's parameters and buffers to every rank.
+
+        :raises ConfigError: a CPU module under the NCCL backend.
+        """
+        if self._ddp is not None or world.size < 2:
+            return
+        device = self.device
+        if device.type == "cuda":
+            device = torch.device("cuda", world.local_rank % torch.cuda.device_count())
+        elif world.backend == "nccl":
+            raise ConfigError(
+                f"TorchModel device {str(device)!r} cannot train under the NCCL backend (GPUs only): "
+                "use device = 'auto' or 'cuda', or [distributed] backend = 'gloo'"
+            )
+        if device != self.device:
+            self.device = device
+            self.precision = Precision(self.precision.name, device)
+            self.module.to(device)
+            for metric in self._stream_metrics.values():
+                if isinstance(metric, torch.nn.Module):
+                    metric.to(device)
+        options: dict[str, Any] = {"device_ids": [device] if device.type == "cuda" else None}
+        options.update(self.ddp_options)
+        self._eval_module = self.module
+        self._ddp = DistributedDataParallel(self.module, **options)
+        self.module = self._ddp
+        self.world = world
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -133,9 +183,12 @@ class TorchModel:
 
     @property
     def raw_module(self) -> torch.nn.Module:
-        """The module whose parameters are trained (inside ``torch.compile``'s wrapper)."""
+        """The module whose parameters are trained (inside the DDP and ``torch.compile`` wrappers)."""
         module = self.module
         while True:
+            if isinstance(module, DistributedDataParallel):
+                module = module.module
+                continue
             inner = getattr(module, "_orig_mod", None)
             if not isinstance(inner, torch.nn.Module):
                 return module
@@ -148,12 +201,13 @@ class TorchModel:
         inputs, targets = batch
         return inputs, targets
 
-    def _forward(self, inputs: Any) -> Any:
+    @staticmethod
+    def _forward(module: torch.nn.Module, inputs: Any) -> Any:
         if isinstance(inputs, Mapping):
-            return self.module(**inputs)
+            return module(**inputs)
         if isinstance(inputs, (tuple, list)):
-            return self.module(*inputs)
-        return self.module(inputs)
+            return module(*inputs)
+        return module(inputs)
 
     # -- steps --------------------------------------------------------------------------------
 
@@ -163,11 +217,14 @@ class TorchModel:
         if not self.module.training:  # train() walks every submodule: only when needed
             self.module.train()
         precision = self.precision
-        with precision.autocast():
-            outputs = self._forward(inputs)
-            loss = self.loss_fn(outputs, targets)
         window = self.accumulate_grad_batches
-        precision.backward(loss / window if window > 1 else loss)
+        # DDP all-reduces in backward(): only on the batch that steps the optimizer
+        sync = self._ddp is None or self.accumulated + 1 >= window
+        with contextlib.nullcontext() if sync else self._ddp.no_sync():  # type: ignore[union-attr]
+            with precision.autocast():
+                outputs = self._forward(self.module, inputs)
+                loss = self.loss_fn(outputs, targets)
+            precision.backward(loss / window if window > 1 else loss)
         self.accumulated += 1
         self.optimizer_stepped = self.accumulated >= window
         if self.optimizer_stepped:
@@ -197,14 +254,16 @@ class TorchModel:
         """The loss and batch metrics on *batch* in eval mode, without gradients.
 
         Metric objects are updated with the batch; :meth:`end_evaluation` computes them. The
-        training mode of every submodule is restored afterwards.
+        training mode of every submodule is restored afterwards. On several processes the
+        module runs without its DDP wrapper: evaluation takes no collective.
         """
         inputs, targets = self._split(batch)
-        modes = [(m, m.training) for m in self.module.modules()]
-        self.module.eval()
+        module = self._eval_module
+        modes = [(m, m.training) for m in module.modules()]
+        module.eval()
         try:
             with torch.no_grad(), self.precision.autocast():
-                outputs = self._forward(inputs)
+                outputs = self._forward(module, inputs)
                 loss = self.loss_fn(outputs, targets)
                 for metric in self._stream_metrics.values():
                     metric.update(outputs, targets)
@@ -219,7 +278,11 @@ class TorchModel:
             metric.reset()
 
     def end_evaluation(self, stream: str) -> dict[str, Any]:
-        """The metric objects' values over the whole stream (numbers, or lists for tensors)."""
+        """The metric objects' values over the whole stream (numbers, or lists for tensors).
+
+        On several processes torchmetrics' ``compute()`` gathers the states of every rank (a
+        collective: every rank calls this), so each value is that of the whole stream.
+        """
         results: dict[str, Any] = {}
         for name, metric in self._stream_metrics.items():
             value = metric.compute()
@@ -245,7 +308,9 @@ class TorchModel:
         """``{"module", "optimizer", "steps"}`` (+ ``"scaler"`` under 16-mixed) as plain data.
 
         ``steps`` holds the accumulation window's position and, inside a window, the
-        gradients gathered so far, so a run resumed mid-window continues exactly.
+        gradients gathered so far, so a run resumed mid-window continues exactly. On several
+        processes those are each rank's own (``steps.rank_grads``, gathered from every rank: a
+        collective inside a window, so every rank calls this); the rest is the same on every rank.
         """
         module = self.raw_module
         optimizer = self.optimizer.state_dict()
@@ -258,9 +323,11 @@ class TorchModel:
             "steps": {"accumulated": self.accumulated, "optimizer_steps": self.optimizer_steps},
         }
         if self.accumulated:
-            state["steps"]["grads"] = {
-                name: to_plain(p.grad) for name, p in module.named_parameters() if p.grad is not None
-            }
+            grads = {name: to_plain(p.grad) for name, p in module.named_parameters() if p.grad is not None}
+            if self._ddp is not None:
+                state["steps"]["rank_grads"] = self.world.all_gather_object(grads)
+            else:
+                state["steps"]["grads"] = grads
         if self.precision.scaler is not None:
             state["scaler"] = to_plain(self.precision.scaler.state_dict())
         return state
@@ -288,6 +355,15 @@ class TorchModel:
                 f"steps.accumulated: saved {accumulated} batches into an accumulation window, but "
                 f"accumulate_grad_batches is {self.accumulate_grad_batches}"
             )
+        elif accumulated:
+            saved = len(steps["rank_grads"]) if isinstance(steps.get("rank_grads"), list) else 1
+            size = self.world.size if self._ddp is not None else 1
+            if saved != size:
+                problems.append(
+                    f"steps: saved inside a gradient accumulation window on {saved} process(es), "
+                    f"whose gradients are each process's own; resume on {saved} process(es), or "
+                    "from a checkpoint saved at an optimizer step"
+                )
         return problems
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -318,6 +394,8 @@ class TorchModel:
         self.accumulated = int(steps.get("accumulated", 0))
         self.optimizer_steps = int(steps.get("optimizer_steps", 0))
         grads = steps.get("grads", {})
+        if "rank_grads" in steps:
+            grads = steps["rank_grads"][self.world.rank]
         for name, param in module.named_parameters():
             param.grad = from_plain(grads[name], param) if name in grads else None
         if self.precision.scaler is not None and "scaler" in state:
