@@ -664,6 +664,12 @@ def check_fits(loop: Loop, state: Mapping[str, Any], where: Path) -> None:
             f"checkpoint {str(where)!r} holds loop state format {state.get('format')!r}; this "
             f"epochal reads format {STATE_FORMAT}"
         )
+    from epochal.distributed.state import WorldSizeError, own_parts
+
+    try:  # saved by another number of processes: only at an epoch end
+        own_parts(state, loop.world)
+    except WorldSizeError as error:
+        raise StateMismatchError(f"checkpoint {str(where)!r}: {error}") from None
     check_model(loop, state.get("model"), where)
     for name, stream_state in (state.get("data") or {}).items():
         stream = loop.data.get(name)
