@@ -412,3 +412,19 @@ def test_a_bad_distributed_section_names_its_key(tmp_path, table, message):
     done = epochal(tmp_path, "run", str(config), "--nproc", "2")
     assert done.returncode == 2
     assert message in done.stderr, done.stderr
+
+
+def test_sigint_to_the_launcher_finishes_the_epoch_on_every_rank(tmp_path):
+    def send(launcher: int, workers: dict[int, int]) -> None:
+        os.kill(launcher, signal.SIGINT)
+
+    run = interrupted(tmp_path, send)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 128 + signal.SIGINT, err
+    assert "interrupted after" in out
+    ended = where(tmp_path)
+    assert len(ended) == 2 and ended[0] == ended[1], ended
+    epoch, iteration = (int(n) for n in ended[0].split()[:2])
+    assert iteration == epoch * PER_EPOCH and epoch < 4  # at an epoch end, before the last
+    assert "finishing the current epoch" in err and err.count("SIGINT received") == 1
+    assert final_state(tmp_path)["iteration"] == iteration

@@ -43,6 +43,8 @@ class LaunchFailure:
                 how = f"was killed by {signal.Signals(-self.exitcode).name}"
             except ValueError:
                 how = f"was killed by signal {-self.exitcode}"
+        elif self.exitcode == 2:  # epochal's status for an error it has printed
+            how = "stopped with the error above"
         else:
             how = f"exited with status {self.exitcode}"
         return f"rank {self.rank} (pid {self.pid}) {how}"

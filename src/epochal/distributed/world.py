@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import gc
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -35,9 +36,13 @@ class PeerLostError(EpochalError):
 
 
 def _lost(error: BaseException, what: str) -> PeerLostError:
+    # torch's text: "[/path/to/gloo/pair.cc:553] Connection closed by peer [127.0.0.1]:6846. This is
+    # typically caused by ..." -- keep what happened, without the source path and the advice
+    cause = str(error).splitlines()[0] if str(error) else type(error).__name__
+    cause = re.sub(r"^\[[^\]]*\]\s*", "", cause).split(". ")[0]
     return PeerLostError(
         f"{what} over the process group failed: another rank stopped, died or did not answer within "
-        f"[distributed] timeout ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"
+        f"[distributed] timeout ({cause})"
     )
 
 
