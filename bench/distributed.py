@@ -7,6 +7,7 @@ by side and interleaved, in one pair of processes:
   floor, for comparison only);
 - ``async``: the loop as it runs on several processes (an asynchronous MAX all-reduce of the
   stop flags started after every batch and read after the next one, a blocking one per epoch);
+- ``every 8``: the same with ``[distributed] agree_every_n_batches = 8``;
 - ``blocking``: the naive protocol, a blocking all-reduce of the flags after every batch.
 
 With two models: a no-op step (the pure cost per batch) and a step that all-reduces a gradient
@@ -33,6 +34,7 @@ import torch.multiprocessing as mp
 from epochal import hookimpl
 
 OUTPUTS = {"loss": 0.0}
+VARIANTS = ("none", "async", "every 8", "blocking")
 
 
 class Model:
@@ -72,12 +74,16 @@ class Blocking:
 
 
 def one_run(world: Any, variant: str, batches: int, grad: int) -> float:
+    from dataclasses import replace
+
     from epochal import Loop
 
+    if variant == "every 8":
+        world = replace(world, agree_every_n_batches=8)
     data = {"train": [np.zeros(1)] * (batches * world.size)}  # a list: sharded batch by batch
     loop = Loop(Model(grad), data, max_epochs=1, handle_signals=False, world=world)
     pm = loop.plugin_set.pm
-    if variant != "async":
+    if variant not in ("async", "every 8"):
         pm.unregister(name="epochal.agreement")
         loop._agreement = None
         if variant == "blocking":
@@ -99,7 +105,7 @@ def worker(rank: int, size: int, port: int, args: argparse.Namespace, results: A
     times: dict[tuple[int, str], list[float]] = {}
     for _ in range(args.repeats):
         for grad in (0, args.grad):
-            for variant in ("none", "async", "blocking"):
+            for variant in VARIANTS:
                 times.setdefault((grad, variant), []).append(one_run(world, variant, args.batches, grad))
     if rank == 0:
         results.put({key: statistics.median(values) for key, values in times.items()})
@@ -121,16 +127,17 @@ def main() -> None:
     medians = results.get()
     print(f"2 processes (gloo, loopback), {args.batches} batches per run, median of {args.repeats}")
     print(
-        "| step | no agreement | async agreement (epochal) | blocking per batch "
-        "| async / none | blocking / none |"
+        "| step | no agreement | async, every batch (default) | async, every 8 | blocking per batch "
+        "| async / none | every 8 / none | blocking / none |"
     )
-    print("|---|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for grad in (0, args.grad):
-        none, ours, blocking = (medians[(grad, v)] for v in ("none", "async", "blocking"))
+        none, ours, every8, blocking = (medians[(grad, v)] for v in VARIANTS)
         label = "no-op" if grad == 0 else f"all-reduce of {grad:,} float32"
         print(
-            f"| {label} | {none * 1e6:.1f} µs | {ours * 1e6:.1f} µs | {blocking * 1e6:.1f} µs "
-            f"| {ours / none:.2f}× | {blocking / none:.2f}× |"
+            f"| {label} | {none * 1e6:.1f} µs | {ours * 1e6:.1f} µs | {every8 * 1e6:.1f} µs "
+            f"| {blocking * 1e6:.1f} µs | {ours / none:.2f}× | {every8 / none:.2f}× "
+            f"| {blocking / none:.2f}× |"
         )
 
 

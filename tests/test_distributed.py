@@ -403,6 +403,7 @@ def test_nccl_without_gpus_is_refused(tmp_path):
         ('backend = "mpi"', "[distributed]: backend must be Literal['auto', 'gloo', 'nccl'], not 'mpi'"),
         ("timeout = 0", "[distributed] timeout must be a positive number of seconds, not 0"),
         ("retries = 3", "[distributed]: unknown key 'retries'"),
+        ("agree_every_n_batches = 0", "[distributed] agree_every_n_batches must be a positive integer"),
     ],
 )
 def test_a_bad_distributed_section_names_its_key(tmp_path, table, message):

@@ -55,6 +55,7 @@ class PeerWorld:
     peer_finish: bool = False
     peer_signal: int = 0
     peer_out_of_step: bool = False
+    agree_every_n_batches: int = 1
     rank: int = 0
     size: int = 2
     local_rank: int = 0
@@ -125,11 +126,13 @@ class Counter:
         self.world.iteration = loop.iteration
 
 
-def run(world: PeerWorld, plugins: dict[str, object] | None = None, **options: Any) -> Loop:
+def run(
+    world: PeerWorld, plugins: dict[str, object] | None = None, examples: int = 64, **options: Any
+) -> Loop:
     options.setdefault("max_epochs", 3)
     loop = Loop(
         TinyModel(),
-        tiny_data(examples=64),  # sharded: 4 batches of 8 per rank and epoch
+        tiny_data(examples=examples),  # sharded: examples / 16 batches of 8 per rank and epoch
         plugins={"counter": Counter(world), **(plugins or {})},
         world=world,  # type: ignore[arg-type]
         handle_signals=False,
@@ -144,6 +147,16 @@ def test_a_stop_asked_by_the_peer_stops_this_rank_one_batch_later_with_the_agree
     assert loop.iteration == 3
     assert loop.log.status["finish_reason"] == "peer asked (on rank 1)"
     assert loop.log.status["status"] == "finished"
+
+
+def test_agreeing_every_n_batches_honours_a_request_within_2n_batches():
+    world = PeerWorld(peer_stop_after=2, agree_every_n_batches=3)
+    loop = run(world, examples=128)  # 8 batches per rank and epoch
+    # agreements start after batches 3 and 6; the one of batch 3 carries the request of batch 2
+    assert loop.iteration == 6
+    assert loop.log.status["finish_reason"] == "peer asked (on rank 1)"
+    per_batch = [values for values in world.reductions if len(values) == 7 and values[3] == 0]
+    assert len(per_batch) == 1
 
 
 def test_a_local_stop_waits_for_the_agreement_too():

@@ -40,7 +40,11 @@ LOOP_OPTIONS: dict[str, Any] = {
 }
 PLUGINS_OPTIONS: dict[str, Any] = {"order": list[str], "disable": list[str], "autoload": bool}
 #: the keys of ``[distributed]`` (runs on several processes) and their types.
-DISTRIBUTED_OPTIONS: dict[str, Any] = {"backend": Literal["auto", "gloo", "nccl"], "timeout": float}
+DISTRIBUTED_OPTIONS: dict[str, Any] = {
+    "backend": Literal["auto", "gloo", "nccl"],
+    "timeout": float,
+    "agree_every_n_batches": int,
+}
 
 
 class RunConfig(dict[str, Any]):
@@ -125,6 +129,11 @@ def check_config(config: Mapping[str, Any], source: str) -> None:
             raise ConfigError(f"{source}: {section} must be a table ([{section}])")
     _check_table(config.get("loop", {}), LOOP_OPTIONS, f"{source}: [loop]")
     _check_table(config.get("distributed", {}), DISTRIBUTED_OPTIONS, f"{source}: [distributed]")
+    every = config.get("distributed", {}).get("agree_every_n_batches")
+    if every is not None and every < 1:
+        raise ConfigError(
+            f"{source}: [distributed] agree_every_n_batches must be a positive integer, not {every!r}"
+        )
     timeout = config.get("distributed", {}).get("timeout")
     if timeout is not None and not timeout > 0:
         raise ConfigError(

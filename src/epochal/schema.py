@@ -134,12 +134,16 @@ def run_schema(config: Mapping[str, Any] | None = None) -> dict[str, Any]:
         "gloo or nccl; `epochal run --backend` overrides it.",
         "timeout": "Seconds a collective waits for a peer before the run fails (a dead rank must not "
         "hang the others); default 300.",
+        "agree_every_n_batches": "How often the ranks agree on stop requests and signals: after "
+        "every n-th batch (and at every epoch end); a request is honoured within 2n batches. "
+        "Raise it when training steps are shorter than a network round trip; default 1.",
     }
     distributed_props = {
         key: {**type_schema(hint), "description": distributed_docs[key]}
         for key, hint in DISTRIBUTED_OPTIONS.items()
     }
     distributed_props["timeout"]["exclusiveMinimum"] = 0
+    distributed_props["agree_every_n_batches"]["minimum"] = 1
     factory = {
         "type": "object",
         "properties": {"factory": {"type": "string", "pattern": r"^[\w.]+:[\w.]+$"}},

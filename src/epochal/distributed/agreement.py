@@ -43,6 +43,7 @@ class Agreement:
 
     def __init__(self, world: World) -> None:
         self.world = world
+        self.every = max(1, int(getattr(world, "agree_every_n_batches", 1)))
         self._pending: Any = None
         self._pending_kind = _BATCH
         #: the signal that ended training, agreed by every rank (None: none).
@@ -101,7 +102,13 @@ class Agreement:
 
     @hookimpl(trylast=True)
     def after_batch(self, loop: Loop) -> None:
-        """Read the previous batch's agreement (stop now if any rank asked), start this one's."""
+        """Read the previous batch's agreement (stop now if any rank asked), start this one's.
+
+        With ``agree_every_n_batches = n`` only after every n-th batch of the run: the
+        previous agreement is then n batches old.
+        """
+        if self.every > 1 and loop.iteration % self.every:
+            return
         pending, self._pending = self._pending, None
         if pending is not None:
             values = pending.wait()

@@ -60,6 +60,9 @@ class World:
     size: int = 1
     local_rank: int = 0
     backend: str | None = None
+    #: how often the ranks agree on stop requests: after every n-th training batch (and at every
+    #: epoch end); a request is honoured within 2n batches, on every rank at the same one.
+    agree_every_n_batches: int = 1
     _control: Any = field(default=None, repr=False, compare=False)
 
     @property
@@ -237,7 +240,9 @@ def check_timeout(timeout: Any, where: str = "[distributed] timeout") -> float:
     return float(timeout)
 
 
-def init_from_env(backend: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> World:
+def init_from_env(
+    backend: str | None = None, timeout: float = DEFAULT_TIMEOUT, agree_every_n_batches: int = 1
+) -> World:
     """Join the process group the launcher's environment describes; return this process's world.
 
     Idempotent: a second call returns the same world. Without a launcher (``WORLD_SIZE`` unset
@@ -261,7 +266,14 @@ def init_from_env(backend: str | None = None, timeout: float = DEFAULT_TIMEOUT) 
     control = None
     if backend != "gloo":
         control = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout))
-    _current = World(rank=rank, size=size, local_rank=local_rank, backend=backend, _control=control)
+    _current = World(
+        rank=rank,
+        size=size,
+        local_rank=local_rank,
+        backend=backend,
+        agree_every_n_batches=agree_every_n_batches,
+        _control=control,
+    )
     atexit.register(shutdown)
     return _current
 
