@@ -282,3 +282,19 @@ def test_worker_seeds_differ_by_rank_and_the_order_does_not() -> None:
             shard.loader.sampler.generator.initial_seed() == shards[0].loader.sampler.generator.initial_seed()
         )
     assert seeds[0] != seeds[1]
+
+
+def test_one_process_array_reduction_is_a_copy() -> None:
+    arrays = [np.arange(3, dtype=np.float32), np.ones((2, 2))]
+    out = World().all_reduce_arrays(arrays)
+    assert [a.dtype for a in out] == [np.float32, np.float64]
+    assert all(np.array_equal(a, b) and a is not b for a, b in zip(out, arrays))
+
+
+def test_a_loader_shard_with_worker_processes_loads_its_part() -> None:
+    from epochal.torch import LoaderStream
+
+    with_workers = LoaderStream(loader(16, shuffle=True, num_workers=1), seed=4).shard(1, 2, "error")
+    in_process = LoaderStream(loader(16, shuffle=True), seed=4).shard(1, 2, "error")
+    assert loader_ids(with_workers) == loader_ids(in_process)
+    assert len(flatten(loader_ids(in_process))) == 8

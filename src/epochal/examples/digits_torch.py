@@ -88,6 +88,7 @@ def make_model(
     gradient_clip_algorithm: Literal["norm", "value"] = "norm",
     compile: bool | str = False,
     stream_metrics: bool = False,
+    ddp_options: dict[str, Any] | None = None,
 ) -> TorchModel:
     """A :class:`TorchModel` of :class:`DigitsCNN` with cross-entropy and accuracy.
 
@@ -122,6 +123,7 @@ def make_model(
         accumulate_grad_batches=accumulate_grad_batches,
         gradient_clip_val=gradient_clip_val,
         gradient_clip_algorithm=gradient_clip_algorithm,
+        ddp_options=ddp_options,
     )
 
 

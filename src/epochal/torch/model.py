@@ -15,6 +15,7 @@ checkpoint needs neither pickle nor torch to be read, and restoring it is bitwis
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -168,6 +169,15 @@ class TorchModel:
             for metric in self._stream_metrics.values():
                 if isinstance(metric, torch.nn.Module):
                     metric.to(device)
+        for name, metric in self._stream_metrics.items():
+            if not callable(getattr(metric, "sync", None)):  # torchmetrics' Metric syncs in compute()
+                warnings.warn(
+                    f"TorchModel metric {name!r} ({type(metric).__name__}) has no sync(): on "
+                    f"{world.size} processes its value is computed over this rank's shard of each "
+                    "evaluation stream only (torchmetrics' metrics sync across the ranks)",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
         options: dict[str, Any] = {"device_ids": [device] if device.type == "cuda" else None}
         options.update(self.ddp_options)
         self._eval_module = self.module

@@ -1,0 +1,176 @@
+"""Several processes on the CPU: epochal's DDP loop on 1 vs 2 processes, and against a raw DDP loop.
+
+What is measured: examples per second of whole training runs (``EPOCHS`` epochs over ``N``
+synthetic examples, ``BATCH`` examples per process per step, an MLP, SGD), timed inside the
+processes between two barriers (process start and the joining of the process group are not
+counted). The cases, each on 1 process (plain ``python``) and on 2 (``torch.distributed.run
+--standalone``, gloo over loopback, one torch thread per process):
+
+* ``raw``: a hand-written DDP loop: ``DistributedDataParallel(module)``, each epoch this rank's
+  shard of the same ``(seed, epoch)`` order as epochal's, numpy batches by fancy indexing,
+  ``zero_grad / forward / loss / backward / step``, the loss read on the host every 100 steps.
+* ``epochal``: ``Loop(TorchModel(module, ...), {"train": BatchStream(...)}, plugins={})``: the
+  loop shards the stream and wraps the module in DDP itself.
+
+Rounds are interleaved (every case once per round); the medians are reported with the ratios
+epochal/raw (time per example: goal <= 1.05) and 2 processes / 1 process (throughput).
+``python bench/ddp_loop.py``; ``BENCH_ROUNDS``, ``BENCH_EPOCHS``, ``BENCH_N``, ``BENCH_BATCH``,
+``BENCH_WIDTH``, ``BENCH_JSON`` (a file for the figures) override the defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", 5))
+EPOCHS = int(os.environ.get("BENCH_EPOCHS", 2))
+N = int(os.environ.get("BENCH_N", 12800))
+BATCH = int(os.environ.get("BENCH_BATCH", 64))
+WIDTH = int(os.environ.get("BENCH_WIDTH", 256))
+CASES = ("raw", "epochal")
+
+
+def setup() -> tuple[Any, Any, Any, Any]:
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(
+        torch.nn.Linear(128, WIDTH), torch.nn.ReLU(), torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU(),
+        torch.nn.Linear(WIDTH, 10),
+    )  # fmt: skip
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((N, 128)).astype(np.float32)
+    y = rng.integers(0, 10, N)
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.01)
+    return module, optimizer, x, y
+
+
+def run_raw(world: Any, module: Any, optimizer: Any, x: Any, y: Any) -> Callable[[], int]:
+    import torch
+
+    from epochal.data import BatchStream
+
+    if world.distributed:
+        module = torch.nn.parallel.DistributedDataParallel(module)
+    stream = BatchStream(x, y, batch_size=BATCH, seed=0)
+    if world.distributed:
+        stream = stream.shard(world.rank, world.size, "error")
+    loss_fn = torch.nn.functional.cross_entropy
+
+    def run() -> int:
+        steps = 0
+        for epoch in range(EPOCHS):
+            order = stream.indices(epoch)
+            for k in range(0, len(order), BATCH):
+                index = order[k : k + BATCH]
+                xb, yb = torch.from_numpy(x[index]), torch.from_numpy(y[index])
+                optimizer.zero_grad(set_to_none=True)
+                loss = loss_fn(module(xb), yb)
+                loss.backward()
+                optimizer.step()
+                steps += 1
+                if steps % 100 == 0:
+                    loss.item()
+        return steps
+
+    return run
+
+
+def run_epochal(world: Any, module: Any, optimizer: Any, x: Any, y: Any) -> Callable[[], int]:
+    import torch
+
+    from epochal import Loop
+    from epochal.data import BatchStream
+    from epochal.torch import TorchModel
+
+    model = TorchModel(module, optimizer, torch.nn.functional.cross_entropy, device="cpu")
+    data = {"train": BatchStream(x, y, batch_size=BATCH, seed=0)}
+    loop = Loop(model, data, plugins={}, max_epochs=EPOCHS, world=world, handle_signals=False)
+
+    def run() -> int:
+        loop.run()
+        return loop.iteration
+
+    return run
+
+
+def worker(case: str) -> None:
+    """One timed run of *case* in this process (rank 0 prints the figures as JSON)."""
+    from epochal.distributed import init_from_env, shutdown
+
+    world = init_from_env()
+    module, optimizer, x, y = setup()
+    run = (run_raw if case == "raw" else run_epochal)(world, module, optimizer, x, y)  # built off the clock
+    world.barrier()
+    started = time.perf_counter()
+    steps = run()
+    world.barrier()
+    seconds = time.perf_counter() - started
+    if world.is_zero:
+        examples = steps * BATCH * world.size
+        print(json.dumps({"seconds": seconds, "steps": steps, "examples": examples}), flush=True)
+    shutdown()
+
+
+def launch(case: str, nproc: int) -> dict[str, float]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    script = [str(Path(__file__).resolve()), "worker", case]
+    if nproc == 1:
+        command = [sys.executable, *script]
+    else:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+        command += script
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, check=False)
+    if result.returncode:
+        raise RuntimeError(f"{case} on {nproc}: {result.stderr[-3000:]}")
+    line = [line for line in result.stdout.splitlines() if line.startswith("{")][-1]
+    figures = json.loads(line)
+    return {"per_example_us": figures["seconds"] / figures["examples"] * 1e6, **figures}
+
+
+def main() -> None:
+    keys = [(case, nproc) for nproc in (1, 2) for case in CASES]
+    times: dict[tuple[str, int], list[float]] = {key: [] for key in keys}
+    for round_ in range(ROUNDS):
+        for case, nproc in keys:
+            times[(case, nproc)].append(launch(case, nproc)["per_example_us"])
+        print(f"round {round_ + 1}/{ROUNDS} done", file=sys.stderr, flush=True)
+    median = {key: statistics.median(values) for key, values in times.items()}
+    print(f"MLP 128-{WIDTH}-{WIDTH}-10, {N} examples x {EPOCHS} epochs, {BATCH} per process per step,")
+    print(f"median of {ROUNDS} interleaved rounds (CPU, gloo, 1 torch thread per process)\n")
+    print(
+        "| case | processes | us per example | examples/s | vs raw (same processes) | 2 vs 1 (throughput) |"
+    )
+    print("|---|---|---|---|---|---|")
+    for case, nproc in keys:
+        value = median[(case, nproc)]
+        versus = value / median[("raw", nproc)]
+        scaling = median[(case, 1)] / value if nproc == 2 else 1.0
+        print(f"| {case} | {nproc} | {value:.2f} | {1e6 / value:,.0f} | {versus:.3f}x | {scaling:.2f}x |")
+    print("\nmedians of the per-round ratios (each round's cases ran back to back):")
+    for nproc in (1, 2):
+        paired = [e / r for e, r in zip(times[("epochal", nproc)], times[("raw", nproc)])]
+        print(f"- epochal / raw on {nproc} process(es): {statistics.median(paired):.3f}x")
+    for case in CASES:
+        paired = [one / two for one, two in zip(times[(case, 1)], times[(case, 2)])]
+        print(f"- {case}: throughput of 2 processes / 1 process: {statistics.median(paired):.2f}x")
+    out = os.environ.get("BENCH_JSON")
+    if out:
+        Path(out).write_text(json.dumps({f"{c}/{n}": v for (c, n), v in times.items()}, indent=1))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "worker":
+        worker(sys.argv[2])
+    else:
+        main()
