@@ -243,7 +243,7 @@ def straight(tmp_path_factory):
 def interrupted(tmp_path: Path, send: Any) -> subprocess.Popen[str]:
     """A slow 2-process run, given to *send(launcher, workers)* once its first checkpoint exists."""
     config = write_run(tmp_path, ["monitor", "checkpoint"], max_epochs=4)
-    run = start(tmp_path, "run", str(config), "--nproc", "2", "--set", "model.delay=0.05")
+    run = start(tmp_path, "run", str(config), "--nproc", "2", "--set", "model.delay=0.08")
     wait_for(lambda: checkpoints(tmp_path), process=run)
     workers = worker_pids(run.pid)
     assert sorted(workers) == [0, 1]
