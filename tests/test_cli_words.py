@@ -32,7 +32,7 @@ def test_plugins_table_fits_80_columns_and_csv_is_whole(epochal_cli: EpochalCli)
     wide = epochal_cli("plugins")  # a pipe: as wide as the rows
     assert any(len(line) > 80 for line in wide.stdout.splitlines())
     rows = epochal_cli("plugins", "--csv").stdout.splitlines()
-    assert rows[0] == "position,name,status,distribution,version,hooks"
+    assert rows[0] == "position,name,status,distribution,version,hooks,rank"
     assert any(row.split(",")[1] == "checkpoint" and "resume_state" in row for row in rows)
 
 

@@ -62,7 +62,10 @@ class EpochalGroup(click.Group):
         except EpochalError as error:
             if ctx.meta.get("epochal.traceback"):
                 raise
-            raise _Failure(str(error)) from None
+            from epochal.distributed.world import launched
+
+            where = f"rank {os.environ.get('RANK')}: " if launched() else ""  # which process says it
+            raise _Failure(f"{where}{error}") from None
 
 
 def _split(values: tuple[str, ...]) -> list[str]:
@@ -77,6 +80,21 @@ def cli(ctx: click.Context, traceback: bool) -> None:
     """epochal: a training loop whose every feature is a plugin."""
     ctx.meta["epochal.traceback"] = traceback
 
+
+_NPROC_OPTION = click.option(
+    "--nproc",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Train on this many local processes, started by torch's elastic launcher (torchrun's).",
+)
+_BACKEND_OPTION = click.option(
+    "--backend",
+    type=click.Choice(["auto", "gloo", "nccl"]),
+    default=None,
+    help="The process group's backend with several processes (default: [distributed] backend, "
+    "else auto: nccl on GPUs, gloo on CPUs).",
+)
 
 _PLUGINS_HELP = (
     "Call order for this run: these plugins first, in this order; every other installed plugin "
@@ -126,6 +144,14 @@ def _plugin_choice(config: dict[str, Any], order: tuple[str, ...], only: tuple[s
     metavar="[FILE]",
     help="Print every hook call with the plugins called and their durations (to FILE as JSON lines).",
 )
+@_NPROC_OPTION
+@_BACKEND_OPTION
+@click.option(
+    "--port",
+    type=int,
+    default=None,
+    help="With --nproc: the local TCP port of the processes' rendezvous (default: a free one).",
+)
 def run(
     config_file: str,
     order: tuple[str, ...],
@@ -135,6 +161,9 @@ def run(
     resume: str | None,
     profile: bool,
     trace: str | None,
+    nproc: int,
+    backend: str | None,
+    port: int | None,
 ) -> None:
     """Train as CONFIG_FILE (TOML) says.
 
@@ -146,10 +175,14 @@ def run(
     off; --plugins only puts the named ones first, --only runs the named ones and no other. The
     run ends with a summary: last and best metrics, the checkpoint directory, the log database
     and the commands to resume and to plot.
+
+    --nproc N trains on N local processes started by torch's elastic launcher (what torchrun
+    does); `torchrun ... -m epochal run CONFIG` works the same. See docs/scaling-out.md.
     """
     import time
 
     from epochal.config import load_config
+    from epochal.distributed import launched, shutdown
     from epochal.errors import ConfigError
     from epochal.runner import build_loop
     from epochal.summary import RunSummary
@@ -157,34 +190,100 @@ def run(
     if profile:
         overrides = (*overrides, "plugins.timing.table=true")
     config = load_config(config_file, overrides)
+    if backend is not None:
+        config.setdefault("distributed", {})["backend"] = backend
+    if nproc > 1:
+        if launched():
+            raise ConfigError(
+                "--nproc: this process was started by a launcher already (torchrun sets WORLD_SIZE); "
+                "leave --nproc out and let torchrun start the processes"
+            )
+        where = "--backend" if backend is not None else f"{config_file}: [distributed] backend"
+        sys.exit(_launch(config, config_file, nproc, port, order, only, disable, resume, where))
     loop = build_loop(config, _plugin_choice(config, order, only), _split(disable), resume or False)
-    if profile and "timing" not in loop.plugins:
-        raise ConfigError(
-            "--profile needs the 'timing' plugin, which this run does not load (from a clone of "
-            "epochal: pip install plugins/epochal-timing; or name it in --only, or do not disable it)"
-        )
-    if not resume:
-        _refuse_other_runs_checkpoints(loop, config_file)
-    if trace is not None:
-        loop.trace_plugins = trace
-    argv = _without_resume(sys.argv[sys.argv.index(config_file) + 1 :]) if config_file in sys.argv else []
-    summary = RunSummary(config_file, argv)
-    loop.plugin_set.pm.register(summary, name="epochal.summary")
-    loop.hooks.rebuild()
-    started = time.perf_counter()
     try:
-        log = loop.run()
-    except KeyboardInterrupt:  # a third Ctrl-C: stopped at once, nothing saved
-        click.echo(
-            f"epochal: run {loop.run_id} stopped at once by a third SIGINT after {loop.iteration} "
-            "batch(es); nothing was saved at this point",
-            err=True,
-        )
-        sys.exit(128 + signal.SIGINT)
-    for line in summary.lines(loop, time.perf_counter() - started):
-        click.echo(line)
+        if profile and "timing" not in loop.plugins and loop.world.is_zero:
+            raise ConfigError(
+                "--profile needs the 'timing' plugin, which this run does not load (from a clone of "
+                "epochal: pip install plugins/epochal-timing; or name it in --only, or do not disable it)"
+            )
+        if not resume:
+            _refuse_other_runs_checkpoints(loop.plugins.get("checkpoint"), loop, config_file)
+        if trace is not None:
+            loop.trace_plugins = trace
+        argv = _without_resume(sys.argv[sys.argv.index(config_file) + 1 :]) if config_file in sys.argv else []
+        summary = RunSummary(config_file, [*os.environ.get(_LAUNCH_ARGS_ENV, "").split(), *argv])
+        if loop.world.is_zero:  # the run's messages come from rank 0 only
+            loop.plugin_set.pm.register(summary, name="epochal.summary")
+            loop.hooks.rebuild()
+        started = time.perf_counter()
+        try:
+            log = loop.run()
+        except KeyboardInterrupt:  # a third Ctrl-C: stopped at once, nothing saved
+            click.echo(
+                f"epochal: run {loop.run_id} stopped at once by a third SIGINT after {loop.iteration} "
+                "batch(es); nothing was saved at this point",
+                err=True,
+            )
+            sys.exit(128 + signal.SIGINT)
+        if loop.world.is_zero:
+            for line in summary.lines(loop, time.perf_counter() - started):
+                click.echo(line)
+    finally:
+        shutdown()
     if log.status["status"] == "interrupted" and loop.signal_received is not None:
         sys.exit(128 + loop.signal_received)
+
+
+_LAUNCH_ARGS_ENV = "EPOCHAL_LAUNCH_ARGS"
+
+
+def _launch(
+    config: dict[str, Any],
+    config_file: str,
+    nproc: int,
+    port: int | None,
+    order: tuple[str, ...],
+    only: tuple[str, ...],
+    disable: tuple[str, ...],
+    resume: str | None,
+    where: str,
+) -> int:
+    """``epochal run --nproc N``: check what can be checked here, then start N workers."""
+    import shlex
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from epochal.distributed.launch import check_port, last_checkpoint, launch, worker_arguments
+    from epochal.distributed.world import DEFAULT_TIMEOUT, check_backend
+    from epochal.runner import check_run
+
+    section = config.get("distributed", {})
+    check_backend(section.get("backend"), where)
+    check_port(port)
+    checked = check_run(config, _plugin_choice(config, order, only), _split(disable))
+    checkpoint = checked.plugins.get("checkpoint")
+    run = SimpleNamespace(run_dir=config.get("loop", {}).get("run_dir"))
+    if not resume:
+        _refuse_other_runs_checkpoints(checkpoint, run, config_file)
+    argv = worker_arguments(sys.argv[1:])
+    os.environ[_LAUNCH_ARGS_ENV] = f"--nproc {nproc}"  # for the summary's resume command
+
+    def explain(failure: Any) -> str:
+        from epochal.summary import RunSummary
+
+        directory = RunSummary._checkpoints(SimpleNamespace(plugins=checked.plugins, run_dir=run.run_dir))
+        latest = last_checkpoint(Path(directory) if directory is not None else None)
+        after = argv[argv.index(config_file) + 1 :] if config_file in argv else []
+        again = ["epochal", "run", config_file, "--nproc", str(nproc), *_without_resume(after), "--resume"]
+        if latest is None:
+            saved = "no complete checkpoint was written, so a rerun starts afresh"
+        else:
+            saved = f"the last complete checkpoint is {latest}; resume: {shlex.join(again)}"
+        return f"{failure.describe()}, and the other ranks were stopped; {saved}"
+
+    timeout = float(section.get("timeout", DEFAULT_TIMEOUT))
+    return launch(nproc, argv, port=port, shutdown_timeout=timeout, on_failure=explain)
 
 
 def _without_resume(args: list[str]) -> list[str]:
@@ -205,7 +304,7 @@ def _without_resume(args: list[str]) -> list[str]:
     return out
 
 
-def _refuse_other_runs_checkpoints(loop: Any, config_file: str) -> None:
+def _refuse_other_runs_checkpoints(plugin: Any, loop: Any, config_file: str) -> None:
     """A fresh run into a checkpoint directory holding an earlier run's checkpoints is an error.
 
     Mixing two runs' checkpoints in one directory makes ``--resume`` pick whichever is newest;
@@ -215,7 +314,6 @@ def _refuse_other_runs_checkpoints(loop: Any, config_file: str) -> None:
 
     from epochal.errors import ConfigError
 
-    plugin = loop.plugins.get("checkpoint")
     if not callable(getattr(plugin, "directory", None)):
         return
     try:
@@ -235,7 +333,10 @@ def _refuse_other_runs_checkpoints(loop: Any, config_file: str) -> None:
 @cli.command(name="plugins")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option(
-    "--csv", "as_csv", is_flag=True, help="Print CSV: position, name, status, distribution, version, hooks."
+    "--csv",
+    "as_csv",
+    is_flag=True,
+    help="Print CSV: position, name, status, distribution, version, hooks, rank.",
 )
 @click.option("--order", "show_order", is_flag=True, help="Show the call order of every hook.")
 @click.option(
@@ -251,6 +352,12 @@ def _refuse_other_runs_checkpoints(loop: Any, config_file: str) -> None:
     help="Run every check a run of this config makes before training (plugins, options, order, "
     "requires/conflicts, factories), without training.",
 )
+@click.option(
+    "--nproc",
+    type=click.IntRange(min=1),
+    default=1,
+    help="With --check: also check a run on this many processes (backend; where each plugin runs).",
+)
 def plugins_command(
     as_json: bool,
     as_csv: bool,
@@ -260,6 +367,7 @@ def plugins_command(
     only: tuple[str, ...],
     disable: tuple[str, ...],
     check_file: str | None,
+    nproc: int,
 ) -> None:
     """List installed plugins: distribution, version, hooks, status, position.
 
@@ -277,6 +385,19 @@ def plugins_command(
         checked_config = load_config(check_file)
         checked = check_run(checked_config, _plugin_choice(checked_config, order, only), _split(disable))
         click.echo(f"ok: {check_file}: plugins in call order: {', '.join(checked.plugins) or 'none'}")
+        if nproc > 1:
+            from epochal.distributed.world import check_backend
+
+            backend = check_backend(
+                checked_config.get("distributed", {}).get("backend"), f"{check_file}: [distributed] backend"
+            )
+            ranks = {i.name: i.rank for i in checked.infos if i.status == "loaded"}
+            everywhere = [n for n in checked.plugins if ranks.get(n) != "zero"]
+            zero = [n for n in checked.plugins if ranks.get(n) == "zero"]
+            click.echo(
+                f"ok: on {nproc} processes ({backend}): every rank runs "
+                f"{', '.join(everywhere) or 'no plugin'}; rank 0 only: {', '.join(zero) or 'none'}"
+            )
         return
 
     config = load_config(config_file) if config_file else {}
@@ -295,9 +416,17 @@ def plugins_command(
         return
     if as_csv:
         print_csv(
-            ("position", "name", "status", "distribution", "version", "hooks"),
+            ("position", "name", "status", "distribution", "version", "hooks", "rank"),
             [
-                (i["position"], i["name"], i["status"], i["distribution"], i["version"], " ".join(i["hooks"]))
+                (
+                    i["position"],
+                    i["name"],
+                    i["status"],
+                    i["distribution"],
+                    i["version"],
+                    " ".join(i["hooks"]),
+                    i["rank"],
+                )
                 for i in infos
             ],
         )
@@ -311,11 +440,12 @@ def plugins_command(
             i["name"],
             i["status"],
             f"{i['distribution'] or '-'} {i['version'] or ''}".strip(),
+            {"zero": "rank 0", "all": "all ranks"}.get(i["rank"] or "", "-"),
             ", ".join(i["hooks"]),
         )
         for i in infos
     ]
-    print_table(("#", "name", "status", "distribution", "hooks"), rows, numeric=(0,))
+    print_table(("#", "name", "status", "distribution", "runs on", "hooks"), rows, numeric=(0,))
     for i in infos:
         if i["error"]:
             click.echo(f"{i['name']}: {i['error']}", err=True)
@@ -382,6 +512,8 @@ def new_plugin_command(name: str, directory: str) -> None:
 @click.option(
     "--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", help="Override a config value."
 )
+@_NPROC_OPTION
+@_BACKEND_OPTION
 def check_resume_command(
     config_file: str,
     at: int | None,
@@ -389,14 +521,30 @@ def check_resume_command(
     only: tuple[str, ...],
     disable: tuple[str, ...],
     overrides: tuple[str, ...],
+    nproc: int,
+    backend: str | None,
 ) -> None:
-    """Check that a run interrupted at batch N and resumed matches a straight run bitwise."""
+    """Check that a run interrupted at batch N and resumed matches a straight run bitwise.
+
+    With --nproc N the three runs are `epochal run --nproc N` runs, and every rank's RNG, stream
+    and plugin states are compared too.
+    """
     from epochal.config import load_config
-    from epochal.resumecheck import check_resume
+    from epochal.resumecheck import check_resume, check_resume_processes
 
     config = load_config(config_file, overrides)
     choice = _plugin_choice(config, order, only)
-    report = check_resume(config, at, choice, _split(disable), say=click.echo)
+    if nproc > 1:
+        from epochal.distributed.world import check_backend
+
+        check_backend(backend or config.get("distributed", {}).get("backend"), "--backend")
+        arguments = [a for o in overrides for a in ("--set", o)]
+        arguments += [a for o in order for a in ("--plugins", o)] + [a for o in only for a in ("--only", o)]
+        arguments += [a for o in disable for a in ("--disable", o)]
+        arguments += ["--backend", backend] if backend else []
+        report = check_resume_processes(config_file, nproc, at, arguments, say=click.echo)
+    else:
+        report = check_resume(config, at, choice, _split(disable), say=click.echo)
     if report.left_out:
         click.echo(f"left out (not deterministic): {', '.join(report.left_out)}")
     if report.ok:

@@ -24,7 +24,7 @@ from epochal._options import check_options, describe, matches
 from epochal.errors import ConfigError, PluginError, did_you_mean
 from epochal.plugins import PluginSet, load_plugins
 
-SECTIONS = ("loop", "model", "data", "plugins")
+SECTIONS = ("loop", "model", "data", "plugins", "distributed")
 #: the keys of ``[loop]`` and their types.
 LOOP_OPTIONS: dict[str, Any] = {
     "max_epochs": int | None,
@@ -39,6 +39,12 @@ LOOP_OPTIONS: dict[str, Any] = {
     "uneven_shards": Literal["error", "drop", "pad"],
 }
 PLUGINS_OPTIONS: dict[str, Any] = {"order": list[str], "disable": list[str], "autoload": bool}
+#: the keys of ``[distributed]`` (runs on several processes) and their types.
+DISTRIBUTED_OPTIONS: dict[str, Any] = {
+    "backend": Literal["auto", "gloo", "nccl"],
+    "timeout": float,
+    "agree_every_n_batches": int,
+}
 
 
 class RunConfig(dict[str, Any]):
@@ -122,6 +128,17 @@ def check_config(config: Mapping[str, Any], source: str) -> None:
         if not isinstance(config[section], dict):
             raise ConfigError(f"{source}: {section} must be a table ([{section}])")
     _check_table(config.get("loop", {}), LOOP_OPTIONS, f"{source}: [loop]")
+    _check_table(config.get("distributed", {}), DISTRIBUTED_OPTIONS, f"{source}: [distributed]")
+    every = config.get("distributed", {}).get("agree_every_n_batches")
+    if every is not None and every < 1:
+        raise ConfigError(
+            f"{source}: [distributed] agree_every_n_batches must be a positive integer, not {every!r}"
+        )
+    timeout = config.get("distributed", {}).get("timeout")
+    if timeout is not None and not timeout > 0:
+        raise ConfigError(
+            f"{source}: [distributed] timeout must be a positive number of seconds, not {timeout!r}"
+        )
     plugins = config.get("plugins", {})
     _check_table(
         {k: v for k, v in plugins.items() if not isinstance(v, dict)},

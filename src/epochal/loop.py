@@ -19,6 +19,7 @@ from typing import Any, Literal, Protocol
 from epochal import _rng
 from epochal._dispatch import blame, each_implementation
 from epochal.data import _empty_rule, _mapping_empty, _ndarray, _sequence_empty, batch_size
+from epochal.distributed.agreement import Agreement
 from epochal.distributed.world import World, current_world
 from epochal.errors import ConfigError, EpochalError
 from epochal.log import TrainingLog
@@ -200,11 +201,21 @@ class Loop:
         self._in_epoch = False
         self._batch_in_epoch = 0
         self._stop_reason: str | None = None
+        #: the first stop asked for on this process (on several processes: not yet agreed).
+        self._requested: str | None = None
         self._finish_epoch = False
+        #: every rank agreed to finish the epoch (several processes only).
+        self._finish_agreed = False
         self._signum: int | None = None
         self._interrupts = 0
         self._warned: set[str] = set()
+        self._eval_names: dict[str, list[str]] = {}
+        #: the agreed decisions of several processes (None on one process: nothing to agree).
+        self._agreement: Agreement | None = None
         if self.world.distributed:
+            self._agreement = Agreement(self.world)
+            self._plugin_set.pm.register(self._agreement, name="epochal.agreement")
+            self._plugin_set.hooks.rebuild()
             self._distribute_model()
         attach = getattr(model, "attach", None)
         if callable(attach):
@@ -297,20 +308,39 @@ class Loop:
         """Training batches completed in the current epoch."""
         return self._batch_in_epoch
 
-    def request_stop(self, reason: str) -> None:
-        """End training cleanly at the next batch boundary, then call ``after_training``."""
-        if self._stop_reason is None:
+    def request_stop(self, reason: str, *, agreed: bool = False) -> None:
+        """End training cleanly at the next batch boundary, then call ``after_training``.
+
+        On several processes a request is a local event: every rank stops together one batch
+        later (or at the epoch end when asked during ``after_epoch``), and the reason is agreed.
+        ``agreed=True`` says that every rank makes this same request at this same point (it
+        depends only on the loop's counters or on values reduced across ranks): the run then
+        stops here, as on one process.
+        """
+        if self._requested is None:
+            self._requested = reason
+        if self._stop_reason is None and (agreed or self._agreement is None):
             self._stop_reason = reason
 
     @property
     def signal_received(self) -> int | None:
-        """The number of the last SIGINT/SIGTERM received while running (None if none)."""
+        """The number of the last SIGINT/SIGTERM received while running (None if none).
+
+        On several processes, once training ended: the signal every rank agreed ended it (a
+        signal to any rank counts).
+        """
+        if self._agreement is not None and self._agreement.signum is not None:
+            return self._agreement.signum
         return self._signum
 
     @property
     def stop_requested(self) -> str | None:
-        """The reason given to the first :meth:`request_stop` (None if none)."""
-        return self._stop_reason
+        """The reason given to the first :meth:`request_stop` (None if none).
+
+        On several processes: the agreed reason once every rank agreed to stop, else this
+        process's own request.
+        """
+        return self._stop_reason or self._requested
 
     def evaluate(self, stream: str) -> dict[str, float]:
         """Run the evaluation stream *stream*; log and return its metrics.
@@ -357,6 +387,8 @@ class Loop:
             seen += size
             if hooks.after_eval_batch is not None:
                 hooks.after_eval_batch(self, stream, batch, outputs)
+        if self._agreement is not None:
+            seen, totals = self._reduce_eval(stream, seen, totals)
         if seen == 0:
             self._empty_stream(stream)
         metrics: dict[str, Any] = {}
@@ -375,6 +407,34 @@ class Loop:
         if hooks.after_evaluation is not None:
             hooks.after_evaluation(self, stream, metrics)
         return metrics
+
+    def _reduce_eval(self, stream: str, seen: int, totals: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """The example count and the batch-size-weighted sums of every rank (one all-reduce)."""
+        values: dict[str, float] = {}
+        for name in sorted(totals):
+            try:  # a device scalar is read here, once per stream
+                values[name] = float(totals[name])
+            except (TypeError, ValueError):  # e.g. an array of several values: not reduced
+                continue
+        names = list(values)
+        expected = self._eval_names.get(stream)
+        if expected is None:  # the first evaluation of the stream: the ranks agree on the names
+            every = self.world.all_gather_object(names)
+            if any(other != names for other in every):
+                found = "; ".join(f"rank {r}: {', '.join(n) or 'none'}" for r, n in enumerate(every))
+                raise EpochalError(
+                    f"evaluation stream {stream!r}: the ranks' eval_step returned different metrics "
+                    f"({found}); every rank must return the same names to reduce them"
+                )
+            expected = self._eval_names[stream] = names
+        elif expected != names:
+            raise EpochalError(
+                f"evaluation stream {stream!r}: eval_step returned {', '.join(names) or 'no metric'} "
+                f"on rank {self.world.rank}, {', '.join(expected)} before; every rank must return the "
+                "same names at every evaluation to reduce them"
+            )
+        sums = self.world.all_reduce([seen, *values.values()], "sum")
+        return int(sums[0]), dict(zip(names, sums[1:]))
 
     @property
     def eval_streams(self) -> list[str]:
@@ -407,17 +467,28 @@ class Loop:
                 tracer.close()
         return self.log
 
+    def _resume_state(self) -> Mapping[str, Any] | None:
+        """The state to resume from, as the plugins give it (rank 0's, on several processes)."""
+        if not self._plugin_set.implements("resume_state"):
+            if self.resume:
+                raise ConfigError(
+                    "cannot resume: no installed plugin restores checkpoints "
+                    "(from a clone of epochal: pip install plugins/epochal-checkpoint; "
+                    "or enable the 'checkpoint' plugin)"
+                )
+            return None
+        state: Mapping[str, Any] | None = self._plugin_set.pm.hook.resume_state(
+            loop=self, resume=bool(self.resume)
+        )
+        return state
+
     def _start(self) -> None:
-        pm = self._plugin_set.pm
-        state = None
-        if self._plugin_set.implements("resume_state"):
-            state = pm.hook.resume_state(loop=self, resume=bool(self.resume))
-        elif self.resume:
-            raise ConfigError(
-                "cannot resume: no installed plugin restores checkpoints "
-                "(from a clone of epochal: pip install plugins/epochal-checkpoint; "
-                "or enable the 'checkpoint' plugin)"
-            )
+        if self.world.distributed:
+            from epochal.distributed.state import agreed_resume_state
+
+            state = agreed_resume_state(self)
+        else:
+            state = self._resume_state()
         if state is not None:
             self.load_state_dict(state)
         elif self.seed is not None and not self.resumed:
@@ -439,7 +510,7 @@ class Loop:
                 break
             if not self._run_epoch():
                 break
-            if self._finish_epoch:
+            if self._finish_agreed if self._agreement is not None else self._finish_epoch:
                 break
 
     def _run_epoch(self) -> bool:
@@ -520,11 +591,12 @@ class Loop:
         status.update(epochs_done=self.epoch, iterations_done=self.iteration)
         if self._plugin_set.isolated:
             status["isolated_plugins"] = dict(self._plugin_set.isolated)
-        if self._signum is not None:
-            name = signal.Signals(self._signum).name
+        signum = self._signum if self._agreement is None else self._agreement.settle(self)
+        if signum is not None:
+            name = signal.Signals(signum).name
             status.update(status="interrupted", finish_reason=self._stop_reason or name)
             if hooks.on_interrupt is not None:
-                hooks.on_interrupt(self, self._signum)
+                hooks.on_interrupt(self, signum)
         else:
             status.update(status="finished", finish_reason=self._stop_reason or "completed")
         if hooks.after_training is not None:
@@ -622,20 +694,25 @@ class Loop:
         self._signum = signum
         self._interrupts += signum == signal.SIGINT
         name = signal.Signals(signum).name
+        quiet = not self.world.is_zero  # the other ranks' messages would repeat rank 0's
         if signum == signal.SIGINT and self._interrupts == 1:
             self._finish_epoch = True
-            print(
-                "epochal: SIGINT received, finishing the current epoch "
-                "(Ctrl-C again to stop after the current batch)",
-                file=sys.stderr,
-                flush=True,
-            )
+            if not quiet:
+                print(
+                    "epochal: SIGINT received, finishing the current epoch "
+                    "(Ctrl-C again to stop after the current batch)",
+                    file=sys.stderr,
+                    flush=True,
+                )
         elif signum == signal.SIGINT and self._interrupts > 2:
             signal.signal(signal.SIGINT, signal.default_int_handler)
             raise KeyboardInterrupt
         else:
             self.request_stop(f"{name} received")
-            print(f"epochal: {name} received, stopping after the current batch", file=sys.stderr, flush=True)
+            if not quiet:
+                print(
+                    f"epochal: {name} received, stopping after the current batch", file=sys.stderr, flush=True
+                )
 
     # -- state --------------------------------------------------------------------------------
 
@@ -660,7 +737,13 @@ class Loop:
                     "state": get_state(),
                 }
         plugins.update({k: v for k, v in self.orphan_plugin_states.items() if k not in plugins})
-        return {
+        rng = _rng.capture()
+        data = {
+            name: stream.state_dict()
+            for name, stream in self.data.items()
+            if callable(getattr(stream, "state_dict", None))
+        }
+        state = {
             "format": STATE_FORMAT,
             "run_id": self.run_id,
             "epoch": self.epoch,
@@ -669,14 +752,17 @@ class Loop:
             "batch_in_epoch": self._batch_in_epoch,
             "log": self.log.state_dict(rows=log_rows),
             "model": self.model.state_dict(),
-            "rng": _rng.capture(),
-            "data": {
-                name: stream.state_dict()
-                for name, stream in self.data.items()
-                if callable(getattr(stream, "state_dict", None))
-            },
+            "rng": rng,
+            "data": data,
             "plugins": plugins,
         }
+        if self.world.distributed:  # a collective: every rank calls it at the same point
+            from epochal.distributed.state import gather_rank_parts
+
+            own = {n: e["state"] for n, e in plugins.items() if n not in self.orphan_plugin_states}
+            state["world_size"] = self.world.size
+            state["ranks"] = gather_rank_parts(self.world, {"rng": rng, "data": data, "plugins": own})
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a state from :meth:`state_dict`; the run continues where it was saved."""
@@ -684,11 +770,18 @@ class Loop:
             raise EpochalError(
                 f"unsupported loop state format {state.get('format')!r} (expected {STATE_FORMAT})"
             )
+        own: dict[str, Any] = {}
+        if "ranks" in state or self.world.distributed:
+            from epochal.distributed.state import own_parts
+
+            own = own_parts(state, self.world) or {}
         self.model.load_state_dict(state["model"])
         self.log.load_state_dict(state["log"])
         self.epoch, self.iteration = int(state["epoch"]), int(state["iteration"])
         self._in_epoch, self._batch_in_epoch = bool(state["in_epoch"]), int(state["batch_in_epoch"])
-        for name, stream_state in state["data"].items():
+        own_plugins = own.get("plugins", {})
+        elsewhere = self._plugin_set.elsewhere  # rank-0 plugins, on the other ranks
+        for name, stream_state in own.get("data", state["data"]).items():
             stream = self.data.get(name)
             if stream is not None and callable(getattr(stream, "load_state_dict", None)):
                 stream.load_state_dict(stream_state)
@@ -698,7 +791,7 @@ class Loop:
             if plugin is None or not callable(getattr(plugin, "load_state_dict", None)):
                 self.orphan_plugin_states[name] = entry
                 continue
-            plugin_state = entry["state"]
+            plugin_state = own_plugins.get(name, entry["state"])
             version = getattr(plugin, "state_version", 1)
             if entry.get("state_version", 1) != version:
                 migrate = getattr(plugin, "migrate_state", None)
@@ -709,13 +802,13 @@ class Loop:
                     )
                 plugin_state = migrate(plugin_state, entry.get("state_version", 1))
             plugin.load_state_dict(plugin_state)  # type: ignore[attr-defined]
-        if self.orphan_plugin_states:
+        if set(self.orphan_plugin_states) - elsewhere:
             warnings.warn(
                 "the loaded state holds state for plugin(s) not in this run, kept for the next "
-                f"save: {', '.join(sorted(self.orphan_plugin_states))}",
+                f"save: {', '.join(sorted(set(self.orphan_plugin_states) - elsewhere))}",
                 RuntimeWarning,
                 stacklevel=2,
             )
-        _rng.restore(state["rng"])
+        _rng.restore(own.get("rng", state["rng"]))
         self.resumed = True
         self.resumed_from = state.get("run_id")

@@ -62,6 +62,8 @@ class PluginInfo:
     parent: str | None = None
     #: every distribution offering this name when there are several (``distribution version (ep)``).
     offered_by: list[str] = field(default_factory=list)
+    #: where it runs on several processes: ``all`` ranks or rank ``zero`` only (None: not loaded).
+    rank: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The info as a JSON-able dict."""
@@ -162,6 +164,26 @@ class _Unit:
 
 
 FAILURE_POLICIES = ("fatal", "isolate")
+#: where a plugin runs on several processes (its class attribute ``rank``).
+RANKS = ("all", "zero")
+
+
+def plugin_rank(name: str, plugin: object, parent: object = None) -> str:
+    """Where *plugin* runs on several processes: ``all`` ranks (default) or rank ``zero`` only.
+
+    It is read from the plugin's class (or module), so an instance attribute that happens to be
+    called ``rank`` means nothing here. A composite's children run where the composite does
+    unless they say otherwise.
+    """
+    rank = _declared_rank(plugin)
+    if rank is None:
+        rank = _declared_rank(parent) if parent is not None else None
+    rank = "all" if rank is None else rank
+    if rank not in RANKS:
+        raise PluginError(
+            f"plugin {name!r} declares rank = {rank!r}; a plugin runs on 'all' ranks or on rank 'zero' only"
+        )
+    return str(rank)
 
 
 def failure_policy(name: str, plugin: object, options: Mapping[str, Any]) -> str:
@@ -199,10 +221,12 @@ class PluginSet:
         #: compiled callers of every hook (None where nothing implements a hook).
         self.hooks = Hooks(pm, self._on_failure, self._gate)
         self.units: list[_Unit] = []
+        #: plugins of the run that run on rank 0 only, left out on this process (another rank).
+        self.elsewhere: set[str] = set()
 
     def check_dependencies(self) -> None:
         """Raise :class:`PluginError` if a plugin's ``requires`` or ``conflicts`` is not met."""
-        check_dependencies(self.units)
+        check_dependencies(self.units, self.elsewhere)
 
     def _on_failure(self, error: BaseException, plugin: str, hook: str) -> bool:
         """Isolate *plugin* if its policy says so (True: the run goes on without it)."""
@@ -338,6 +362,7 @@ def load_plugins(
         named = name in explicit_set or name in options
         if not named and getattr(objects[name], "autoload", True) is False:
             infos[name].status = "available"  # it asks to be loaded only when named (bundles)
+            infos[name].rank = _declared_rank(objects[name])
             continue
         table = options.get(name, {})
         own = own_options(objects[name])  # a plugin's own option of a trigger key's name wins
@@ -428,9 +453,21 @@ def _assemble(
     pm = new_plugin_manager(added)
     plugins: dict[str, object] = {}
     member_policies: dict[str, str] = {}
+    here = _this_rank()
+    elsewhere: set[str] = set()
     for unit in units:
-        plugins.update(unit.members)
+        kept = []
         for member, member_plugin in unit.members:
+            where = plugin_rank(member, member_plugin, unit.plugin if member != unit.name else None)
+            infos[member].rank = where
+            if where == "zero" and here != 0:
+                elsewhere.add(member)
+            else:
+                kept.append((member, member_plugin))
+        if elsewhere.issuperset(m for m, _ in unit.members):
+            elsewhere.add(unit.name)
+        plugins.update(kept)
+        for member, member_plugin in kept:
             # a composite's children follow the composite's policy unless they declare their own
             member_policies[member] = getattr(member_plugin, "on_failure", policies.get(unit.name, "fatal"))
         if unit.name in policies:
@@ -441,20 +478,41 @@ def _assemble(
         info = infos[name]
         info.status, info.position = "loaded", position
         info.hooks = sorted(hook_names(plugins[name]))
+    for name in elsewhere & set(infos):
+        infos[name].status = "rank 0 only"
     listing = sorted(infos.values(), key=lambda i: (i.position is None, i.position or 0, i.name))
     plugin_set = PluginSet(pm, plugins, listing, member_policies, triggers)
-    plugin_set.units = list(units)
+    plugin_set.units = [
+        _Unit(u.name, u.plugin, [(m, p) for m, p in u.members if m not in elsewhere])
+        for u in units
+        if u.name not in elsewhere
+    ]
+    plugin_set.elsewhere = elsewhere
     return plugin_set
 
 
-def check_dependencies(units: Sequence[_Unit]) -> None:
+def _declared_rank(plugin: object) -> Any:
+    """The ``rank`` attribute of *plugin*'s class, or of the module/class that is the plugin."""
+    owner = plugin if inspect.ismodule(plugin) or inspect.isclass(plugin) else type(plugin)
+    return getattr(owner, "rank", None)
+
+
+def _this_rank() -> int:
+    """This process's rank among the run's processes (0 alone)."""
+    from epochal.distributed.world import current_world
+
+    return current_world().rank
+
+
+def check_dependencies(units: Sequence[_Unit], elsewhere: Iterable[str] = ()) -> None:
     """Raise :class:`PluginError` for a missing ``requires`` or a present ``conflicts``.
 
     A plugin declares ``requires = ("monitor",)`` and ``conflicts = ("other",)`` as class
     attributes; a name is satisfied by a loaded plugin of that name or a composite child
-    ``parent/name``.
+    ``parent/name``. Names in *elsewhere* (rank-0 plugins, on another rank) count as loaded.
     """
     loaded = {name for unit in units for name, _ in unit.members} | {unit.name for unit in units}
+    loaded |= set(elsewhere)
     loaded |= {name.split("/", 1)[1] for name in loaded if "/" in name}
     problems = []
     for unit in units:

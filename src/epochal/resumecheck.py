@@ -15,11 +15,12 @@ left out of all three runs; they are named in the report.
 from __future__ import annotations
 
 import copy
+import json
 import math
 import signal
 import struct
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,7 @@ class ResumeReport:
         return self.difference is None
 
 
-class _InterruptAt:
+class InterruptAt:
     """Stops the run right after training batch *at* as the loop's SIGTERM handler would."""
 
     def __init__(self, at: int) -> None:
@@ -55,9 +56,31 @@ class _InterruptAt:
     def after_batch(self, loop: Loop) -> None:
         if loop.iteration == self.at:
             # What Loop._on_signal does for SIGTERM, minus its "SIGTERM received" notice: the
-            # user sent no signal, and check-resume says what it is doing in its own words.
+            # user sent no signal, and check-resume says what it is doing in its own words. On
+            # several processes every rank does it after the same batch: an agreed stop.
             loop._signum = signal.SIGTERM
-            loop.request_stop(f"check-resume: stopped after batch {self.at} as SIGTERM would")
+            loop.request_stop(f"check-resume: stopped after batch {self.at} as SIGTERM would", agreed=True)
+
+
+_InterruptAt = InterruptAt
+
+
+class DumpState:
+    """Writes what check-resume compares of the final state to *path* (rank 0; a pickle).
+
+    On several processes ``loop.state_dict()`` is a collective: every rank runs this.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    @hookimpl(trylast=True)
+    def after_training(self, loop: Loop) -> None:
+        compared = _comparable(loop)
+        if loop.world.is_zero:
+            import pickle
+
+            Path(self.path).write_bytes(pickle.dumps(compared))
 
 
 def _config_in(config: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
@@ -78,7 +101,7 @@ def _nondeterministic(loop: Loop) -> list[str]:
 
 def _comparable(loop: Loop) -> dict[str, Any]:
     state = loop.state_dict()
-    return {
+    compared = {
         "epoch": state["epoch"],
         "iteration": state["iteration"],
         "model": state["model"],
@@ -87,6 +110,9 @@ def _comparable(loop: Loop) -> dict[str, Any]:
         "data": state["data"],
         "plugins": {name: entry["state"] for name, entry in state["plugins"].items()},
     }
+    if "ranks" in state:  # several processes: every rank's RNG, stream and plugin states
+        compared["ranks"] = state["ranks"]
+    return compared
 
 
 def check_resume(
@@ -137,6 +163,95 @@ def check_resume(
         say(f"check-resume: 3/3 resuming it from its checkpoint at batch {at}, to the end")
         resumed.run()
         difference = first_difference(_comparable(straight), _comparable(resumed))
+    return ResumeReport(at=at, iterations=total, difference=difference, left_out=left_out)
+
+
+def check_resume_processes(
+    config_file: str,
+    nproc: int,
+    at: int | None = None,
+    arguments: Sequence[str] = (),
+    say: Callable[[str], None] | None = None,
+) -> ResumeReport:
+    """:func:`check_resume` on *nproc* processes, each run an ``epochal run --nproc`` subprocess.
+
+    *arguments* are ``epochal run``'s other options (``--set``, ``--plugins``, ``--disable``...).
+    The interrupted run stops after batch *at* on every rank (an agreed stop, as a signal makes
+    it); the final states of the straight and the resumed run, every rank's parts included, must
+    be bitwise equal.
+    """
+    import pickle
+    import subprocess
+    import sys
+
+    from epochal.config import load_config
+    from epochal.runner import check_run
+
+    say = say or (lambda line: None)
+    overrides = [arguments[k + 1] for k, a in enumerate(arguments[:-1]) if a == "--set"]
+    config = load_config(config_file, overrides)
+    probe = check_run(config)
+    left_out = [n for n, p in probe.plugins.items() if getattr(p, "deterministic", True) is False]
+    if not probe.implements("resume_state"):
+        raise ConfigError(
+            "check-resume needs a plugin that saves and restores checkpoints (resume_state), "
+            "and none is loaded (from a clone of epochal: pip install plugins/epochal-checkpoint)"
+        )
+    disable = ["--disable", ",".join(left_out)] if left_out else []
+    with tempfile.TemporaryDirectory(prefix="epochal-check-resume-") as tmp:
+
+        def run(name: str, *extra: str, dump: bool = True) -> subprocess.CompletedProcess[str]:
+            where = Path(tmp) / name
+            moved = _config_in(config, where)
+            sets = [f"loop.run_dir={json.dumps(str(where))}"]
+            for plugin, options in moved.get("plugins", {}).items():
+                if isinstance(options, dict):
+                    moved_keys = [k for k in ("dir", "path") if k in options]
+                    sets += [f"plugins.{plugin}.{k}={json.dumps(options[k])}" for k in moved_keys]
+            if dump:
+                sets += [
+                    "plugins.epochal_check_resume_dump.factory=epochal.resumecheck:DumpState",
+                    f"plugins.epochal_check_resume_dump.path={json.dumps(str(Path(tmp) / f'{name}.pickle'))}",
+                ]
+            argv = [sys.executable, "-m", "epochal", "run", config_file, "--nproc", str(nproc), *arguments]
+            argv += [*disable, *(a for s in sets for a in ("--set", s)), *extra]
+            return subprocess.run(argv, capture_output=True, text=True)
+
+        def failed(what: str, done: subprocess.CompletedProcess[str]) -> ConfigError:
+            tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+            status = done.returncode
+            return ConfigError(f"check-resume: the {what} failed (status {status}): " + " / ".join(tail))
+
+        say(f"check-resume: 1/3 straight run on {nproc} processes (in a temporary directory)")
+        done = run("straight")
+        if done.returncode != 0:
+            raise failed("straight run", done)
+        straight = pickle.loads((Path(tmp) / "straight.pickle").read_bytes())
+        total = int(straight["iteration"])
+        at = total // 2 if at is None else at
+        if not 0 < at < total:
+            raise ConfigError(
+                f"--at must be between 1 and {total - 1} (the straight run has {total} batches)"
+            )
+        say(
+            f"check-resume: 2/3 the same run, stopped after batch {at} as SIGTERM stops it "
+            "(no signal is sent)"
+        )
+        stop = [
+            "--set",
+            "plugins.epochal_check_resume_stop.factory=epochal.resumecheck:InterruptAt",
+            "--set",
+            f"plugins.epochal_check_resume_stop.at={at}",
+        ]
+        done = run("resumed", *stop, dump=False)
+        if done.returncode != 128 + signal.SIGTERM:
+            raise failed(f"run interrupted at batch {at}", done)
+        say(f"check-resume: 3/3 resuming it from its checkpoint at batch {at}, to the end")
+        done = run("resumed", "--resume")
+        if done.returncode != 0:
+            raise failed("resumed run", done)
+        resumed = pickle.loads((Path(tmp) / "resumed.pickle").read_bytes())
+    difference = first_difference(straight, resumed)
     return ResumeReport(at=at, iterations=total, difference=difference, left_out=left_out)
 
 

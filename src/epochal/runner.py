@@ -13,7 +13,8 @@ from epochal.plugins import PluginSet
 
 
 def join_world(config: Mapping[str, Any]) -> None:
-    """Under a launcher (torchrun, ``--nproc``), join the process group before the model is built."""
+    """Under a launcher (torchrun, ``--nproc``), join the process group before the plugins and
+    the model are built (rank-0 plugins are left out on the other ranks)."""
     from epochal.distributed import init_from_env, launched
 
     if launched():
@@ -27,6 +28,7 @@ def build_loop(
     resume: bool | str = False,
 ) -> Loop:
     """Load the plugins, call the model and data factories and make the loop."""
+    join_world(config)
     plugin_set = plugins_for(config, order, disable)
     plugin_set.check_dependencies()
     if resume and not plugin_set.implements("resume_state"):
@@ -35,7 +37,6 @@ def build_loop(
             "(from a clone of epochal: pip install plugins/epochal-checkpoint; "
             "and do not leave 'checkpoint' out)"
         )
-    join_world(config)
     model = call_factory(config, "model")
     data = call_factory(config, "data")
     if not isinstance(data, Mapping):

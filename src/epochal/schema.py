@@ -118,7 +118,7 @@ def options_schema(factory: Callable[..., Any], local: bool = False) -> dict[str
 
 def run_schema(config: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The JSON Schema of a whole run configuration, with every installed plugin's table."""
-    from epochal.config import LOOP_OPTIONS, local_plugins
+    from epochal.config import DISTRIBUTED_OPTIONS, LOOP_OPTIONS, local_plugins
     from epochal.loop import Loop
     from epochal.plugins import PluginLoadWarning, _import, installed
 
@@ -129,6 +129,21 @@ def run_schema(config: Mapping[str, Any] | None = None) -> dict[str, Any]:
         if key in loop_docs:
             schema["description"] = loop_docs[key]
         loop_props[key] = schema
+    distributed_docs = {
+        "backend": "The process group's backend on several processes: auto (nccl on GPUs, else gloo), "
+        "gloo or nccl; `epochal run --backend` overrides it.",
+        "timeout": "Seconds a collective waits for a peer before the run fails (a dead rank must not "
+        "hang the others); default 300.",
+        "agree_every_n_batches": "How often the ranks agree on stop requests and signals: after "
+        "every n-th batch (and at every epoch end); a request is honoured within 2n batches. "
+        "Raise it when training steps are shorter than a network round trip; default 1.",
+    }
+    distributed_props = {
+        key: {**type_schema(hint), "description": distributed_docs[key]}
+        for key, hint in DISTRIBUTED_OPTIONS.items()
+    }
+    distributed_props["timeout"]["exclusiveMinimum"] = 0
+    distributed_props["agree_every_n_batches"]["minimum"] = 1
     factory = {
         "type": "object",
         "properties": {"factory": {"type": "string", "pattern": r"^[\w.]+:[\w.]+$"}},
@@ -157,6 +172,12 @@ def run_schema(config: Mapping[str, Any] | None = None) -> dict[str, Any]:
         "additionalProperties": False,
         "properties": {
             "loop": {"type": "object", "properties": loop_props, "additionalProperties": False},
+            "distributed": {
+                "type": "object",
+                "properties": distributed_props,
+                "additionalProperties": False,
+                "description": "Runs on several processes (epochal run --nproc N, torchrun).",
+            },
             "model": {**factory, "description": "The model factory and its keyword arguments."},
             "data": {**factory, "description": "The data factory and its keyword arguments."},
             "plugins": {

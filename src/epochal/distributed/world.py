@@ -15,17 +15,35 @@ from __future__ import annotations
 import atexit
 import gc
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
 
-from epochal.errors import ConfigError
+from epochal.errors import ConfigError, EpochalError
 
 ReduceOp = Literal["sum", "max", "min"]
 
 #: seconds a collective may wait for a peer before the run fails (a dead rank must not hang us).
 DEFAULT_TIMEOUT = 300.0
+#: the values of ``[distributed] backend`` (and ``--backend``).
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+class PeerLostError(EpochalError):
+    """A collective failed: another rank stopped, died or did not answer within the timeout."""
+
+
+def _lost(error: BaseException, what: str) -> PeerLostError:
+    # torch's text: "[/path/to/gloo/pair.cc:553] Connection closed by peer [127.0.0.1]:6846. This is
+    # typically caused by ..." -- keep what happened, without the source path and the advice
+    cause = str(error).splitlines()[0] if str(error) else type(error).__name__
+    cause = re.sub(r"^\[[^\]]*\]\s*", "", cause).split(". ")[0]
+    return PeerLostError(
+        f"{what} over the process group failed: another rank stopped, died or did not answer within "
+        f"[distributed] timeout ({cause})"
+    )
 
 
 @dataclass(frozen=True)
@@ -42,6 +60,9 @@ class World:
     size: int = 1
     local_rank: int = 0
     backend: str | None = None
+    #: how often the ranks agree on stop requests: after every n-th training batch (and at every
+    #: epoch end); a request is honoured within 2n batches, on every rank at the same one.
+    agree_every_n_batches: int = 1
     _control: Any = field(default=None, repr=False, compare=False)
 
     @property
@@ -63,8 +84,12 @@ class World:
 
         tensor = torch.tensor([float(v) for v in values], dtype=torch.float64)
         reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
-        dist.all_reduce(tensor, op=reduce_op, group=self._control)
-        return tensor.tolist()
+        try:
+            dist.all_reduce(tensor, op=reduce_op, group=self._control)
+        except RuntimeError as error:
+            raise _lost(error, "an all-reduce") from error
+        result: list[float] = tensor.tolist()
+        return result
 
     def all_reduce_async(self, values: Sequence[float], op: ReduceOp = "max") -> Any:
         """Start reducing *values*; the returned handle's ``wait()`` gives the reduced list.
@@ -80,7 +105,10 @@ class World:
         import torch.distributed as dist
 
         box = [obj if self.rank == src else None]
-        dist.broadcast_object_list(box, src=src, group=self._control)
+        try:
+            dist.broadcast_object_list(box, src=src, group=self._control)
+        except RuntimeError as error:
+            raise _lost(error, "a broadcast") from error
         return box[0]
 
     def all_gather_object(self, obj: Any) -> list[Any]:
@@ -90,7 +118,10 @@ class World:
         import torch.distributed as dist
 
         out: list[Any] = [None] * self.size
-        dist.all_gather_object(out, obj, group=self._control)
+        try:
+            dist.all_gather_object(out, obj, group=self._control)
+        except RuntimeError as error:
+            raise _lost(error, "an all-gather") from error
         return out
 
     def all_reduce_arrays(self, arrays: Sequence[Any], op: ReduceOp = "sum") -> list[Any]:
@@ -111,7 +142,10 @@ class World:
         flat = np.concatenate([a.astype(dtype, copy=False).ravel() for a in arrays])
         tensor = torch.from_numpy(flat)
         reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
-        dist.all_reduce(tensor, op=reduce_op, group=self._control)
+        try:
+            dist.all_reduce(tensor, op=reduce_op, group=self._control)
+        except RuntimeError as error:
+            raise _lost(error, "an all-reduce") from error
         out, start = [], 0
         for a in arrays:
             out.append(flat[start : start + a.size].reshape(a.shape).astype(a.dtype, copy=False))
@@ -123,7 +157,10 @@ class World:
         if self.size > 1:
             import torch.distributed as dist
 
-            dist.barrier(group=self._control)
+            try:
+                dist.barrier(group=self._control)
+            except RuntimeError as error:
+                raise _lost(error, "a barrier") from error
 
 
 class _Pending:
@@ -138,13 +175,21 @@ class _Pending:
 
             self._tensor = torch.tensor(self._values, dtype=torch.float64)
             reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
-            self._work = dist.all_reduce(self._tensor, op=reduce_op, group=world._control, async_op=True)
+            try:
+                self._work = dist.all_reduce(self._tensor, op=reduce_op, group=world._control, async_op=True)
+            except RuntimeError as error:
+                raise _lost(error, "an all-reduce") from error
 
     def wait(self) -> list[float]:
+        """The reduced values (waits for the peers when they are not there yet)."""
         if self._work is None:
             return self._values
-        self._work.wait()
-        return self._tensor.tolist()
+        try:
+            self._work.wait()
+        except RuntimeError as error:
+            raise _lost(error, "an all-reduce") from error
+        result: list[float] = self._tensor.tolist()
+        return result
 
 
 _current = World()
@@ -171,7 +216,33 @@ def default_backend(device: str | None = None) -> str:
     return "gloo"
 
 
-def init_from_env(backend: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> World:
+def check_backend(backend: str | None, where: str = "[distributed] backend") -> str:
+    """*backend* (``auto``/None resolved) if this machine can run it, else a :class:`ConfigError`."""
+    if backend is None or backend == "auto":
+        return default_backend()
+    if backend not in BACKENDS:
+        raise ConfigError(f"{where}: unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if backend == "nccl":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"{where} = 'nccl' needs CUDA GPUs and this machine has none; use 'gloo' "
+                "(or 'auto': gloo on CPUs, nccl on GPUs)"
+            )
+    return backend
+
+
+def check_timeout(timeout: Any, where: str = "[distributed] timeout") -> float:
+    """*timeout* as seconds (a positive number), else a :class:`ConfigError`."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise ConfigError(f"{where} must be a positive number of seconds, not {timeout!r}")
+    return float(timeout)
+
+
+def init_from_env(
+    backend: str | None = None, timeout: float = DEFAULT_TIMEOUT, agree_every_n_batches: int = 1
+) -> World:
     """Join the process group the launcher's environment describes; return this process's world.
 
     Idempotent: a second call returns the same world. Without a launcher (``WORLD_SIZE`` unset
@@ -186,20 +257,23 @@ def init_from_env(backend: str | None = None, timeout: float = DEFAULT_TIMEOUT) 
     rank = int(os.environ["RANK"])
     size = int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    backend = backend or default_backend()
+    backend = check_backend(backend)
+    timeout = check_timeout(timeout)
     if backend == "nccl":
-        if not torch.cuda.is_available():
-            raise ConfigError(
-                "[distributed] backend = 'nccl' needs CUDA GPUs and this machine has none; "
-                "use backend = 'gloo' (or leave it out: gloo is chosen on CPUs)"
-            )
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout))
     control = None
     if backend != "gloo":
         control = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout))
-    _current = World(rank=rank, size=size, local_rank=local_rank, backend=backend, _control=control)
+    _current = World(
+        rank=rank,
+        size=size,
+        local_rank=local_rank,
+        backend=backend,
+        agree_every_n_batches=agree_every_n_batches,
+        _control=control,
+    )
     atexit.register(shutdown)
     return _current
 

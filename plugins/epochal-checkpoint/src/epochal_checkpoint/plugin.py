@@ -71,6 +71,10 @@ class Checkpoint:
 
     run_after = ("monitor", "early_stopping", "finish_after")
     state_version = 1
+    #: on several processes it runs on every rank: ``loop.state_dict()`` is a collective, and the
+    #: triggers are agreed, so every rank snapshots at the same point; only rank 0 writes (the
+    #: directory, its lock, pruning, exports): see ``_writer``.
+    rank = "all"
 
     def __init__(
         self,
@@ -152,6 +156,8 @@ class Checkpoint:
         self._lock: DirectoryLock | None = None
         #: the checkpoint this run resumed from (None for a fresh run).
         self.resumed_path: Path | None = None
+        #: whether this process writes checkpoints (on several processes: rank 0 only).
+        self._writer = True
 
     # -- hooks ------------------------------------------------------------------------------------
 
@@ -235,6 +241,13 @@ class Checkpoint:
     def before_training(self, loop: Loop) -> None:
         """Lock and prepare the directory, clean leftovers, note the checkpoints already there."""
         self._name = _plugin_name(loop, self, "checkpoint")
+        # The one place where the rank matters: on several processes every rank takes part in
+        # the saves (the state is a collective) and only rank 0 touches the directory.
+        self._writer = loop.world.is_zero
+        if not self._writer:
+            self._directory = None
+            self._last_key = (loop.epoch, loop.iteration) if loop.resumed else None
+            return
         directory = self.directory(loop)
         try:
             storage.make_directory(directory)
@@ -274,7 +287,11 @@ class Checkpoint:
     def after_batch(self, loop: Loop) -> None:
         """Save every n batches / every n seconds."""
         due = self._batch_due(loop)
-        due = self._seconds_due(loop) or due
+        if self.every_n_seconds:
+            seconds = self._seconds_due(loop)
+            if loop.world.distributed:  # clocks differ: rank 0's decides, for every rank
+                seconds = loop.world.all_reduce([seconds and loop.world.is_zero], "max")[0] > 0
+            due = seconds or due
         if due:
             self._save(loop, "batch")
 
@@ -332,13 +349,20 @@ class Checkpoint:
     def _at_boundary(self, loop: Loop, error: BaseException) -> bool:
         if not isinstance(error, Exception):  # a third Ctrl-C (KeyboardInterrupt) lands anywhere
             return False
+        if loop.world.distributed:  # one rank's error is no boundary the other ranks agreed on
+            return False
         plugin = loop.error_plugin
         hook = getattr(error, "epochal_hook", None)
         return plugin is not None and plugin != self._name and hook in BOUNDARY_HOOKS
 
     def _save(self, loop: Loop, reason: str, error: BaseException | None = None) -> None:
         key = (loop.epoch, loop.iteration)
-        if key == self._last_key or self._directory is None:
+        if key == self._last_key:
+            return
+        if self._directory is None:
+            if not self._writer:  # another rank: its part of the state goes to rank 0, which writes
+                loop.state_dict(log_rows=False)
+                self._last_key = key
             return
         self.wait()
         self._sequence += 1
@@ -640,6 +664,12 @@ def check_fits(loop: Loop, state: Mapping[str, Any], where: Path) -> None:
             f"checkpoint {str(where)!r} holds loop state format {state.get('format')!r}; this "
             f"epochal reads format {STATE_FORMAT}"
         )
+    from epochal.distributed.state import WorldSizeError, own_parts
+
+    try:  # saved by another number of processes: only at an epoch end
+        own_parts(state, loop.world)
+    except WorldSizeError as error:
+        raise StateMismatchError(f"checkpoint {str(where)!r}: {error}") from None
     check_model(loop, state.get("model"), where)
     for name, stream_state in (state.get("data") or {}).items():
         stream = loop.data.get(name)

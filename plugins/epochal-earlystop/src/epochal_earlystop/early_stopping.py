@@ -49,6 +49,8 @@ class EarlyStopping:
 
     run_after = ("monitor",)
     run_before = ("checkpoint",)
+    #: every rank decides on the same reduced metrics; the loop agrees on the stop anyway.
+    rank = "all"
 
     def __init__(
         self,

@@ -32,6 +32,9 @@ class FinishAfter:
     """
 
     autoload = False
+    #: every rank counts the same epochs and batches (their stops are ``agreed``); seconds are
+    #: each rank's own clock, agreed by the loop a batch later.
+    rank = "all"
 
     def __init__(self, epochs: int | None = None, batches: int | None = None, seconds: float | None = None):
         for option, value in (("epochs", epochs), ("batches", batches)):
@@ -101,11 +104,11 @@ class FinishAfter:
 
     def _check_epochs(self, loop: Any) -> None:
         if self.epochs is not None and loop.epoch >= self.epochs:
-            loop.request_stop(f"finish_after: epochs={self.epochs} reached")
+            loop.request_stop(f"finish_after: epochs={self.epochs} reached", agreed=True)
 
     def _check_batches(self, loop: Any) -> None:
         if self.batches is not None and loop.iteration >= self.batches:
-            loop.request_stop(f"finish_after: batches={self.batches} reached")
+            loop.request_stop(f"finish_after: batches={self.batches} reached", agreed=True)
 
     def _check_seconds(self, loop: Any) -> None:
         if self.seconds is not None:

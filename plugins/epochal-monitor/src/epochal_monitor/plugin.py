@@ -83,6 +83,9 @@ class Monitor:
     """
 
     run_before = ("early_stopping", "checkpoint", "sqlite_log")
+    #: on several processes every rank accumulates its own batches, and each record is reduced
+    #: across the ranks when it is written (one collective per record), so all ranks log it alike.
+    rank = "all"
 
     def __init__(
         self,
@@ -120,6 +123,8 @@ class Monitor:
         self._running_names: dict[str, str] = {}
         self._batch_size: Any = None
         self._warned: set[str] = set()
+        #: the run's world when it has several processes (records are reduced across them).
+        self._world: Any = None
 
     # -- accumulation -------------------------------------------------------------------------
 
@@ -175,6 +180,41 @@ class Monitor:
             return float(a / b) if b else _NAN
         return float(a) if a is not None else _NAN
 
+    def _results(self, accs: dict[str, list[Any]]) -> dict[str, float]:
+        """The records of *accs*; on several processes, of every rank's accumulators together.
+
+        One all-gather per record; every rank combines the same values in rank order, so every
+        rank writes bitwise the same records: mean = the sums over the ranks' summed sizes, sum,
+        min and max over every rank's batches, last = the mean of the ranks' last values.
+        """
+        if self._world is None:
+            return {key: self._result(acc) for key, acc in accs.items()}
+        for acc in accs.values():
+            self._settle(acc)
+        every = self._world.all_gather_object({key: tuple(acc) for key, acc in accs.items()})
+        keys = sorted({key for accs_of_rank in every for key in accs_of_rank})
+        out: dict[str, float] = {}
+        for key in keys:
+            parts = [rank[key] for rank in every if key in rank and rank[key][2]]
+            if not parts:
+                out[key] = _NAN
+                continue
+            kind = parts[0][0]
+            if kind in (_MEAN, _SUM):
+                total = [kind, 0.0, 0]
+                for _, a, b in parts:
+                    total[1] += a
+                    total[2] += b
+                out[key] = self._result(total)
+            elif kind == _LAST:
+                out[key] = float(sum(a for _, a, _ in parts) / len(parts))
+            else:
+                acc = self._start(kind)
+                for _, a, _ in parts:
+                    self._update(acc, a, 1)
+                out[key] = self._result(acc)
+        return out
+
     # -- hooks --------------------------------------------------------------------------------
 
     @hookimpl
@@ -187,6 +227,8 @@ class Monitor:
         from epochal.data import batch_size  # imports numpy: only when a run starts
 
         self._batch_size = batch_size
+        world = getattr(loop, "world", None)
+        self._world = world if world is not None and world.distributed else None
 
     @hookimpl
     def before_epoch(self) -> None:
@@ -196,7 +238,7 @@ class Monitor:
     @hookimpl
     def after_batch(self, loop: Any, batch: Any, outputs: Mapping[str, Any]) -> None:
         """Add the batch's metrics to the accumulators (and write running records when due)."""
-        if self.every_n_batches == 1:
+        if self.every_n_batches == 1 and self._world is None:
             self._after_batch_each(loop, batch, outputs)
             return
         size = -1
@@ -237,8 +279,8 @@ class Monitor:
         if running and self._running_due(loop):
             row = loop.log.current_row
             prefix = self.prefix
-            for key, acc in window.items():
-                row[f"{prefix}.{key}.running"] = self._result(acc)
+            for key, value in self._results(window).items():
+                row[f"{prefix}.{key}.running"] = value
             self._window = {}
 
     def _after_batch_each(self, loop: Any, batch: Any, outputs: Mapping[str, Any]) -> None:
@@ -294,8 +336,8 @@ class Monitor:
         """Write ``train.<metric>`` for the epoch that just ended."""
         row = loop.log.current_row
         prefix = self.prefix
-        for key, acc in self._epoch.items():
-            value = row[f"{prefix}.{key}"] = self._result(acc)
+        for key, value in self._results(self._epoch).items():
+            row[f"{prefix}.{key}"] = value
             if value - value != 0.0 and key not in self._skip:  # NaN or infinite, summed lazily
                 self._non_finite(f"{prefix}.{key}", value, loop)
         self._epoch = {}

@@ -71,6 +71,8 @@ class Printing:
     """
 
     run_after = ("monitor", "early_stopping")  # their records of the epoch are in the row
+    #: on several processes rank 0 prints.
+    rank = "zero"
 
     def __init__(
         self,

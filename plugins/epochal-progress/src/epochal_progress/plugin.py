@@ -93,6 +93,8 @@ class Progress:
     """
 
     run_after = ("monitor",)
+    #: on several processes one bar, drawn by rank 0.
+    rank = "zero"
 
     def __init__(
         self,

@@ -47,6 +47,8 @@ class LRScheduler:
     """
 
     autoload = False  # loads only when named: a schedule needs a scheduler name
+    #: every rank steps its own optimizer's schedule (on reduced metrics for ReduceLROnPlateau).
+    rank = "all"
     run_after = ("monitor",)
     run_before = ("early_stopping", "checkpoint", "sqlite_log")
     state_version = 1

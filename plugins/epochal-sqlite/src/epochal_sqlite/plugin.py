@@ -61,6 +61,8 @@ class SQLiteLog:
 
     #: write after monitor, early stopping and checkpoint have logged the epoch's records.
     run_after = ("monitor", "early_stopping", "checkpoint")
+    #: on several processes one writer, rank 0 (the records it logs are reduced across ranks).
+    rank = "zero"
 
     def __init__(
         self,

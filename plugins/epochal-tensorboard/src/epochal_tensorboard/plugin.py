@@ -48,7 +48,7 @@ class TensorBoard:
 
     #: write after monitor, early stopping and checkpoint have logged the epoch's records.
     run_after = ("monitor", "early_stopping", "checkpoint")
-    #: only the process of rank 0 should write once epochal runs distributed (not honoured yet).
+    #: on several processes only rank 0 writes (the records it logs are reduced across ranks).
     rank = "zero"
     #: loaded only when named (``[plugins] order``, ``--plugins``): installing every plugin
     #: distribution must not mean event files in every run directory.

@@ -72,6 +72,9 @@ class Timing:
 
     #: wall-clock records differ between any two runs: `epochal check-resume` leaves timing out.
     deterministic = False
+    #: every rank times itself; the totals are gathered at the end and rank 0's table shows them
+    #: per rank.
+    rank = "all"
 
     def __init__(self, records: bool = True, table: bool = False, per_plugin: bool = True) -> None:
         self.records = records
@@ -91,6 +94,8 @@ class Timing:
         self._step_start = 0.0
         self._eval_start = 0.0
         self._eval_hooks = 0.0
+        #: every rank's :meth:`summary` at the end of a run on several processes (else None).
+        self.ranks: list[dict[str, Any]] | None = None
 
     def _reset_interval(self) -> None:
         self._read = self._step = 0.0
@@ -187,8 +192,18 @@ class Timing:
 
     @hookimpl(trylast=True)
     def after_training(self, loop: Any) -> None:
-        """Put the hooks back, store the totals in ``log.status['timing']``, print the table."""
+        """Put the hooks back, store the totals in ``log.status['timing']``, print the table.
+
+        On several processes every rank's totals are gathered (``log.status['timing_ranks']``)
+        and rank 0 prints the table with each stage's fastest and slowest rank.
+        """
         self._finish(loop)
+        world = getattr(loop, "world", None)
+        if world is not None and world.distributed:
+            self.ranks = world.all_gather_object(self.summary())
+            loop.log.status["timing_ranks"] = self.ranks
+            if not world.is_zero:
+                return
         if self.table:
             print(self.format_table(terminal_width(sys.stderr)), file=sys.stderr, flush=True)
 
@@ -271,20 +286,37 @@ class Timing:
             key=lambda item: -item[1]["seconds"],
         )
 
-        def row(name: str, entry: dict[str, Any]) -> tuple[str, ...]:
+        ranks = self.ranks or []
+
+        def spread(key: str) -> tuple[str, ...]:
+            if not ranks:
+                return ()
+            times = [(r[key]["seconds"], rank) for rank, r in enumerate(ranks) if key in r]
+            if not times:
+                return ("-", "-")
+            (low, fast), (high, slow) = min(times), max(times)
+            return (f"{low:.4f} (r{fast})", f"{high:.4f} (r{slow})")
+
+        def row(key: str, name: str, entry: dict[str, Any]) -> tuple[str, ...]:
             seconds, calls = entry["seconds"], entry["calls"]
             mean = f"{seconds / calls * 1e6:.1f}" if calls else "-"
             share = f"{100 * seconds / wall:.1f}" if wall else "-"
-            return (name, str(calls), f"{seconds:.4f}", mean, share)
+            return (name, str(calls), f"{seconds:.4f}", mean, share, *spread(key))
 
-        rows = [row(name, entry) for name, entry in stages]
+        rows = [row(name, name, entry) for name, entry in stages]
+        blank = ("",) * (6 if ranks else 4)
         if plugins:
-            rows.append(("plugin hooks:", "", "", "", ""))
-            rows += [row("  " + name, entry) for name, entry in plugins]
+            rows.append(("plugin hooks:", *blank))
+            rows += [row("plugin." + name, "  " + name, entry) for name, entry in plugins]
+        columns: tuple[str, ...] = ("stage / plugin.hook", "calls", "total s", "mean µs", "% wall")
+        where = "in this process"
+        if ranks:
+            columns += ("min s (rank)", "max s (rank)")
+            where = f"on rank 0 of {len(ranks)} (min/max: over the ranks)"
         return render_table(
-            ("stage / plugin.hook", "calls", "total s", "mean µs", "% wall"),
+            columns,
             rows,
-            title=f"timing: {wall:.3f} s of training in this process",
-            width=width or 100,  # a file or pipe: the table's own width is below 100
-            numeric=(1, 2, 3, 4),
+            title=f"timing: {wall:.3f} s of training {where}",
+            width=width or (130 if ranks else 100),  # a file or pipe: the table's own width
+            numeric=tuple(range(1, len(columns))),
         )

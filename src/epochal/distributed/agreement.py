@@ -1,0 +1,137 @@
+"""Decisions every rank takes together: when training stops, and why.
+
+A stop request (``loop.request_stop`` from any plugin, early stopping, ``finish_after``), a
+signal (SIGTERM, a first or second SIGINT) or a wish to finish the epoch arrives on *one*
+process. Acted on locally it leaves the other ranks waiting in their next collective for a peer
+that is gone. So on several processes the loop acts only on what the ranks agree:
+
+* after every training batch each rank starts an asynchronous MAX all-reduce of its few local
+  flags over the gloo control group and reads the previous batch's result (already there, as a
+  rule): a request made on any rank during batch *k* stops every rank after batch *k + 1*;
+* at every epoch end a blocking all-reduce agrees on the flags raised during the epoch's last
+  batch and its evaluation (so early stopping on an evaluated metric stops at that epoch's end,
+  as on one process) and checks that every rank ran the same number of batches;
+* the reason is agreed once, when a stop is decided (every rank's own reason is gathered and the
+  lowest rank's wins), and the signal that ends the run is agreed when training ends.
+
+:class:`Agreement` is registered by the loop only when ``loop.world.distributed``; one process
+pays nothing for it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from epochal._markers import hookimpl
+from epochal.errors import EpochalError
+
+if TYPE_CHECKING:
+    from epochal.distributed.world import World
+    from epochal.loop import Loop
+
+#: what a reduction is for: a rank that reduces for another purpose is out of step.
+_BATCH, _EPOCH_END, _END = 0, 1, 2
+_WHERE = {_BATCH: "after a training batch", _EPOCH_END: "at an epoch end", _END: "at the end of training"}
+
+
+class RanksOutOfStepError(EpochalError):
+    """The ranks ran different numbers of batches (their streams are not sharded evenly)."""
+
+
+class Agreement:
+    """The loop's agreed decisions on several processes (registered as ``epochal.agreement``)."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.every = max(1, int(getattr(world, "agree_every_n_batches", 1)))
+        self._pending: Any = None
+        self._pending_kind = _BATCH
+        #: the signal that ended training, agreed by every rank (None: none).
+        self.signum: int | None = None
+
+    def _flags(self, loop: Loop, kind: int) -> list[float]:
+        count = loop.batch_in_epoch
+        return [
+            loop._requested is not None,
+            loop._finish_epoch,
+            loop._signum or 0,
+            kind,
+            -kind,
+            count,
+            -count,
+        ]
+
+    def _check(self, loop: Loop, values: list[float], kind: int) -> None:
+        high, low = int(values[3]), -int(values[4])
+        if high != low:
+            raise RanksOutOfStepError(
+                f"the ranks are out of step in epoch {loop.epoch + 1}: some reduced {_WHERE[low]} while "
+                f"others reduced {_WHERE[high]}: they ran different numbers of training batches. "
+                "Every rank must get the same number of batches per epoch (shard the train stream "
+                "evenly: a world size that divides the number of batches, or drop_last)"
+            )
+        most, least = int(values[5]), -int(values[6])
+        if kind == _EPOCH_END and most != least:
+            raise RanksOutOfStepError(
+                f"the ranks ran different numbers of training batches in epoch {loop.epoch} "
+                f"({least} to {most}); every rank must get the same number of batches per epoch "
+                "(shard the train stream evenly: a world size that divides the number of batches, "
+                "or drop_last)"
+            )
+
+    def _decide(self, loop: Loop, values: list[float]) -> None:
+        """Adopt the agreed flags: a stop (with its agreed reason), finishing the epoch."""
+        if values[0] and loop._stop_reason is None:
+            reasons = self.world.all_gather_object(loop._requested)
+            asked = [(rank, reason) for rank, reason in enumerate(reasons) if reason is not None]
+            reason = asked[0][1]
+            if len(asked) < len(reasons):  # a local event: say where it happened
+                ranks = ", ".join(str(r) for r, _ in asked)
+                reason = f"{reason} (on rank{'s' if len(asked) > 1 else ''} {ranks})"
+            loop._stop_reason = reason
+        if values[1]:
+            loop._finish_agreed = True
+        if values[2]:
+            self.signum = int(values[2])
+
+    def _settle_pending(self, loop: Loop) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            values = pending.wait()
+            self._check(loop, values, self._pending_kind)
+
+    @hookimpl(trylast=True)
+    def after_batch(self, loop: Loop) -> None:
+        """Read the previous batch's agreement (stop now if any rank asked), start this one's.
+
+        With ``agree_every_n_batches = n`` only after every n-th batch of the run: the
+        previous agreement is then n batches old.
+        """
+        if self.every > 1 and loop.iteration % self.every:
+            return
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            values = pending.wait()
+            self._check(loop, values, _BATCH)
+            if values[0]:
+                self._decide(loop, values)
+        if loop._stop_reason is None:
+            self._pending = self.world.all_reduce_async(self._flags(loop, _BATCH), "max")
+            self._pending_kind = _BATCH
+
+    @hookimpl(trylast=True)
+    def after_epoch(self, loop: Loop) -> None:
+        """Agree on the flags raised during the epoch's end; check the ranks ran alike."""
+        self._settle_pending(loop)
+        values = self.world.all_reduce(self._flags(loop, _EPOCH_END), "max")
+        self._check(loop, values, _EPOCH_END)
+        self._decide(loop, values)
+
+    def settle(self, loop: Loop) -> int | None:
+        """At the end of training: drain the reduction in flight, agree on the ending signal."""
+        self._settle_pending(loop)
+        values = self.world.all_reduce(self._flags(loop, _END), "max")
+        self._check(loop, values, _END)
+        if values[2]:
+            self.signum = int(values[2])
+        return self.signum

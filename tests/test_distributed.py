@@ -1,0 +1,431 @@
+"""`epochal run --nproc 2`: real processes started by torch's elastic launcher, gloo over loopback.
+
+Each test trains the tiny data-parallel regression of ``ddp_tiny.py`` (copied beside the config)
+through the CLI in a subprocess: one writer of checkpoints and log rows, agreed stops, reduced
+evaluation metrics, signals to the launcher and to one rank, a rank killed with SIGKILL, resumes
+that match a straight run bitwise, and the bad inputs refused before anything starts.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from epochal.resumecheck import first_difference
+
+pytestmark = pytest.mark.distributed
+
+HERE = Path(__file__).parent
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+#: batches per epoch on each of 2 ranks (64 examples, 4 per batch, 2 shards)
+PER_EPOCH = 8
+
+
+def write_run(tmp_path: Path, plugins: list[str], *, max_epochs: int = 3, extra: str = "") -> Path:
+    shutil.copy(HERE / "ddp_tiny.py", tmp_path / "ddp_tiny.py")
+    config = tmp_path / "run.toml"
+    config.write_text(
+        f"""[loop]
+max_epochs = {max_epochs}
+seed = 0
+run_dir = "run"
+
+[distributed]
+backend = "gloo"
+timeout = 60
+
+[model]
+factory = "ddp_tiny:make_model"
+
+[data]
+factory = "ddp_tiny:make_data"
+
+[plugins]
+order = {plugins!r}
+autoload = false
+
+[plugins.where]
+factory = "ddp_tiny:Where"
+"""
+        + extra,
+        encoding="utf-8",
+    )
+    return config
+
+
+def environment() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def epochal(tmp_path: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "epochal", *args],
+        cwd=tmp_path,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def start(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "epochal", *args],
+        cwd=tmp_path,
+        env=environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def where(tmp_path: Path) -> list[str]:
+    """How each rank's run ended: ``epoch iteration reason``, rank 0 first."""
+    return [p.read_text().strip() for p in sorted(tmp_path.glob("where-*.txt"))]
+
+
+def checkpoints(tmp_path: Path) -> list[str]:
+    directory = tmp_path / "run" / "checkpoints"
+    return sorted(p.name for p in directory.glob("ckpt-*")) if directory.is_dir() else []
+
+
+def final_state(tmp_path: Path) -> dict[str, Any]:
+    from epochal_checkpoint.plugin import read_from
+
+    state, _ = read_from(tmp_path / "run" / "checkpoints")
+    return state
+
+
+def compared(state: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "epoch": state["epoch"],
+        "iteration": state["iteration"],
+        "model": state["model"],
+        "rng": state["rng"],
+        "ranks": state["ranks"],
+        "data": state["data"],
+        "log rows": state["log"]["rows"],
+        "plugins": {name: entry["state"] for name, entry in state["plugins"].items()},
+    }
+
+
+def worker_pids(launcher: int) -> dict[int, int]:
+    """rank → pid of the launcher's worker processes (read from /proc)."""
+    found: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if parent != launcher:
+                continue
+            env = dict(
+                item.split("=", 1) for item in (entry / "environ").read_text().split("\0") if "=" in item
+            )
+        except (OSError, ValueError, IndexError):
+            continue
+        if "RANK" in env:
+            found[int(env["RANK"])] = int(entry.name)
+    return found
+
+
+def wait_for(condition: Any, timeout: float = 60, process: subprocess.Popen[str] | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if process is not None and process.poll() is not None:
+            out, err = process.communicate()
+            pytest.fail(f"the run ended early ({process.returncode}): {out}\n{err}")
+        if time.monotonic() > deadline:
+            pytest.fail("timed out waiting")
+        time.sleep(0.05)
+
+
+# -- training ---------------------------------------------------------------------------------
+
+
+def test_two_processes_train_with_one_writer_of_checkpoints_and_log_rows(tmp_path):
+    config = write_run(tmp_path, ["monitor", "checkpoint", "sqlite_log", "progress"], max_epochs=3)
+    done = epochal(tmp_path, "run", str(config), "--nproc", "2")
+    assert done.returncode == 0, done.stderr
+    # one summary (rank 0), which names the resume command with --nproc
+    assert done.stdout.count("epochal: run ") == 1
+    assert "finished after 3 epoch(s), 24 batch(es)" in done.stdout
+    assert "--nproc 2 --resume" in done.stdout
+    # both ranks trained the same batches
+    assert where(tmp_path) == ["3 24 max_epochs=3 reached"] * 2
+    # one checkpoint per epoch, written once, holding both ranks' parts
+    assert checkpoints(tmp_path) == ["ckpt-e0001-i000008", "ckpt-e0002-i000016", "ckpt-e0003-i000024"]
+    state = final_state(tmp_path)
+    assert state["world_size"] == 2 and len(state["ranks"]) == 2
+    generators = [rank["rng"]["numpy"] for rank in state["ranks"]]
+    assert generators[0]["pos"] != generators[1]["pos"]  # each rank's own, saved
+    # one run in the log database, each (step, key) once
+    with sqlite3.connect(tmp_path / "run" / ".." / "epochal.sqlite") as db:
+        tables = {row[0] for row in db.execute("select name from sqlite_master where type = 'table'")}
+        assert "runs" in tables
+        assert db.execute("select count(*) from runs").fetchone()[0] == 1
+
+
+def test_evaluation_metrics_are_reduced_to_the_value_over_the_whole_stream(tmp_path):
+    """Rank 0 logs the metric of all 30 examples: the same as one process evaluating them all."""
+    extra = "[plugins.checkpoint]\nevery_n_epochs = 0\n"
+    config = write_run(tmp_path, ["checkpoint"], max_epochs=0, extra=extra)
+    text = config.read_text().replace("max_epochs = 0", "max_epochs = 0\neval_at_start = true")
+    config.write_text(text)
+    done = epochal(tmp_path, "run", str(config), "--nproc", "2")
+    assert done.returncode == 0, done.stderr
+    two = final_state(tmp_path)["log"]["rows"]
+    shutil.rmtree(tmp_path / "run")
+    done = epochal(tmp_path, "run", str(config))
+    assert done.returncode == 0, done.stderr
+    one = final_state(tmp_path)["log"]["rows"]
+    row2, row1 = two["0"], one["0"]  # the evaluation before the first epoch
+    assert row2["valid.loss"] == pytest.approx(row1["valid.loss"], rel=1e-12)
+    assert row2["valid.mae"] == pytest.approx(row1["valid.mae"], rel=1e-12)
+
+
+# -- agreed stops -----------------------------------------------------------------------------
+
+
+def test_a_stop_asked_on_one_rank_stops_every_rank_at_the_same_batch(tmp_path):
+    extra = '[plugins.stop]\nfactory = "ddp_tiny:StopOnRank"\nrank = 1\nbatch = 5\n'
+    config = write_run(tmp_path, ["monitor", "checkpoint"], max_epochs=3, extra=extra)
+    done = epochal(tmp_path, "run", str(config), "--nproc", "2")
+    assert done.returncode == 0, done.stderr
+    # asked after batch 5 on rank 1: every rank stops after batch 6 (one batch later), agreed
+    ended = where(tmp_path)
+    assert ended == ["0 6 stop-on-rank after batch 5 (on rank 1)"] * 2
+    assert "stop-on-rank after batch 5 (on rank 1)" in done.stdout
+    assert final_state(tmp_path)["iteration"] == 6
+
+
+def test_a_stop_asked_at_an_epoch_end_on_one_rank_stops_every_rank_at_that_epoch_end(tmp_path):
+    extra = '[plugins.stop]\nfactory = "ddp_tiny:StopOnRank"\nrank = 1\nepoch = 1\n'
+    config = write_run(tmp_path, ["monitor"], max_epochs=3, extra=extra)
+    done = epochal(tmp_path, "run", str(config), "--nproc", "2")
+    assert done.returncode == 0, done.stderr
+    assert where(tmp_path) == [f"1 {PER_EPOCH} stop-on-rank after epoch 1 (on rank 1)"] * 2
+
+
+def test_finish_after_batches_stops_at_that_batch_on_every_rank(tmp_path):
+    extra = "[plugins.finish_after]\nbatches = 5\n"
+    config = write_run(tmp_path, ["finish_after"], max_epochs=3, extra=extra)
+    done = epochal(tmp_path, "run", str(config), "--nproc", "2")
+    assert done.returncode == 0, done.stderr
+    assert where(tmp_path) == ["0 5 finish_after: batches=5 reached"] * 2
+
+
+# -- signals, faults and resume ---------------------------------------------------------------
+
+
+@pytest.fixture
+def straight(tmp_path_factory):
+    """A straight 2-process run of 4 epochs: its final checkpoint's state."""
+    directory = tmp_path_factory.mktemp("straight")
+    config = write_run(directory, ["monitor", "checkpoint"], max_epochs=4)
+    done = epochal(directory, "run", str(config), "--nproc", "2")
+    assert done.returncode == 0, done.stderr
+    return final_state(directory)
+
+
+def interrupted(tmp_path: Path, send: Any) -> subprocess.Popen[str]:
+    """A slow 2-process run, given to *send(launcher, workers)* once its first checkpoint exists."""
+    config = write_run(tmp_path, ["monitor", "checkpoint"], max_epochs=4)
+    run = start(tmp_path, "run", str(config), "--nproc", "2", "--set", "model.delay=0.08")
+    wait_for(lambda: checkpoints(tmp_path), process=run)
+    workers = worker_pids(run.pid)
+    assert sorted(workers) == [0, 1]
+    send(run.pid, workers)
+    return run
+
+
+@pytest.mark.parametrize("target", ["launcher", "rank 1"])
+def test_sigterm_stops_every_rank_at_one_boundary_saves_once_and_resume_matches_a_straight_run(
+    tmp_path, straight, target
+):
+    def send(launcher: int, workers: dict[int, int]) -> None:
+        os.kill(launcher if target == "launcher" else workers[1], signal.SIGTERM)
+
+    run = interrupted(tmp_path, send)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 128 + signal.SIGTERM, err
+    ended = where(tmp_path)
+    assert len(ended) == 2 and ended[0] == ended[1], ended  # the same batch on both ranks
+    stopped_at = int(ended[0].split()[1])
+    assert PER_EPOCH <= stopped_at < 4 * PER_EPOCH
+    assert "interrupted after" in out and out.count("epochal: run ") == 1
+    if target == "rank 1":
+        assert "SIGTERM received (on rank 1)" in out
+    saved = final_state(tmp_path)
+    assert saved["iteration"] == stopped_at  # the interrupt's checkpoint, complete
+    resumed = epochal(tmp_path, "run", str(tmp_path / "run.toml"), "--nproc", "2", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"at epoch {stopped_at // PER_EPOCH}, iteration {stopped_at}" in resumed.stderr
+    assert first_difference(compared(straight), compared(final_state(tmp_path))) is None
+
+
+def test_a_rank_killed_ends_the_run_with_one_clear_error_and_resume_continues(tmp_path, straight):
+    def send(launcher: int, workers: dict[int, int]) -> None:
+        os.kill(workers[1], signal.SIGKILL)
+
+    started = time.monotonic()
+    run = interrupted(tmp_path, send)
+    _, err = run.communicate(timeout=120)
+    assert time.monotonic() - started < 90  # the survivor does not wait for its timeout
+    assert run.returncode == 1
+    last = [line for line in err.splitlines() if line.startswith("Error: rank 1")]
+    assert len(last) == 1, err
+    assert "was killed by SIGKILL" in last[0] and "--nproc 2" in last[0] and "--resume" in last[0]
+    assert "Traceback" not in err
+    kept = checkpoints(tmp_path)
+    assert kept and f"the last complete checkpoint is run/checkpoints/{kept[-1]}" in last[0]
+    final_state(tmp_path)  # complete and verified
+    resumed = epochal(tmp_path, "run", str(tmp_path / "run.toml"), "--nproc", "2", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert first_difference(compared(straight), compared(final_state(tmp_path))) is None
+
+
+def test_resume_on_another_number_of_processes(tmp_path):
+    """At an epoch end it continues (re-sharded); in the middle of an epoch it is refused."""
+    config = write_run(tmp_path, ["checkpoint"], max_epochs=1)
+    assert epochal(tmp_path, "run", str(config), "--nproc", "2").returncode == 0
+    done = epochal(tmp_path, "run", str(config), "--resume", "--set", "loop.max_epochs=2")
+    assert done.returncode == 0, done.stderr
+    assert "finished after 2 epoch(s), 24 batch(es)" in done.stdout  # 8 on 2 ranks, then 16 alone
+
+    shutil.rmtree(tmp_path / "run")
+    stop = "[plugins.finish_after]\nbatches = 3\n"
+    config = write_run(tmp_path, ["finish_after", "checkpoint"], extra=stop)
+    assert epochal(tmp_path, "run", str(config), "--nproc", "2").returncode == 0
+    before = checkpoints(tmp_path)
+    done = epochal(tmp_path, "run", str(config), "--resume", "--disable", "finish_after")
+    assert done.returncode == 2
+    assert "cannot resume on 1 process(es) a state saved by 2 in the middle of epoch 1" in done.stderr
+    assert "--nproc 2" in done.stderr
+    assert checkpoints(tmp_path) == before
+
+
+def test_torchrun_starts_the_same_run(tmp_path):
+    config = write_run(tmp_path, ["checkpoint"], max_epochs=1)
+    done = subprocess.run(
+        [*TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "epochal", "run", str(config)],
+        cwd=tmp_path,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("epochal: run ") == 1
+    assert where(tmp_path) == [f"1 {PER_EPOCH} max_epochs=1 reached"] * 2
+    assert final_state(tmp_path)["world_size"] == 2
+
+
+def test_check_resume_on_two_processes(tmp_path):
+    config = write_run(tmp_path, ["monitor", "checkpoint"], max_epochs=2)
+    done = epochal(tmp_path, "check-resume", str(config), "--nproc", "2", "--at", "11")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ok: interrupted after batch 11 of 16 and resumed" in done.stdout
+
+
+# -- bad input --------------------------------------------------------------------------------
+
+
+def test_plugins_check_on_two_processes_says_where_each_plugin_runs(tmp_path):
+    config = write_run(tmp_path, ["monitor", "checkpoint", "sqlite_log"])
+    done = epochal(tmp_path, "plugins", "--check", str(config), "--nproc", "2")
+    assert done.returncode == 0, done.stderr
+    assert "every rank runs monitor, checkpoint, where; rank 0 only: sqlite_log" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--nproc", "0"], "'--nproc'"),
+        (["--nproc", "2", "--backend", "mpi"], "'--backend'"),
+        (["--nproc", "2", "--port", "70000"], "--port 70000: not a TCP port number"),
+    ],
+)
+def test_bad_input_is_refused_before_anything_starts(tmp_path, args, message):
+    config = write_run(tmp_path, ["checkpoint"])
+    done = epochal(tmp_path, "run", str(config), *args)
+    assert done.returncode == 2
+    assert message in done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and message in errors[0]
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_port_in_use_is_refused(tmp_path):
+    config = write_run(tmp_path, ["checkpoint"])
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = epochal(tmp_path, "run", str(config), "--nproc", "2", "--port", str(port))
+    assert done.returncode == 2
+    assert f"Error: --port {port}: the port is in use" in done.stderr
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(
+    __import__("torch").cuda.is_available(), reason="this machine has GPUs: nccl is available"
+)
+def test_nccl_without_gpus_is_refused(tmp_path):
+    config = write_run(tmp_path, ["checkpoint"])
+    done = epochal(tmp_path, "run", str(config), "--nproc", "2", "--backend", "nccl")
+    assert done.returncode == 2
+    assert "Error: --backend = 'nccl' needs CUDA GPUs and this machine has none" in done.stderr
+    text = config.read_text().replace('backend = "gloo"', 'backend = "nccl"')
+    config.write_text(text)
+    done = epochal(tmp_path, "run", str(config), "--nproc", "2")
+    assert done.returncode == 2
+    assert "[distributed] backend = 'nccl' needs CUDA GPUs" in done.stderr
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ('backend = "mpi"', "[distributed]: backend must be Literal['auto', 'gloo', 'nccl'], not 'mpi'"),
+        ("timeout = 0", "[distributed] timeout must be a positive number of seconds, not 0"),
+        ("retries = 3", "[distributed]: unknown key 'retries'"),
+        ("agree_every_n_batches = 0", "[distributed] agree_every_n_batches must be a positive integer"),
+    ],
+)
+def test_a_bad_distributed_section_names_its_key(tmp_path, table, message):
+    config = write_run(tmp_path, ["checkpoint"])
+    text = config.read_text().replace('backend = "gloo"\ntimeout = 60', table)
+    config.write_text(text)
+    done = epochal(tmp_path, "run", str(config), "--nproc", "2")
+    assert done.returncode == 2
+    assert message in done.stderr, done.stderr
+
+
+def test_sigint_to_the_launcher_finishes_the_epoch_on_every_rank(tmp_path):
+    def send(launcher: int, workers: dict[int, int]) -> None:
+        os.kill(launcher, signal.SIGINT)
+
+    run = interrupted(tmp_path, send)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 128 + signal.SIGINT, err
+    assert "interrupted after" in out
+    ended = where(tmp_path)
+    assert len(ended) == 2 and ended[0] == ended[1], ended
+    epoch, iteration = (int(n) for n in ended[0].split()[:2])
+    assert iteration == epoch * PER_EPOCH and epoch < 4  # at an epoch end, before the last
+    assert "finishing the current epoch" in err and err.count("SIGINT received") == 1
+    assert final_state(tmp_path)["iteration"] == iteration
