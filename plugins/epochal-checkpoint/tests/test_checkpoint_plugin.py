@@ -141,7 +141,7 @@ def test_async_saves_match_sync_saves_and_nothing_is_left_in_flight(tmp_path: Pa
 
 def fail_writes_after(monkeypatch: pytest.MonkeyPatch, good: int) -> None:
     """Make every file write after the first *good* ones fail with ENOSPC."""
-    real, calls = storage._write_all, [0]
+    real, calls = storage._writev_all, [0]
 
     def write_all(fd: int, data: Any) -> None:
         calls[0] += 1
@@ -149,7 +149,7 @@ def fail_writes_after(monkeypatch: pytest.MonkeyPatch, good: int) -> None:
             raise OSError(errno.ENOSPC, "No space left on device")
         real(fd, data)
 
-    monkeypatch.setattr(storage, "_write_all", write_all)
+    monkeypatch.setattr(storage, "_writev_all", write_all)
 
 
 @pytest.mark.parametrize("async_save", [False, True])
@@ -297,11 +297,11 @@ def test_cli_resume_refuses_a_pickle_payload(project: Path) -> None:
     done = epochal_command("run", "run.toml", "--set", "loop.max_iterations=3", cwd=project)
     assert done.returncode == 0, done.stderr
     path = project / "run" / "checkpoints" / "ckpt-e0000-i000003"
-    with open(path / "arrays.npy", "wb") as file:  # an object array: np.save pickles it
-        np.save(file, np.array([{"evil": 1}], dtype=object), allow_pickle=True)
-    state = json.loads((path / "state.json").read_text())
+    state = storage.read_state_document(path)
     state["arrays"][0].update(dtype="|O", shape=[1], offset=0)
-    (path / "state.json").write_text(json.dumps(state))
+    with open(path / "data.bin", "wb") as file:  # an object array: np.save pickles it
+        np.save(file, np.array([{"evil": 1}], dtype=object), allow_pickle=True)
+        file.write(json.dumps(state).encode())
     resign(path)
     assert_clear_error(
         epochal_command("run", "run.toml", "--resume", cwd=project), "ckpt-e0000-i000003", "pickle payload"
@@ -329,7 +329,7 @@ def test_cli_corrupt_latest_warns_and_resumes_from_the_previous(project: Path) -
     assert done.returncode == 0, done.stderr
     directory = project / "run" / "checkpoints"
     newest = directory / storage.read_pointer(directory)  # type: ignore[operator]
-    with open(newest / "arrays.npy", "r+b") as file:
+    with open(newest / "data.bin", "r+b") as file:
         file.truncate(10)
     resumed = epochal_command("run", "run.toml", "--resume", "--set", "loop.max_iterations=22", cwd=project)
     assert resumed.returncode == 0, resumed.stderr

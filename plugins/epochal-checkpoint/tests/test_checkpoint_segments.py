@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import warnings
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from epochal_checkpoint import (
     load_latest,
     read_checkpoint,
 )
-from epochal_checkpoint.storage import resign
+from epochal_checkpoint.storage import read_state_document, resign
 from epochal_checkpoint.testing import BatchRecorder, make_data, make_model
 
 from epochal import Loop, hookimpl
@@ -105,11 +106,11 @@ def test_a_record_every_batch_writes_only_the_new_rows_per_save(tmp_path: Path) 
         added = segment_rows(after.path, new[-1])
         assert list(added) == [str(i) for i in range(start + 1, stop + 1)]
         assert after.manifest["files"][new[-1]]["size"] == (after.path / new[-1]).stat().st_size
-        assert json.loads((after.path / "state.json").read_text())["tree"]["log"]["rows"] == {}
+        assert read_state_document(after.path)["tree"]["log"]["rows"] == {}
     state, _ = read_checkpoint(infos[-1].path)
     assert rows_text(state["log"]["rows"]) == rows_text(loop.log.state_dict()["rows"])
-    status = json.loads((infos[-1].path / "state.json").read_text())["tree"]["log"]["status"]
-    assert status["status"] == "running" == state["log"]["status"]["status"]  # in state.json
+    status = read_state_document(infos[-1].path)["tree"]["log"]["status"]
+    assert status["status"] == "running" == state["log"]["status"]["status"]  # in the state
 
 
 def test_many_saves_keep_few_segments_and_the_log_exact(tmp_path: Path) -> None:
@@ -130,8 +131,8 @@ def test_a_row_changed_after_it_was_saved_is_saved_again_and_resumed(
     first, second = list_checkpoints(directory)[0]
     new = segment_rows(second.path, second.manifest["log_segments"][-1])
     assert new["5"]["loss"] == 123.0 and "step" not in new["6"] and new["7"] == {}
-    inline = json.loads((second.path / "state.json").read_text())["tree"]["log"]["rows"]
-    assert "9" not in new and list(inline) == ["9"]  # a nested numpy value: the row stays in state.json
+    inline = read_state_document(second.path)["tree"]["log"]["rows"]
+    assert "9" not in new and list(inline) == ["9"]  # a nested numpy value: the row stays in the state
     assert new["8"]["hist"] == [1, 2]  # grown in place after it was saved: saved again
     state, _ = read_checkpoint(second.path)
     rows = state["log"]["rows"]
@@ -251,8 +252,17 @@ def test_a_checkpoint_of_format_1_resumes_and_the_next_save_writes_every_row(tmp
     keep = {k: v for k, v in old.items() if k not in ("files", "log_segments", "name", "format", "version")}
     path = write_checkpoint(directory, newest.name, flatten(state), keep).path
     legacy = {**manifest(path), "version": 1}
+    at = legacy["files"]["data.bin"]["state"]  # format 1: the same records and state, two files
+    data = (path / "data.bin").read_bytes()
+    (path / "arrays.npy").write_bytes(data[:at])
+    (path / "state.json").write_bytes(data[at:])
+    (path / "data.bin").unlink()
+    legacy.pop("commit")  # format 1 had no commit record
+    legacy["files"] = {
+        name: {"size": len(part), "crc32": f"{zlib.crc32(part):08x}"}
+        for name, part in (("arrays.npy", data[:at]), ("state.json", data[at:]))
+    }
     (path / "manifest.json").write_text(json.dumps(legacy))
-    (path / "commit").unlink()  # format 1 had no commit record
     assert "log_segments" not in legacy and len(state["log"]["rows"]) == 20
     resumed = run(tmp_path, max_iterations=30, every=10, resume=True)
     straight = run(tmp_path / "straight", max_iterations=30, every=10)
@@ -272,16 +282,10 @@ def test_a_manifest_naming_a_bad_segment_is_refused(tmp_path: Path, bad: str) ->
         read_checkpoint(path)
 
 
-def test_segments_beside_a_large_state_written_in_a_second_thread(tmp_path: Path) -> None:
-    from epochal_checkpoint.storage import (
-        PARALLEL_CHECKSUM_BYTES,
-        LinkedSegment,
-        NewSegment,
-        flatten,
-        write_checkpoint,
-    )
+def test_segments_beside_a_large_state(tmp_path: Path) -> None:
+    from epochal_checkpoint.storage import LinkedSegment, NewSegment, flatten, write_checkpoint
 
-    weights = np.arange(PARALLEL_CHECKSUM_BYTES // 8 + 1, dtype=np.float64)  # arrays.npy in a thread
+    weights = np.arange((1 << 22) // 8 + 1, dtype=np.float64)
     state = {"w": weights, "log": {"rows": {}, "status": {}}}
     first = write_checkpoint(
         tmp_path, "ckpt-e0000-i000001", flatten(state), {"sequence": 1},

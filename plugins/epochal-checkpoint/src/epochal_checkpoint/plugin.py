@@ -554,7 +554,7 @@ def read_from(path: Path, model_only: bool = False) -> tuple[dict[str, Any], Pat
         raise CheckpointNotFoundError(f"no checkpoint at {str(path)!r} (the path does not exist)")
     if path.is_file() and path.name == storage.MANIFEST:
         path = path.parent
-    elif path.name == storage.POINTER and not path.is_dir():
+    elif path.name == storage.POINTER and (path.is_symlink() or not path.is_dir()):
         name = storage.read_pointer(path.parent)  # a bare checkpoint name: never leaves the directory
         if name is None:
             raise CheckpointNotFoundError(
