@@ -127,12 +127,15 @@ def test_fresh_run_keeps_other_runs_checkpoints_and_warns(tmp_path: Path) -> Non
 
 
 def test_async_saves_match_sync_saves_and_nothing_is_left_in_flight(tmp_path: Path) -> None:
-    for mode in ("sync", "async"):
-        plugin = Checkpoint(every_n_batches=3, keep_last=None, async_save=mode == "async")
+    # the reference saves after every batch and epoch: a superset of what the async run saves
+    # (a save due while a write is in flight is deferred to a later batch, see back-pressure)
+    for mode, every in (("sync", 1), ("async", 3)):
+        plugin = Checkpoint(every_n_batches=every, keep_last=None, async_save=mode == "async")
         make_loop(tmp_path / mode, ("checkpoint", plugin), size=200_000).run()
         assert not any(t.name == "epochal-checkpoint-writer" for t in threading.enumerate())
-    assert names(tmp_path / "sync") == names(tmp_path / "async")
-    for name in names(tmp_path / "sync"):
+    assert set(names(tmp_path / "async")) <= set(names(tmp_path / "sync"))
+    assert names(tmp_path / "async")[-1] == names(tmp_path / "sync")[-1] == "ckpt-e0002-i000032"
+    for name in names(tmp_path / "async"):
         a, _ = read_checkpoint(tmp_path / "sync" / "checkpoints" / name)
         b, _ = read_checkpoint(tmp_path / "async" / "checkpoints" / name)
         assert all(a["model"][k].tobytes() == b["model"][k].tobytes() for k in ("p0", "p1", "p2", "p3"))

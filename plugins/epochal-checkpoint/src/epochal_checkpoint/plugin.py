@@ -62,7 +62,13 @@ class Checkpoint:
     :param keep_best: also keep this many best checkpoints by ``monitor``.
     :param monitor: the log key ranking checkpoints for ``keep_best`` (e.g. ``valid.loss``).
     :param mode: ``min`` or ``max``: which values of ``monitor`` are best.
-    :param async_save: copy the state in memory and write it in a background thread.
+    :param async_save: copy the state in memory and write it in a background thread. A
+        periodic save (every n epochs/batches/seconds) that comes due while the previous write
+        is still running is deferred, not waited for: it is taken at the first batch or epoch
+        end after that write finished (several due meanwhile make one save). So the loop never
+        waits longer than one in-memory copy; a warning says so once per run and
+        :attr:`deferred` (and each manifest's ``deferred_saves``) counts them. Saves at the end,
+        on interrupt and on error wait for the write in flight and are always written.
     :param export: also write the model's weights as a ``.safetensors`` file in the checkpoint
         directory: ``"last"`` (``last.safetensors`` when training ends), ``"best"``
         (``best.safetensors`` whenever a save has the best ``monitor`` value so far), ``"both"``
@@ -152,6 +158,10 @@ class Checkpoint:
         self._lock: DirectoryLock | None = None
         #: the checkpoint this run resumed from (None for a fresh run).
         self.resumed_path: Path | None = None
+        #: periodic saves deferred because the previous asynchronous write was still running.
+        self.deferred = 0
+        #: the reason of a deferred save still to take (None: none).
+        self._pending: str | None = None
 
     # -- hooks ------------------------------------------------------------------------------------
 
@@ -259,6 +269,7 @@ class Checkpoint:
                 )
         self._lineage = [*(r for r in self._lineage if r != loop.run_id), loop.run_id]
         self._last_key = (loop.epoch, loop.iteration) if loop.resumed else None
+        self.deferred, self._pending = 0, None
         resumed, self._resumed = self._resumed, None
         self._base = None
         if loop.resumed and resumed is not None:  # its segments are linked by the next save
@@ -272,17 +283,21 @@ class Checkpoint:
 
     @hookimpl
     def after_batch(self, loop: Loop) -> None:
-        """Save every n batches / every n seconds."""
+        """Save every n batches / every n seconds (or a save deferred until the writer is idle)."""
         due = self._batch_due(loop)
         due = self._seconds_due(loop) or due
         if due:
-            self._save(loop, "batch")
+            self._save(loop, "batch", periodic=True)
+        elif self._pending is not None and not self._writing():
+            self._save(loop, self._pending, periodic=True)
 
     @hookimpl
     def after_epoch(self, loop: Loop) -> None:
-        """Save every n epochs."""
+        """Save every n epochs (or a save deferred until the writer is idle)."""
         if self._epoch_due(loop):
-            self._save(loop, "epoch")
+            self._save(loop, "epoch", periodic=True)
+        elif self._pending is not None and not self._writing():
+            self._save(loop, self._pending, periodic=True)
 
     @hookimpl
     def on_interrupt(self, loop: Loop) -> None:
@@ -295,8 +310,8 @@ class Checkpoint:
     def after_training(self, loop: Loop) -> None:
         """Save the final state (unless just saved); wait for any write in flight."""
         try:
-            if self.save_at_end:
-                self._save(loop, "end")
+            if self.save_at_end or self._pending is not None:
+                self._save(loop, "end" if self.save_at_end else self._pending or "end")
             self.wait()
             if self.export in ("last", "both") and self._directory is not None:
                 export_weights(loop.model.state_dict(), self._directory / LAST_WEIGHTS, self._metadata(loop))
@@ -336,10 +351,17 @@ class Checkpoint:
         hook = getattr(error, "epochal_hook", None)
         return plugin is not None and plugin != self._name and hook in BOUNDARY_HOOKS
 
-    def _save(self, loop: Loop, reason: str, error: BaseException | None = None) -> None:
+    def _save(
+        self, loop: Loop, reason: str, error: BaseException | None = None, periodic: bool = False
+    ) -> None:
         key = (loop.epoch, loop.iteration)
         if key == self._last_key or self._directory is None:
+            self._pending = None
             return
+        if periodic and self._writing():
+            self._defer(loop, reason)  # back-pressure: never wait for the disk on a periodic save
+            return
+        self._pending = None
         self.wait()
         self._sequence += 1
         state = loop.state_dict(log_rows=False)  # the rows go into segments: only what changed
@@ -366,6 +388,7 @@ class Checkpoint:
             "mode": self.mode,
             "metric": metric,
             "plugins": self._plugin_set,
+            "deferred_saves": self.deferred,
         }
         if self.export in ("best", "both") and metric is not None and self._improves(metric):
             meta = {**self._metadata(loop), "epochal.monitor": self.monitor, "epochal.metric": repr(metric)}
@@ -386,6 +409,24 @@ class Checkpoint:
             self._thread.start()
         else:
             self._write(self._directory, name, snapshot, manifest, log_save)
+
+    def _writing(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _defer(self, loop: Loop, reason: str) -> None:
+        if self._pending is None:
+            self._pending = reason
+        self.deferred += 1
+        if self.deferred == 1:
+            warnings.warn(
+                f"epochal-checkpoint: a {reason} save at iteration {loop.iteration} came due while the "
+                "previous asynchronous write was still running; it is deferred to the first batch "
+                "end after that write finishes (saves come faster than the disk writes them: "
+                "save less often, or use async_save = false to wait instead). Said once per run; "
+                "Checkpoint.deferred and the manifests' deferred_saves count them",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     def _improves(self, metric: float) -> bool:
         best = self._best_exported
