@@ -25,6 +25,7 @@ from epochal_checkpoint import (
     list_checkpoints,
     load_latest,
     read_checkpoint,
+    storage,
 )
 from epochal_checkpoint.storage import read_state_document, resign
 from epochal_checkpoint.testing import BatchRecorder, make_data, make_model
@@ -323,3 +324,63 @@ def test_the_log_accessors_the_incremental_save_relies_on() -> None:
     assert log.state_dict() == full and log.load_count == 0
     log.load_state_dict(full)
     assert log.load_count == 1 and list(log.row_map) == [1, 3]
+
+
+def test_a_long_log_is_merged_on_disk_and_never_read_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """40,000 rows, a save every 500: segments are merged into ones of 4,000 and 32,000 rows by
+    copying their bytes (the log is never asked for a saved row again), the count stays small."""
+    from epochal.log import TrainingLog
+
+    real_peek = TrainingLog.peek
+
+    def peek(self: TrainingLog, iterations: Any) -> Any:
+        wanted = list(iterations)
+        assert not wanted, f"the log was asked for {len(wanted)} saved rows"
+        return real_peek(self, wanted)
+
+    monkeypatch.setattr(TrainingLog, "peek", peek)
+    loop = run(tmp_path, max_iterations=40_000, every=500, keep_last=2)
+    newest = list_checkpoints(tmp_path / "checkpoints")[0][-1]
+    segments = newest.manifest["log_segments"]
+    sizes = [len(segment_rows(newest.path, name)) for name in segments]
+    assert len(segments) <= 7 * 3 and max(sizes) >= 32_000, sizes  # past the former 4,096-row limit
+    state, _ = read_checkpoint(newest.path)
+    assert rows_text(state["log"]["rows"]) == rows_text(loop.log.state_dict()["rows"])
+
+
+def test_a_merge_copies_segment_bytes_and_reloads_a_damaged_one(tmp_path: Path) -> None:
+    from epochal_checkpoint.storage import LinkedSegment, MergedSegment, NewSegment, flatten, write_checkpoint
+
+    state = {"w": np.zeros(2), "log": {"rows": {}, "status": {}}}
+    parts = [
+        NewSegment("log-000001-i000001-000002.json", {"1": {"a": 1.0}, "2": {"a": 2.0}}),
+        NewSegment("log-000002-i000003-000004.json", {"3": {"a": 3.0}, "4": {"a": 4.0}}),
+    ]
+    first = write_checkpoint(tmp_path, "ckpt-e0000-i000004", flatten(state), {"sequence": 1}, segments=parts)
+    assert first.segments is not None
+    with open(first.path / parts[1].name, "r+b") as file:  # bit rot in the second segment
+        file.seek(60)
+        file.write(b"X")
+    reloaded: list[str] = []
+
+    def reload(segment: Any) -> dict[str, Any]:
+        reloaded.append(segment.name)
+        return {"3": {"a": 3.5}, "4": {}}  # the log's rows now: 3 changed, 4 emptied
+
+    merged = MergedSegment(
+        "log-000003-i000001-000005.json",
+        [LinkedSegment(first.path, s) for s in first.segments],
+        {"2": {}, "5": {"a": 5.0}},
+        reload,
+    )
+    second = write_checkpoint(
+        tmp_path, "ckpt-e0000-i000005", flatten(state), {"sequence": 2}, segments=[merged]
+    )
+    assert reloaded == [parts[1].name]  # only the damaged part came from the log
+    data = (second.path / merged.name).read_bytes()
+    assert (first.path / parts[0].name).read_bytes()[len(storage.SEGMENT_HEAD) : -2] in data  # copied
+    assert second.segments is not None and list(second.segments[0].rows) == [1, 2, 3, 4, 5]
+    loaded, _ = read_checkpoint(second.path)
+    assert loaded["log"]["rows"] == {"1": {"a": 1.0}, "3": {"a": 3.5}, "5": {"a": 5.0}}

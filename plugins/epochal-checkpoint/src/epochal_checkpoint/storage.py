@@ -59,7 +59,7 @@ import stat
 import sys
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -287,6 +287,26 @@ class LinkedSegment:
     segment: Segment
 
 
+@dataclass
+class MergedSegment:
+    """A new log segment made of earlier segments' bytes and new rows: a merge on disk.
+
+    The *parts* (segments of an earlier checkpoint, in reading order) are read back, verified
+    and their rows copied as bytes (no parsing), then *rows* follow; a reader's later-row-wins
+    rule gives the same rows as reading the parts and a new segment one after another. A part
+    that fails verification is replaced by ``reload(segment)``: its rows from the training log.
+    """
+
+    name: str
+    parts: list[LinkedSegment]
+    rows: dict[str, Any]
+    reload: Callable[[Segment], Mapping[str, Any]]
+
+
+#: every segment starts with these bytes and ends with ``}}`` (see :func:`encode_segment`).
+SEGMENT_HEAD = b'{"format":"' + LOG_FORMAT.encode("ascii") + b'","version":1,"rows":{'
+
+
 def encode_segment(rows: Mapping[str, Any]) -> bytes:
     """The bytes of a log segment holding *rows* (``{"<iteration>": {key: value}}``)."""
     document = {"format": LOG_FORMAT, "version": 1, "rows": rows}
@@ -404,8 +424,45 @@ def seal(manifest: bytes) -> bytes:
     return head + f'{crc32(head):08x}"\n}}\n'.encode("ascii")
 
 
-def _add_segment(tmp: Path, source: LinkedSegment | NewSegment) -> Segment:
+def _segment_body(part: LinkedSegment, reload: Callable[[Segment], Mapping[str, Any]]) -> memoryview:
+    """The rows of segment *part* as the bytes between ``"rows":{`` and ``}}`` (its own bytes,
+    verified; its rows re-encoded from ``reload`` when it fails verification)."""
+    segment = part.segment
+    data: bytes | bytearray
+    try:
+        data = _verified(part.source, segment.name, {"size": segment.size, "crc32": segment.crc32})
+    except CorruptCheckpointError:
+        data = encode_segment(reload(segment))
+    if not (data.startswith(SEGMENT_HEAD) and data.endswith(b"}}")):  # not our encoding: parse it
+        try:
+            document = parse_json(part.source, segment.name, data)
+        except CorruptCheckpointError:
+            document = None
+        rows: Any = document.get("rows") if isinstance(document, dict) else None
+        data = encode_segment(rows if _rows_ok(rows) else reload(segment))
+    return memoryview(data)[len(SEGMENT_HEAD) : -2]
+
+
+def _merge_segment(tmp: Path, source: MergedSegment) -> Segment:
+    bodies = [body for part in source.parts if len(body := _segment_body(part, source.reload))]
+    new = memoryview(encode_segment(source.rows))[len(SEGMENT_HEAD) : -2]
+    if len(new):
+        bodies.append(new)
+    pieces: list[memoryview | bytes] = [SEGMENT_HEAD]
+    for k, body in enumerate(bodies):
+        pieces += [b",", body] if k else [body]
+    pieces.append(b"}}")
+    written = _write_file(tmp / source.name, pieces)
+    ids: set[int] = {int(i) for i in source.rows}
+    for part in source.parts:
+        ids.update(part.segment.rows)
+    return Segment(source.name, written["size"], written["crc32"], sorted(ids))
+
+
+def _add_segment(tmp: Path, source: LinkedSegment | NewSegment | MergedSegment) -> Segment:
     """Put a log segment into the temporary checkpoint directory *tmp*; return what it is."""
+    if isinstance(source, MergedSegment):
+        return _merge_segment(tmp, source)
     if isinstance(source, NewSegment):
         rows = [int(i) for i in source.rows]
         written = _write_file(tmp / source.name, [encode_segment(source.rows)])
@@ -436,7 +493,7 @@ def write_checkpoint(
     snapshot: Snapshot,
     manifest: Mapping[str, Any],
     pointer: bool = True,
-    segments: Sequence[LinkedSegment | NewSegment] = (),
+    segments: Sequence[LinkedSegment | NewSegment | MergedSegment] = (),
 ) -> CheckpointInfo:
     """Write *snapshot* atomically as checkpoint *name* in *directory*; return where and what.
 
