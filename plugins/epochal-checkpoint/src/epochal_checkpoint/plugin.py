@@ -487,6 +487,7 @@ class Checkpoint:
         thread, self._thread = self._thread, None
         if thread is not None:
             thread.join()
+        storage.finish_deletions()
         error, self._error = self._error, None
         if error is None or not raise_error:
             return error
@@ -523,9 +524,10 @@ class Checkpoint:
             scored.sort(key=lambda info: float(info.manifest["metric"]), reverse=self.mode == "max")
             keep.update(info.name for info in scored[: self.keep_best])
         doomed = [info for info in mine if info.name not in keep]
+        storage.finish_deletions()
         for info in doomed:
             try:
-                storage.delete_checkpoint(info.path)
+                storage.delete_checkpoint(info.path, wait=False)
             except FileNotFoundError:
                 pass
             except OSError as error:
@@ -537,8 +539,10 @@ class Checkpoint:
                 continue
             self._known.remove(info)
             self._own.remove(info.name)
-        if doomed:
-            storage.fsync_dir(directory)
+        # No directory fsync for the deletions: one lost to a power cut brings back an older
+        # checkpoint of this run family, listed as its own in the newest manifest (``written``,
+        # saved before this prune), so the next run prunes it again. The next save's fsync of
+        # the directory makes them durable anyway.
 
 
 def _same_dir(a: Path, b: Path) -> bool:

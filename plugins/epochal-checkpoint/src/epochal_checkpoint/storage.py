@@ -57,6 +57,7 @@ import re
 import shutil
 import stat
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -691,11 +692,34 @@ def make_directory(directory: Path) -> None:
         fsync_dir(path.parent)
 
 
-def delete_checkpoint(path: Path) -> None:
-    """Remove a checkpoint: rename it to a temporary name (atomic), then delete that."""
+#: deletions still running in the background (see :func:`delete_checkpoint`).
+_reapers: list[threading.Thread] = []
+
+
+def delete_checkpoint(path: Path, wait: bool = True) -> None:
+    """Remove a checkpoint: rename it to a temporary name (atomic), then delete that.
+
+    With *wait* false the files are deleted in a background thread (unlinking a directory
+    costs as much as a save on a busy disk, and nothing waits for it): the checkpoint is gone
+    from its name at once, the temporary leftovers are removed later, or at the next start
+    after a crash. :func:`finish_deletions` waits for them.
+    """
     doomed = path.parent / temp_name(path.name)
     os.rename(path, doomed)
-    shutil.rmtree(doomed, ignore_errors=True)
+    if wait:
+        shutil.rmtree(doomed, ignore_errors=True)
+        return
+    reaper = threading.Thread(
+        target=shutil.rmtree, args=(doomed,), kwargs={"ignore_errors": True}, name="epochal-checkpoint-reaper"
+    )
+    reaper.start()
+    _reapers.append(reaper)
+
+
+def finish_deletions() -> None:
+    """Wait for the deletions :func:`delete_checkpoint` runs in the background."""
+    while _reapers:
+        _reapers.pop().join()
 
 
 def clean_temporaries(directory: Path) -> list[str]:
