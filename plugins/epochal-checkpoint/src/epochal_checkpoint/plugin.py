@@ -305,6 +305,7 @@ class Checkpoint:
         if self.save_on_interrupt:
             self._save(loop, "interrupt")
         self.wait()
+        storage.finish_deletions()
 
     @hookimpl
     def after_training(self, loop: Loop) -> None:
@@ -317,6 +318,7 @@ class Checkpoint:
                 export_weights(loop.model.state_dict(), self._directory / LAST_WEIGHTS, self._metadata(loop))
         finally:
             self._spare = []
+            storage.finish_deletions()
             self._release()
 
     @hookimpl
@@ -327,6 +329,7 @@ class Checkpoint:
                 self._save(loop, "error", error)
         finally:
             failed = self.wait(raise_error=False)
+            storage.finish_deletions()
             self._release()
             if failed is not None:
                 warnings.warn(f"epochal-checkpoint: {failed}", RuntimeWarning, stacklevel=2)
@@ -487,7 +490,6 @@ class Checkpoint:
         thread, self._thread = self._thread, None
         if thread is not None:
             thread.join()
-        storage.finish_deletions()
         error, self._error = self._error, None
         if error is None or not raise_error:
             return error
@@ -524,7 +526,7 @@ class Checkpoint:
             scored.sort(key=lambda info: float(info.manifest["metric"]), reverse=self.mode == "max")
             keep.update(info.name for info in scored[: self.keep_best])
         doomed = [info for info in mine if info.name not in keep]
-        storage.finish_deletions()
+        storage.finish_deletions(keep=4)  # deletions slower than saves: bound the backlog
         for info in doomed:
             try:
                 storage.delete_checkpoint(info.path, wait=False)

@@ -716,10 +716,11 @@ def delete_checkpoint(path: Path, wait: bool = True) -> None:
     _reapers.append(reaper)
 
 
-def finish_deletions() -> None:
-    """Wait for the deletions :func:`delete_checkpoint` runs in the background."""
-    while _reapers:
-        _reapers.pop().join()
+def finish_deletions(keep: int = 0) -> None:
+    """Wait for the deletions :func:`delete_checkpoint` runs in the background (the oldest
+    first) until at most *keep* are still running."""
+    while len(_reapers) > keep:
+        _reapers.pop(0).join()
 
 
 def clean_temporaries(directory: Path) -> list[str]:
