@@ -165,3 +165,15 @@ def test_the_commit_record_is_the_manifest_last_key_and_any_change_is_caught(tmp
     (path / "manifest.json").write_bytes(unsealed)
     with pytest.raises(CorruptCheckpointError, match="no commit record"):
         storage.read_manifest(path)
+
+
+def test_index_entries_sharing_a_record_are_refused_before_anything_is_allocated(tmp_path: Path) -> None:
+    """A re-signed index pointing many arrays at one big record would allocate its size many
+    times: records may not overlap, so what a read allocates is bounded by the file."""
+    path = save(tmp_path, {"model": {"a": np.zeros(100_000), "b": np.ones(100_000)}})
+    state = storage.read_state_document(path)
+    first = state["arrays"][0]
+    state["arrays"] = [dict(first), {**first, "path": ["model", "b"]}]
+    storage.replace_state(path, state)
+    with pytest.raises(CorruptCheckpointError, match=r"array 'model.b' overlaps the array before it"):
+        read_checkpoint(path)
