@@ -1,17 +1,25 @@
-"""Checkpoint I/O benchmark: save throughput against the raw write+fsync floor, and loop stall.
+"""Checkpoint I/O benchmark: save and load throughput against raw I/O, and loop stall.
 
-Run: ``python bench/checkpoint_io.py [--dir DIR] [--quick]`` (needs epochal-checkpoint installed).
+Run: ``python bench/checkpoint_io.py [--dir DIR] [--quick] [--io-only | --log-only]`` (needs
+epochal-checkpoint installed).
 
-1. Save throughput for 8/64/256 MB of float32 state (4 arrays): the epochal-checkpoint save
-   (flatten + ``arrays.npy``/``state.json``/``manifest.json`` with CRC-32, fsyncs, rename,
-   directory fsync, ``latest`` pointer) against the floor: the same bytes written to one file
-   with ``write`` + ``fsync``. ``np.savez`` + fsync is shown for reference. Measured side by
-   side in one run, interleaved; medians and ratios.
-2. Loop stall per checkpoint: the time a training loop spends inside the checkpoint plugin's
+1. Save throughput for 1 MB to 1 GB of float32 state (4 arrays): the epochal-checkpoint save
+   (flatten + ``data.bin`` (arrays written from their memory, then the JSON state) +
+   ``manifest.json`` sealed by its commit record, one fsync per file, temporary-directory fsync,
+   rename, ``latest`` link, parent-directory fsync) against the floor: the same bytes written
+   to one file with ``write`` + ``fsync``; beside it the *atomic publish floor* (that raw write
+   into a new temporary directory, fsynced, renamed, parent fsynced: what any crash-safe
+   directory save needs at least). ``np.savez`` + fsync is shown for reference. Measured side
+   by side in one run, interleaved (from 256 MB on, ``os.sync()`` untimed before each case so
+   none pays for the previous one's writeback); medians and ratios.
+2. Load: a checkpoint of 100 MB to 1 GB (half model, half optimizer) read whole and with
+   ``model_only``, against a raw read of the same bytes into a preallocated buffer; all from
+   the page cache (the files were just written).
+3. Loop stall per checkpoint: the time a training loop spends inside the checkpoint plugin's
    ``after_batch`` when it saves 64 MB, with ``async_save`` off and on, against an in-memory
-   copy of the same arrays.
-
-3. Save cost against the length of the training log: a loop whose log holds 1k / 10k / 50k
+   copy of the same arrays, with a save due every 30 and every 3 batches (faster than the disk:
+   the asynchronous saves are then deferred, and the worst stall is what the loop waited).
+4. Save cost against the length of the training log: a loop whose log holds 1k / 10k / 50k
    rows of 10 records, 1,000 of them added since the previous save (an epoch with a record
    every batch). Each repeat is a fresh run: a first save (untimed) writes every row, 1,000
    rows are added, then the saves are timed. "whole log" is the method before log segments
@@ -21,7 +29,8 @@ Run: ``python bench/checkpoint_io.py [--dir DIR] [--quick]`` (needs epochal-chec
    again with nothing added (the comparison, the links and the fixed cost). Interleaved,
    medians; a small model (4 KB) so the log dominates.
 
-Targets (issue #3): save >= 0.8x raw throughput; async stall <= 2x the in-memory copy.
+Targets (issues #3, #13): save >= 0.8x raw throughput from 1 MB to 1 GB; load >= 0.8x a raw
+read from 100 MB; async stall <= one in-memory copy.
 Files go to a temporary directory (default: under the current directory, so on the disk the
 checkpoints would use) which is deleted at the end.
 """
@@ -41,7 +50,7 @@ from typing import Any
 
 import numpy as np
 from epochal_checkpoint import Checkpoint
-from epochal_checkpoint.storage import flatten, write_checkpoint
+from epochal_checkpoint.storage import flatten, read_checkpoint, write_checkpoint
 from epochal_checkpoint.testing import make_data, make_model
 
 from epochal import Loop, hookimpl
@@ -72,6 +81,22 @@ def raw_save(directory: Path, state: dict[str, Any]) -> None:
         os.close(fd)
 
 
+def publish_floor(directory: Path, state: dict[str, Any]) -> None:
+    """The crash-safe publish recipe alone: the raw write+fsync into a new temporary directory,
+    that directory fsynced, renamed into place, its parent fsynced (what any atomic directory
+    save needs at least)."""
+    tmp = directory / f"pub-{uuid.uuid4().hex}.tmp"
+    tmp.mkdir()
+    raw_save(tmp, state)
+    fd = os.open(tmp, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+    os.rename(tmp, directory / tmp.stem)
+    fd = os.open(directory, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+
+
 def checkpoint_save(directory: Path, state: dict[str, Any]) -> None:
     write_checkpoint(directory, "ckpt-e0003-i000150", flatten(state), {"sequence": 1, "run_id": "bench"})
 
@@ -86,7 +111,7 @@ def savez_save(directory: Path, state: dict[str, Any]) -> None:
 
 def clear(directory: Path) -> None:
     for entry in directory.iterdir():
-        shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+        shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
 
 
 def throughput(directory: Path, sizes: list[int], reps: dict[int, int]) -> list[dict[str, Any]]:
@@ -94,9 +119,17 @@ def throughput(directory: Path, sizes: list[int], reps: dict[int, int]) -> list[
     for size in sizes:
         state = make_state(size * MB)
         nbytes = sum(a.nbytes for a in state["model"].values())
-        times: dict[str, list[float]] = {"raw": [], "checkpoint": [], "savez": [], "crc32": []}
+        times: dict[str, list[float]] = {"raw": [], "publish": [], "checkpoint": [], "savez": [], "crc32": []}
+        cases = (
+            ("raw", raw_save),
+            ("publish", publish_floor),
+            ("checkpoint", checkpoint_save),
+            ("savez", savez_save),
+        )
         for _ in range(reps[size]):
-            for name, save in (("raw", raw_save), ("checkpoint", checkpoint_save), ("savez", savez_save)):
+            for name, save in cases:
+                if size >= 256:  # start each case with no dirty pages of the one before (untimed)
+                    os.sync()
                 started = time.perf_counter()
                 save(directory, state)
                 times[name].append(time.perf_counter() - started)
@@ -113,6 +146,7 @@ def throughput(directory: Path, sizes: list[int], reps: dict[int, int]) -> list[
                 "reps": reps[size],
                 **{f"{k}_GBps": nbytes / v / 1e9 for k, v in medians.items()},
                 "ratio": medians["raw"] / medians["checkpoint"],
+                "publish_ratio": medians["raw"] / medians["publish"],
                 "savez_ratio": medians["raw"] / medians["savez"],
             }
         )
@@ -126,13 +160,16 @@ class TimedCheckpoint(Checkpoint):
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         self.stalls: list[float] = []
+        self.worst = 0.0
 
     @hookimpl
     def after_batch(self, loop: Any) -> None:
-        started = time.perf_counter()
+        started, sequence = time.perf_counter(), self._sequence
         super().after_batch(loop)
-        if loop.iteration % self.every_n_batches == 0:
-            self.stalls.append(time.perf_counter() - started)
+        spent = time.perf_counter() - started
+        self.worst = max(self.worst, spent)
+        if self._sequence != sequence:  # a save was taken (not deferred)
+            self.stalls.append(spent)
 
 
 def stall(directory: Path, size_mb: int, saves: int, every: int) -> dict[str, Any]:
@@ -153,6 +190,9 @@ def stall(directory: Path, size_mb: int, saves: int, every: int) -> dict[str, An
         loop.run()
         results[f"{mode}_wall_s"] = time.perf_counter() - started
         results[f"{mode}_stall_ms"] = statistics.median(plugin.stalls) * 1e3
+        results[f"{mode}_worst_ms"] = plugin.worst * 1e3
+        results[f"{mode}_saves"] = len(plugin.stalls)
+        results[f"{mode}_deferred"] = plugin.deferred
         shutil.rmtree(directory / mode)
     model = make_model(size=size)
     copies, reused = [], []
@@ -224,39 +264,104 @@ def main() -> None:
     parser.add_argument("--dir", default=None, help="where to write (default: a temp dir under the cwd)")
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     parser.add_argument("--log-only", action="store_true", help="only the save cost against the log length")
+    parser.add_argument("--io-only", action="store_true", help="only save and load throughput")
     args = parser.parse_args()
     directory = Path(tempfile.mkdtemp(prefix=".bench-checkpoint-", dir=args.dir or os.getcwd()))
     try:
         if args.log_only:
             print_log_length(directory, args.quick)
             return
-        reps = {8: 5, 64: 5, 256: 3} if args.quick else {8: 15, 64: 9, 256: 5}
-        rows = throughput(directory, [8, 64, 256], reps)
+        sizes = [1, 8, 64, 256, 1024]
+        reps = dict(zip(sizes, [9, 5, 5, 3, 3] if args.quick else [31, 15, 9, 5, 3], strict=True))
+        rows = throughput(directory, sizes, reps)
         print("## Checkpoint save throughput (float32 state in 4 arrays; medians)\n")
-        print("| state | reps | raw write+fsync | epochal-checkpoint save | ratio (target >= 0.8) "
-              "| np.savez+fsync (ratio) | crc32 alone |")  # fmt: skip
-        print("|---|---|---|---|---|---|---|")
+        print("| state | reps | raw write+fsync | atomic publish floor (ratio) | epochal-checkpoint save "
+              "| ratio (target >= 0.8) | np.savez+fsync (ratio) | crc32 alone |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|")
         for r in rows:
             print(
-                f"| {r['MB']} MB | {r['reps']} | {r['raw_GBps']:.2f} GB/s | {r['checkpoint_GBps']:.2f} GB/s "
+                f"| {r['MB']} MB | {r['reps']} | {r['raw_GBps']:.2f} GB/s "
+                f"| {r['publish_GBps']:.2f} GB/s ({r['publish_ratio']:.2f}x) "
+                f"| {r['checkpoint_GBps']:.2f} GB/s "
                 f"| {r['ratio']:.2f}x | {r['savez_GBps']:.2f} GB/s ({r['savez_ratio']:.2f}x) "
                 f"| {r['crc32_GBps']:.2f} GB/s |"
             )
-        result = stall(directory, 64, saves=3 if args.quick else 7, every=30)
-        print("\n## Loop stall per checkpoint (64 MB model state, save every 30 batches; medians)\n")
-        print("| in-memory copy (fresh / into reused buffers) | async_save = true | async_save = false "
-              "| async / copy (target <= 2) | sync / copy | loop wall time async vs sync |")  # fmt: skip
-        print("|---|---|---|---|---|---|")
-        print(
-            f"| {result['copy_ms']:.1f} ms / {result['copy_reused_ms']:.1f} ms "
-            f"| {result['async_stall_ms']:.1f} ms "
-            f"| {result['sync_stall_ms']:.1f} ms "
-            f"| {result['async_over_copy']:.2f}x | {result['sync_over_copy']:.2f}x "
-            f"| {result['async_wall_s']:.2f} s vs {result['sync_wall_s']:.2f} s |"
-        )
+        print_load(directory, args.quick)
+        if args.io_only:
+            return
+        for every in (30, 3):
+            result = stall(directory, 64, saves=3 if args.quick else 7, every=every)
+            print(f"\n## Loop stall per checkpoint (64 MB model state, a save due every {every} batches)\n")
+            print("| in-memory copy (fresh / into reused buffers) | async_save = true: median / worst "
+                  "| saves taken / deferred | async_save = false | worst async / copy (target <= 1 + noise) "
+                  "| sync / copy | loop wall time async vs sync |")  # fmt: skip
+            print("|---|---|---|---|---|---|---|")
+            print(
+                f"| {result['copy_ms']:.1f} ms / {result['copy_reused_ms']:.1f} ms "
+                f"| {result['async_stall_ms']:.1f} ms / {result['async_worst_ms']:.1f} ms "
+                f"| {result['async_saves']} / {result['async_deferred']} "
+                f"| {result['sync_stall_ms']:.1f} ms "
+                f"| {result['async_worst_ms'] / result['copy_ms']:.2f}x | {result['sync_over_copy']:.2f}x "
+                f"| {result['async_wall_s']:.2f} s vs {result['sync_wall_s']:.2f} s |"
+            )
         print_log_length(directory, args.quick)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def raw_read(path: Path, nbytes: int) -> None:
+    buffer = np.empty(nbytes, np.uint8)
+    view = memoryview(buffer.data)
+    with open(path, "rb", buffering=0) as file:
+        got = 0
+        while got < nbytes:
+            got += file.readinto(view[got:])
+
+
+def load_speed(directory: Path, sizes: list[int], reps: int) -> list[dict[str, Any]]:
+    """Per size: a checkpoint of *size* MB (half model, half optimizer) read whole, read with
+    model_only, and the same bytes read raw into a preallocated buffer (from the page cache:
+    the files were just written), interleaved."""
+    out = []
+    for size in sizes:
+        model = make_state(size * MB // 2)["model"]
+        state = {"model": model, "optimizer": {k: v + 1 for k, v in model.items()}, "epoch": 3}
+        path = write_checkpoint(directory, "ckpt-e0003-i000150", flatten(state), {"sequence": 1}).path
+        del state, model
+        data = path / "data.bin"
+        nbytes = data.stat().st_size
+        raw_file = directory / "raw.bin"
+        shutil.copyfile(data, raw_file)
+        times: dict[str, list[float]] = {"raw": [], "load": [], "model_only": []}
+        for _ in range(reps):
+            for name, call in (
+                ("raw", lambda: raw_read(raw_file, nbytes)),  # noqa: B023 (called in this iteration)
+                ("load", lambda: read_checkpoint(path)),  # noqa: B023
+                ("model_only", lambda: read_checkpoint(path, model_only=True)),  # noqa: B023
+            ):
+                started = time.perf_counter()
+                call()
+                times[name].append(time.perf_counter() - started)
+        medians = {k: statistics.median(v) for k, v in times.items()}
+        out.append({"MB": size, "reps": reps, **{f"{k}_GBps": nbytes / v / 1e9 for k, v in medians.items()},
+                    "ratio": medians["raw"] / medians["load"],
+                    "model_ratio": medians["load"] / medians["model_only"]})  # fmt: skip
+        clear(directory)
+    return out
+
+
+def print_load(directory: Path, quick: bool) -> None:
+    rows = load_speed(directory, [100, 256, 1024], 3 if quick else 7)
+    print("\n## Checkpoint load (half model, half optimizer; from the page cache; medians)\n")
+    print("| checkpoint | reps | raw read into a buffer | read_checkpoint | ratio (target >= 0.8) "
+          "| model_only | whole / model_only |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['MB']} MB | {r['reps']} | {r['raw_GBps']:.2f} GB/s | {r['load_GBps']:.2f} GB/s "
+            f"| {r['ratio']:.2f}x | {r['model_only_GBps']:.2f} GB/s (of the whole) "
+            f"| {r['model_ratio']:.2f}x |"
+        )
 
 
 def print_log_length(directory: Path, quick: bool) -> None:

@@ -6,7 +6,9 @@ progress to /dev/null). At every epoch's first step the model notes the process'
 size (``/proc/self/statm``) and the previous epoch's wall time. Reported: RSS growth per 1,000 steps from
 the end of the first ``WARM`` epochs to the end (a least-squares slope over the epochs after
 the warm-up), and the median time of the last ``WARM`` epochs over that of the first ``WARM``
-after the warm-up. Targets: ≤ 20 KB per 1,000 steps; ≤ 1.1×. The same run with the log's window
+after the warm-up, in wall time and in the process's CPU time (wall time includes waiting for
+fsyncs, whose latency on a shared disk drifts during a run; CPU time is the work per epoch).
+Targets: ≤ 20 KB per 1,000 steps; ≤ 1.1×. The same run with the log's window
 off (``EPOCHAL_LOG_WINDOW=0``: every row kept) is printed beside it for comparison.
 
     python bench/long_run.py [--epochs 200] [--steps 1000]
@@ -45,14 +47,17 @@ class NoOpModel:
         self.steps, self.count = steps, 0
         self.rss: list[int] = []
         self.times: list[float] = []
+        self.cpu: list[float] = []
         self._start = time.perf_counter()
+        self._cpu = time.process_time()
 
     def train_step(self, batch: Any) -> dict[str, float]:
         if self.count % self.steps == 0 and self.count:
-            now = time.perf_counter()
+            now, cpu = time.perf_counter(), time.process_time()
             self.times.append(now - self._start)
+            self.cpu.append(cpu - self._cpu)
             self.rss.append(rss())
-            self._start = now
+            self._start, self._cpu = now, cpu
         self.count += 1
         return {"loss": 0.0}
 
@@ -94,6 +99,7 @@ def child(epochs: int, steps: int, only: list[str]) -> None:
             {
                 "rss": probe.rss,
                 "times": probe.times,
+                "cpu": probe.cpu,
                 "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
             }
         )
@@ -112,13 +118,16 @@ def measure(epochs: int, steps: int, window: str | None, only: str) -> dict[str,
         check=True,
     ).stdout
     data = json.loads(out.splitlines()[-1])
-    rss_after, times = data["rss"][WARM:], data["times"][WARM:]
+    rss_after, times, cpu = data["rss"][WARM:], data["times"][WARM:], data["cpu"][WARM:]
     x = np.arange(len(rss_after)) * steps / 1000  # thousands of steps
     slope = float(np.polyfit(x, np.array(rss_after) / 1024, 1)[0])  # KB per 1,000 steps
     first, last = statistics.median(times[:WARM]), statistics.median(times[-WARM:])
     return {
         "slope": slope,
         "ratio": last / first,
+        "cpu_ratio": statistics.median(cpu[-WARM:]) / statistics.median(cpu[:WARM]),
+        "cpu_first": statistics.median(cpu[:WARM]),
+        "cpu_last": statistics.median(cpu[-WARM:]),
         "first": first,
         "last": last,
         "rss0": rss_after[0] / 2**20,
@@ -139,16 +148,18 @@ def main() -> None:
         return
     print(f"{args.epochs} epochs x {args.steps} steps, six standard plugins, a record every step")
     print(
-        "| log window | RSS after warm-up → end (MB) | RSS growth, KB / 1,000 steps | epoch time last/first |"
+        "| log window | RSS after warm-up → end (MB) | RSS growth, KB / 1,000 steps | epoch time last/first "
+        "| epoch CPU time last/first |"
     )
-    print("|---|---|---|---|")
+    print("|---|---|---|---|---|")
     windows = {"default": ("default (1024 rows)", None), "off": ("off (every row kept)", "0")}
     for which in args.windows.split(","):
         label, window = windows[which]
         r = measure(args.epochs, args.steps, window, args.only)
         print(
             f"| {label} | {r['rss0']:.1f} → {r['rss1']:.1f} | {r['slope']:.1f} | {r['ratio']:.2f}× "
-            f"({r['first'] * 1e3:.0f} → {r['last'] * 1e3:.0f} ms) |"
+            f"({r['first'] * 1e3:.0f} → {r['last'] * 1e3:.0f} ms) | {r['cpu_ratio']:.2f}× "
+            f"({r['cpu_first'] * 1e3:.1f} → {r['cpu_last'] * 1e3:.1f} ms) |"
         )
 
 

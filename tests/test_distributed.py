@@ -429,3 +429,19 @@ def test_sigint_to_the_launcher_finishes_the_epoch_on_every_rank(tmp_path):
     assert iteration == epoch * PER_EPOCH and epoch < 4  # at an epoch end, before the last
     assert "finishing the current epoch" in err and err.count("SIGINT received") == 1
     assert final_state(tmp_path)["iteration"] == iteration
+
+
+def test_asynchronous_saves_deferred_on_rank_0_are_deferred_on_every_rank(tmp_path, straight):
+    """Back-pressure is agreed: a save rank 0 defers (its previous write still runs) is deferred
+    on the other rank too, so their parts of every snapshot meet (no hang) and the run ends as a
+    straight run does."""
+    extra = "[plugins.checkpoint]\nasync_save = true\nevery_n_batches = 1\nkeep_last = 2\n"
+    config = write_run(tmp_path, ["monitor", "checkpoint"], max_epochs=4, extra=extra)
+    done = epochal(tmp_path, "run", str(config), "--nproc", "2", timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("is deferred") <= 1  # said by the writer (rank 0) only
+    assert where(tmp_path) == [f"4 {4 * PER_EPOCH} max_epochs=4 reached"] * 2
+    ours, theirs = compared(final_state(tmp_path)), compared(straight)
+    ours["plugins"].pop("checkpoint", None)
+    theirs["plugins"].pop("checkpoint", None)
+    assert first_difference(theirs, ours) is None

@@ -138,7 +138,11 @@ def test_resume_twice_with_async_saves_is_bitwise_exact(
     resumed = run(tmp_path, resume=True, async_save=async_save, every=1)
     assert fingerprint(resumed) == straight
     # keep_last = 2 across the whole lineage of three runs
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name[0] != ".") == [
+    kept = sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name[0] != ".")
+    if async_save:  # saves due while a write was in flight were deferred: which ones varies
+        assert len(kept) == 3 and kept[1:] == ["ckpt-e0003-i000069", "latest"], kept
+        return
+    assert kept == [
         "ckpt-e0002-i000069",  # after the last batch (in epoch 3)
         "ckpt-e0003-i000069",  # after epoch 3 ended
         "latest",

@@ -25,6 +25,7 @@ from epochal_checkpoint.storage import (
     clean_temporaries,
     flatten,
     read_pointer,
+    read_state_document,
     resign,
     write_checkpoint,
 )
@@ -67,7 +68,7 @@ def tricky_state() -> dict[str, Any]:
 def test_round_trip_is_exact_tuples_become_lists(tmp_path: Path) -> None:
     state = tricky_state()
     loaded, manifest = read_checkpoint(save(tmp_path, state))
-    assert manifest["sequence"] == 1 and set(manifest["files"]) == {"arrays.npy", "state.json"}
+    assert manifest["sequence"] == 1 and set(manifest["files"]) == {"data.bin"}
     assert loaded["ints"] == [0, -1, 2**63, -(2**64) - 1, 2**100, 3**9000, 1]
     assert [repr(f) for f in loaded["floats"]] == [repr(f) for f in state["floats"]]
     assert math.isnan(loaded["nan"])
@@ -83,9 +84,9 @@ def test_round_trip_is_exact_tuples_become_lists(tmp_path: Path) -> None:
     assert loaded["list_of_arrays"][1]["deep"].dtype == np.int8
 
 
-def test_arrays_file_is_a_sequence_of_npy_records(tmp_path: Path) -> None:
+def test_data_file_starts_with_a_sequence_of_npy_records(tmp_path: Path) -> None:
     path = save(tmp_path, {"a": np.arange(3), "b": {"c": np.ones((2, 2), np.float32)}})
-    with open(path / "arrays.npy", "rb") as file:
+    with open(path / "data.bin", "rb") as file:
         first, second = np.load(file, allow_pickle=False), np.load(file, allow_pickle=False)
     assert first.tolist() == [0, 1, 2] and second.shape == (2, 2)
 
@@ -122,20 +123,22 @@ def test_snapshot_does_not_follow_later_changes_with_copy_arrays() -> None:
 
 
 def forge_object_array_checkpoint(path: Path) -> None:
-    """Replace the arrays file with one holding a pickled object array, checksums fixed up."""
+    """Replace the data file with one holding a pickled object array, checksums fixed up."""
     payload = np.array([{"evil": "payload"}], dtype=object)
-    with open(path / "arrays.npy", "wb") as file:
+    state = read_state_document(path)
+    state["arrays"] = [
+        {"path": ["w"], "kind": "array", "dtype": "|O", "shape": [1], "offset": 0, "crc32": "00000000"}
+    ]
+    with open(path / "data.bin", "wb") as file:
         np.save(file, payload, allow_pickle=True)
-    state = json.loads((path / "state.json").read_text())
-    state["arrays"] = [{"path": ["w"], "kind": "array", "dtype": "|O", "shape": [1], "offset": 0}]
-    (path / "state.json").write_text(json.dumps(state))
+        file.write(json.dumps(state, separators=(",", ":")).encode())
     resign(path)
 
 
 def test_a_pickle_payload_is_refused(tmp_path: Path) -> None:
     path = save(tmp_path, {"w": np.zeros(2)})
     forge_object_array_checkpoint(path)
-    with pytest.raises(UnsafeCheckpointError, match=r"arrays.npy array 'w' holds a pickle payload"):
+    with pytest.raises(UnsafeCheckpointError, match=r"data.bin array 'w' holds a pickle payload"):
         read_checkpoint(path)
     with pytest.raises(UnsafeCheckpointError), pytest.warns(RuntimeWarning, match="pickle payload"):
         load_latest(tmp_path)  # never silently skipped: a warning names it (then older ones are tried)
@@ -148,19 +151,19 @@ def test_a_pickle_file_is_refused(tmp_path: Path) -> None:
         read_checkpoint(file)
 
 
-@pytest.mark.parametrize("damage", ["flip a byte", "truncate", "delete state.json", "garble manifest"])
+@pytest.mark.parametrize("damage", ["flip a byte", "truncate", "delete data.bin", "garble manifest"])
 def test_a_corrupt_latest_falls_back_to_the_previous_one_with_a_warning(tmp_path: Path, damage: str) -> None:
     save(tmp_path, {"w": np.full(1000, 1.0)}, "ckpt-e0000-i000001", 1)
     newest = save(tmp_path, {"w": np.full(1000, 2.0)}, "ckpt-e0000-i000002", 2)
     if damage == "flip a byte":
-        data = bytearray((newest / "arrays.npy").read_bytes())
+        data = bytearray((newest / "data.bin").read_bytes())
         data[500] ^= 0xFF
-        (newest / "arrays.npy").write_bytes(data)
+        (newest / "data.bin").write_bytes(data)
     elif damage == "truncate":
-        with open(newest / "arrays.npy", "r+b") as file:
+        with open(newest / "data.bin", "r+b") as file:
             file.truncate(100)
-    elif damage == "delete state.json":
-        (newest / "state.json").unlink()
+    elif damage == "delete data.bin":
+        (newest / "data.bin").unlink()
     else:
         (newest / "manifest.json").write_text("{not json")
     with pytest.raises(CorruptCheckpointError, match="ckpt-e0000-i000002"):
@@ -176,7 +179,7 @@ def test_a_corrupt_latest_falls_back_to_the_previous_one_with_a_warning(tmp_path
 def test_every_checkpoint_corrupt_is_one_error_listing_them(tmp_path: Path) -> None:
     for i in (1, 2):
         path = save(tmp_path, {"w": np.zeros(10)}, f"ckpt-e0000-i00000{i}", i)
-        (path / "arrays.npy").write_bytes(b"\x93NUMPY garbage")
+        (path / "data.bin").write_bytes(b"\x93NUMPY garbage")
     with (
         pytest.warns(RuntimeWarning),
         pytest.raises(CorruptCheckpointError, match=r"every checkpoint.*i000001"),

@@ -89,7 +89,12 @@ def test_latest_never_leads_out_of_the_checkpoint_directory(tmp_path: Path) -> N
     make_loop(elsewhere, ("checkpoint", Checkpoint()), max_epochs=1).run()
     pointer = tmp_path / "a" / "checkpoints" / "latest"
     for target in ("../../elsewhere/checkpoints/ckpt-e0001-i000016", "/etc", "ckpt-e0001-i000016/.."):
+        pointer.unlink()  # a pointer file of formats 1-3
         pointer.write_text(target + "\n")
+        with pytest.raises(CheckpointError, match="names no checkpoint of its directory"):
+            read_from(pointer)
+        pointer.unlink()  # a pointer link (format 4) to anything but a bare name of the directory
+        pointer.symlink_to(target)
         with pytest.raises(CheckpointError, match="names no checkpoint of its directory"):
             read_from(pointer)
     pointer.unlink()
@@ -116,16 +121,18 @@ def test_a_hostile_newest_checkpoint_is_skipped_by_resume_and_by_a_fresh_run(
     manifest = json.loads((newest / "manifest.json").read_text())
     manifest.update(name=newest.name, sequence=99)
     if hostile == "fifo":
-        (newest / "state.json").unlink()
-        os.mkfifo(newest / "state.json")
+        (newest / "data.bin").unlink()
+        os.mkfifo(newest / "data.bin")
     elif hostile == "dev-zero":
-        (newest / "arrays.npy").unlink()
-        (newest / "arrays.npy").symlink_to("/dev/zero")
+        (newest / "data.bin").unlink()
+        (newest / "data.bin").symlink_to("/dev/zero")
     elif hostile == "huge-npy-shape":
-        data = (newest / "arrays.npy").read_bytes()
-        (newest / "arrays.npy").write_bytes(data.replace(b"'shape': (250,)", b"'shape': (10**12,)", 1))
+        data = (newest / "data.bin").read_bytes()
+        (newest / "data.bin").write_bytes(data.replace(b"'shape': (250,)", b"'shape': (10**12,)", 1))
     elif hostile == "deep-json":
-        (newest / "state.json").write_bytes(b"[" * 200_000 + b"]" * 200_000)
+        at = manifest["files"]["data.bin"]["state"]
+        data = (newest / "data.bin").read_bytes()[:at]
+        (newest / "data.bin").write_bytes(data + b"[" * 200_000 + b"]" * 200_000)
     else:
         manifest.update(epoch="3a", iteration=10**20)
     storage.resign(newest, manifest)
@@ -144,20 +151,18 @@ def test_wrong_types_are_a_corrupt_checkpoint_error_naming_file_and_key(tmp_path
     manifest = json.loads((third.path / "manifest.json").read_text())
     for key, value, fragment in [
         ("sequence", "3a", "manifest.json key sequence"),
-        ("files", {**manifest["files"], "state.json": 5}, "manifest.json key files.state.json"),
+        ("files", {**manifest["files"], "data.bin": 5}, "manifest.json key files.data.bin"),
         ("lineage", 7, "manifest.json key lineage"),
     ]:
         data = json.dumps({**manifest, key: value}).encode()
-        (third.path / "manifest.json").write_bytes(data)
-        (third.path / "commit").write_bytes(storage.commit_record(data))
+        (third.path / "manifest.json").write_bytes(storage.seal(data))
         with pytest.raises(CorruptCheckpointError, match=fragment):
             storage.read_checkpoint(third.path)
     storage.resign(third.path, manifest)
-    state = json.loads((third.path / "state.json").read_text())
+    state = storage.read_state_document(third.path)
     state["arrays"][0]["offset"] = 10**20
-    (third.path / "state.json").write_text(json.dumps(state))
-    storage.resign(third.path, manifest)
-    with pytest.raises(CorruptCheckpointError, match=r"state.json key arrays\[0\]"):
+    storage.replace_state(third.path, state)
+    with pytest.raises(CorruptCheckpointError, match=r"data.bin key arrays\[0\]"):
         storage.read_checkpoint(third.path)
 
 
@@ -358,6 +363,7 @@ def test_cli_third_ctrl_c_exits_130_and_saves_nothing(tmp_path: Path) -> None:
 def test_load_refuses_a_latest_pointer_out_of_the_directory_even_through_the_plugin(tmp_path: Path) -> None:
     three_epochs(tmp_path / "a")
     pointer = tmp_path / "a" / "checkpoints" / "latest"
+    pointer.unlink()
     pointer.write_text("../../b\n")
     loop = make_loop(tmp_path / "c", ("load", Load(path=str(pointer))), max_epochs=1)
     with pytest.raises(CheckpointError, match="names no checkpoint of its directory"):
@@ -394,7 +400,7 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    target=st.sampled_from(["manifest.json", "state.json", "segment"]),
+    target=st.sampled_from(["manifest.json", "data.bin", "segment"]),
     path=st.lists(
         st.sampled_from(["files", "arrays", "tree", "rows", "log", 0, "sequence", "path", "shape"]),
         max_size=3,
@@ -410,7 +416,10 @@ def test_any_json_value_anywhere_is_a_clean_error_or_a_clean_load(
     shutil.copytree(pristine, case)
     newest = list_checkpoints(case)[0][-1].path
     name = target if target != "segment" else sorted(p.name for p in newest.glob("log-*"))[-1]
-    document = json.loads((newest / name).read_text())
+    if name == "data.bin":
+        document = storage.read_state_document(newest)
+    else:
+        document = json.loads((newest / name).read_text())
     node = document
     for key in path[:-1]:
         try:
@@ -424,11 +433,12 @@ def test_any_json_value_anywhere_is_a_clean_error_or_a_clean_load(
             document = value
     except (IndexError, TypeError):
         document = value
-    (newest / name).write_text(json.dumps(document))
     if name == "manifest.json":
-        data = (newest / name).read_bytes()
-        (newest / "commit").write_bytes(storage.commit_record(data))
+        (newest / name).write_bytes(storage.seal(json.dumps(document).encode()))
+    elif name == "data.bin":
+        storage.replace_state(newest, document)
     else:
+        (newest / name).write_text(json.dumps(document))
         manifest = json.loads((newest / "manifest.json").read_text())
         data = (newest / name).read_bytes()
         manifest["files"][name] = {"size": len(data), "crc32": f"{zlib.crc32(data):08x}"}

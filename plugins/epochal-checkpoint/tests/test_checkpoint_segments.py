@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import warnings
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,9 @@ from epochal_checkpoint import (
     list_checkpoints,
     load_latest,
     read_checkpoint,
+    storage,
 )
-from epochal_checkpoint.storage import resign
+from epochal_checkpoint.storage import read_state_document, resign
 from epochal_checkpoint.testing import BatchRecorder, make_data, make_model
 
 from epochal import Loop, hookimpl
@@ -105,11 +107,11 @@ def test_a_record_every_batch_writes_only_the_new_rows_per_save(tmp_path: Path) 
         added = segment_rows(after.path, new[-1])
         assert list(added) == [str(i) for i in range(start + 1, stop + 1)]
         assert after.manifest["files"][new[-1]]["size"] == (after.path / new[-1]).stat().st_size
-        assert json.loads((after.path / "state.json").read_text())["tree"]["log"]["rows"] == {}
+        assert read_state_document(after.path)["tree"]["log"]["rows"] == {}
     state, _ = read_checkpoint(infos[-1].path)
     assert rows_text(state["log"]["rows"]) == rows_text(loop.log.state_dict()["rows"])
-    status = json.loads((infos[-1].path / "state.json").read_text())["tree"]["log"]["status"]
-    assert status["status"] == "running" == state["log"]["status"]["status"]  # in state.json
+    status = read_state_document(infos[-1].path)["tree"]["log"]["status"]
+    assert status["status"] == "running" == state["log"]["status"]["status"]  # in the state
 
 
 def test_many_saves_keep_few_segments_and_the_log_exact(tmp_path: Path) -> None:
@@ -130,8 +132,8 @@ def test_a_row_changed_after_it_was_saved_is_saved_again_and_resumed(
     first, second = list_checkpoints(directory)[0]
     new = segment_rows(second.path, second.manifest["log_segments"][-1])
     assert new["5"]["loss"] == 123.0 and "step" not in new["6"] and new["7"] == {}
-    inline = json.loads((second.path / "state.json").read_text())["tree"]["log"]["rows"]
-    assert "9" not in new and list(inline) == ["9"]  # a nested numpy value: the row stays in state.json
+    inline = read_state_document(second.path)["tree"]["log"]["rows"]
+    assert "9" not in new and list(inline) == ["9"]  # a nested numpy value: the row stays in the state
     assert new["8"]["hist"] == [1, 2]  # grown in place after it was saved: saved again
     state, _ = read_checkpoint(second.path)
     rows = state["log"]["rows"]
@@ -251,8 +253,17 @@ def test_a_checkpoint_of_format_1_resumes_and_the_next_save_writes_every_row(tmp
     keep = {k: v for k, v in old.items() if k not in ("files", "log_segments", "name", "format", "version")}
     path = write_checkpoint(directory, newest.name, flatten(state), keep).path
     legacy = {**manifest(path), "version": 1}
+    at = legacy["files"]["data.bin"]["state"]  # format 1: the same records and state, two files
+    data = (path / "data.bin").read_bytes()
+    (path / "arrays.npy").write_bytes(data[:at])
+    (path / "state.json").write_bytes(data[at:])
+    (path / "data.bin").unlink()
+    legacy.pop("commit")  # format 1 had no commit record
+    legacy["files"] = {
+        name: {"size": len(part), "crc32": f"{zlib.crc32(part):08x}"}
+        for name, part in (("arrays.npy", data[:at]), ("state.json", data[at:]))
+    }
     (path / "manifest.json").write_text(json.dumps(legacy))
-    (path / "commit").unlink()  # format 1 had no commit record
     assert "log_segments" not in legacy and len(state["log"]["rows"]) == 20
     resumed = run(tmp_path, max_iterations=30, every=10, resume=True)
     straight = run(tmp_path / "straight", max_iterations=30, every=10)
@@ -272,16 +283,10 @@ def test_a_manifest_naming_a_bad_segment_is_refused(tmp_path: Path, bad: str) ->
         read_checkpoint(path)
 
 
-def test_segments_beside_a_large_state_written_in_a_second_thread(tmp_path: Path) -> None:
-    from epochal_checkpoint.storage import (
-        PARALLEL_CHECKSUM_BYTES,
-        LinkedSegment,
-        NewSegment,
-        flatten,
-        write_checkpoint,
-    )
+def test_segments_beside_a_large_state(tmp_path: Path) -> None:
+    from epochal_checkpoint.storage import LinkedSegment, NewSegment, flatten, write_checkpoint
 
-    weights = np.arange(PARALLEL_CHECKSUM_BYTES // 8 + 1, dtype=np.float64)  # arrays.npy in a thread
+    weights = np.arange((1 << 22) // 8 + 1, dtype=np.float64)
     state = {"w": weights, "log": {"rows": {}, "status": {}}}
     first = write_checkpoint(
         tmp_path, "ckpt-e0000-i000001", flatten(state), {"sequence": 1},
@@ -319,3 +324,63 @@ def test_the_log_accessors_the_incremental_save_relies_on() -> None:
     assert log.state_dict() == full and log.load_count == 0
     log.load_state_dict(full)
     assert log.load_count == 1 and list(log.row_map) == [1, 3]
+
+
+def test_a_long_log_is_merged_on_disk_and_never_read_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """40,000 rows, a save every 500: segments are merged into ones of 4,000 and 32,000 rows by
+    copying their bytes (the log is never asked for a saved row again), the count stays small."""
+    from epochal.log import TrainingLog
+
+    real_peek = TrainingLog.peek
+
+    def peek(self: TrainingLog, iterations: Any) -> Any:
+        wanted = list(iterations)
+        assert not wanted, f"the log was asked for {len(wanted)} saved rows"
+        return real_peek(self, wanted)
+
+    monkeypatch.setattr(TrainingLog, "peek", peek)
+    loop = run(tmp_path, max_iterations=40_000, every=500, keep_last=2)
+    newest = list_checkpoints(tmp_path / "checkpoints")[0][-1]
+    segments = newest.manifest["log_segments"]
+    sizes = [len(segment_rows(newest.path, name)) for name in segments]
+    assert len(segments) <= 7 * 3 and max(sizes) >= 32_000, sizes  # past the former 4,096-row limit
+    state, _ = read_checkpoint(newest.path)
+    assert rows_text(state["log"]["rows"]) == rows_text(loop.log.state_dict()["rows"])
+
+
+def test_a_merge_copies_segment_bytes_and_reloads_a_damaged_one(tmp_path: Path) -> None:
+    from epochal_checkpoint.storage import LinkedSegment, MergedSegment, NewSegment, flatten, write_checkpoint
+
+    state = {"w": np.zeros(2), "log": {"rows": {}, "status": {}}}
+    parts = [
+        NewSegment("log-000001-i000001-000002.json", {"1": {"a": 1.0}, "2": {"a": 2.0}}),
+        NewSegment("log-000002-i000003-000004.json", {"3": {"a": 3.0}, "4": {"a": 4.0}}),
+    ]
+    first = write_checkpoint(tmp_path, "ckpt-e0000-i000004", flatten(state), {"sequence": 1}, segments=parts)
+    assert first.segments is not None
+    with open(first.path / parts[1].name, "r+b") as file:  # bit rot in the second segment
+        file.seek(60)
+        file.write(b"X")
+    reloaded: list[str] = []
+
+    def reload(segment: Any) -> dict[str, Any]:
+        reloaded.append(segment.name)
+        return {"3": {"a": 3.5}, "4": {}}  # the log's rows now: 3 changed, 4 emptied
+
+    merged = MergedSegment(
+        "log-000003-i000001-000005.json",
+        [LinkedSegment(first.path, s) for s in first.segments],
+        {"2": {}, "5": {"a": 5.0}},
+        reload,
+    )
+    second = write_checkpoint(
+        tmp_path, "ckpt-e0000-i000005", flatten(state), {"sequence": 2}, segments=[merged]
+    )
+    assert reloaded == [parts[1].name]  # only the damaged part came from the log
+    data = (second.path / merged.name).read_bytes()
+    assert (first.path / parts[0].name).read_bytes()[len(storage.SEGMENT_HEAD) : -2] in data  # copied
+    assert second.segments is not None and list(second.segments[0].rows) == [1, 2, 3, 4, 5]
+    loaded, _ = read_checkpoint(second.path)
+    assert loaded["log"]["rows"] == {"1": {"a": 1.0}, "3": {"a": 3.5}, "5": {"a": 5.0}}

@@ -106,11 +106,15 @@ def _resign_file(checkpoint: Path, name: str) -> None:
         return
     if name == storage.MANIFEST:
         data = (checkpoint / name).read_bytes()
-        (checkpoint / storage.COMMIT).write_bytes(storage.commit_record(data))
+        if (checkpoint / storage.COMMIT).exists():
+            (checkpoint / storage.COMMIT).write_bytes(storage.commit_record(data))
+        else:  # format 4: the commit record is the manifest's last key
+            (checkpoint / name).write_bytes(storage.seal(data))
         return
     manifest = json.loads((checkpoint / storage.MANIFEST).read_bytes())
     data = (checkpoint / name).read_bytes()
-    manifest["files"][name] = {"size": len(data), "crc32": f"{zlib.crc32(data):08x}"}
+    if name != storage.DATA:  # resign() finds data.bin's state and array records itself
+        manifest["files"][name] = {"size": len(data), "crc32": f"{zlib.crc32(data):08x}"}
     storage.resign(checkpoint, manifest)
     # resign() recomputed every listed file; the damaged one is what counts here
 
@@ -323,7 +327,13 @@ def fuzz(
             where = (result["file"], result["kind"], f"{outcome}: {result['detail']}")
             if outcome == "newest":
                 report.newest += 1
-                checked = result["file"] in (storage.MANIFEST, storage.COMMIT, storage.STATE, storage.ARRAYS)
+                checked = result["file"] in (
+                    storage.MANIFEST,
+                    storage.COMMIT,
+                    storage.STATE,
+                    storage.ARRAYS,
+                    storage.DATA,
+                )
                 if checked and result["kind"] in ("flip", "truncate", "append", "missing"):
                     report.failures.append((*where[:2], "damage not detected: the newest was loaded"))
             elif outcome == "older":

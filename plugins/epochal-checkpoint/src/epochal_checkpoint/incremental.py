@@ -8,13 +8,15 @@ changed ones into one new segment; the previous checkpoint's segments are hard-l
 costs what changed plus the log's window, not the history, and the copies kept are bounded by
 the window too.
 
-To keep the number of segments small, the new segment also takes in (re-encodes from the log)
-the newest segments when :data:`FANOUT` - 1 of them at its tail are not larger than it (by
-powers of :data:`FANOUT` rows), like an LSM tree: a checkpoint has at most about
-``(FANOUT - 1) * log_FANOUT(rows)`` segments, and each row is re-encoded about
-``log_FANOUT(rows)`` times over a run. Segments of :data:`FOLD_LIMIT` rows are not folded
-again (a fold reads its rows into memory): past that, a checkpoint holds about one segment per
-``FOLD_LIMIT`` rows.
+To keep the number of segments small, the new segment also takes in the newest segments when
+:data:`FANOUT` - 1 of them at its tail are not larger than it (by powers of :data:`FANOUT`
+rows), like an LSM tree: a checkpoint has at most about ``(FANOUT - 1) * log_FANOUT(rows)``
+segments, and each row is copied about ``log_FANOUT(rows)`` times over a run. The merge is
+done on disk (:class:`epochal_checkpoint.storage.MergedSegment`): the folded segments' bytes
+are copied (verified, not parsed) into the new segment before the new rows, so it reads no row
+back into memory and costs about a file copy; the log is asked for a folded segment's rows only
+when its file fails verification. So the files a save links, and what it costs, stay about flat
+over a long run.
 """
 
 from __future__ import annotations
@@ -36,9 +38,6 @@ if TYPE_CHECKING:
 
 #: segments fold into the new one when FANOUT - 1 at the tail are not larger than it.
 FANOUT = 8
-#: segments of this many rows or more are never folded: a fold reads its rows back into memory,
-#: so this bounds a save's memory (and a long run's high-water mark) by a constant.
-FOLD_LIMIT = FANOUT**4
 _FANOUT_BITS = FANOUT.bit_length() - 1
 _MUTABLE = (list, dict)
 #: row values JSON holds exactly and that cannot change in place: such rows skip flatten().
@@ -92,12 +91,12 @@ class LogSave:
     inline: dict[str, Any]
     #: the previous checkpoint's segments to link, in order.
     linked: list[storage.LinkedSegment]
-    #: the new segment (None: nothing new or changed).
-    new: storage.NewSegment | None
+    #: the new segment (None: nothing new or changed), merged with folded ones on disk.
+    new: storage.NewSegment | storage.MergedSegment | None
     #: the base after this save; its ``path``/``segments`` are set once the write completed.
     base: LogBase
 
-    def sources(self) -> list[storage.LinkedSegment | storage.NewSegment]:
+    def sources(self) -> list[storage.LinkedSegment | storage.NewSegment | storage.MergedSegment]:
         """The segments of the checkpoint, in reading order."""
         return [*self.linked, *([self.new] if self.new is not None else [])]
 
@@ -174,22 +173,19 @@ def plan(log: TrainingLog, base: LogBase | None, sequence: int) -> LogSave:
                 write.add(i)
                 shadow.add(i)
         write.update(base.recheck)
-    size = level(len(write))
+    total = len(write)
+    size = level(total)
+    folded: list[storage.Segment] = []  # merged on disk into the new segment, before its rows
     while kept:
         tail = 0
-        while (
-            tail < len(kept)
-            and level(len(kept[-1 - tail].rows)) <= size
-            and len(kept[-1 - tail].rows) < FOLD_LIMIT
-        ):
+        while tail < len(kept) and level(len(kept[-1 - tail].rows)) <= size:
             tail += 1
         if tail < FANOUT - 1:
             break
-        for segment in kept[-tail:]:
-            write.update(segment.rows)
-            shadow.update(segment.rows)
+        folded[:0] = kept[-tail:]
+        total += sum(len(segment.rows) for segment in kept[-tail:])
         del kept[-tail:]
-        size = level(len(write))
+        size = level(total)
     missing = [i for i in write if i not in current]
     fresh: Mapping[int, dict[str, Any]] = {}
     if missing:  # folded segments' rows, evicted (current has every resident row): read back
@@ -235,11 +231,30 @@ def plan(log: TrainingLog, base: LogBase | None, sequence: int) -> LogSave:
     for key in inline:
         saved.pop(int(key), None)
     newest = max(newest, max(current, default=-1))
-    new = storage.NewSegment(storage.segment_name(sequence, map(int, flat)), flat) if flat else None
-    linked = [storage.LinkedSegment(base.path, s) for s in kept] if base is not None and base.path else []
+    source = base.path if base is not None else None
+    new: storage.NewSegment | storage.MergedSegment | None = None
+    if folded and source is not None:
+        ids = itertools.chain(map(int, flat), *(segment.rows for segment in folded))
+        parts = [storage.LinkedSegment(source, segment) for segment in folded]
+        new = storage.MergedSegment(storage.segment_name(sequence, ids), parts, flat, _reloader(log))
+    elif flat:
+        new = storage.NewSegment(storage.segment_name(sequence, map(int, flat)), flat)
+    linked = [storage.LinkedSegment(source, s) for s in kept] if source is not None else []
     return LogSave(
         inline, linked, new, LogBase(None, [], saved, mark, log.load_count, recheck, new_absent, newest)
     )
+
+
+def _reloader(log: TrainingLog) -> Any:
+    """The rows of a segment from the log, for a merge whose segment file fails verification
+    (its rows as the log holds them now: newer, never older, than the file's)."""
+
+    def reload(segment: storage.Segment) -> dict[str, Any]:
+        rows = log.peek(list(segment.rows))  # a row emptied since is written as {}: it hides older ones
+        plain = {str(i): plain_row(rows[i]) if rows.get(i) else {} for i in segment.rows}
+        return dict(storage.flatten(plain).tree)
+
+    return reload
 
 
 def resumed_base(

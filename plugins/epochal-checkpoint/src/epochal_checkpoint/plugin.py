@@ -62,7 +62,13 @@ class Checkpoint:
     :param keep_best: also keep this many best checkpoints by ``monitor``.
     :param monitor: the log key ranking checkpoints for ``keep_best`` (e.g. ``valid.loss``).
     :param mode: ``min`` or ``max``: which values of ``monitor`` are best.
-    :param async_save: copy the state in memory and write it in a background thread.
+    :param async_save: copy the state in memory and write it in a background thread. A
+        periodic save (every n epochs/batches/seconds) that comes due while the previous write
+        is still running is deferred, not waited for: it is taken at the first batch or epoch
+        end after that write finished (several due meanwhile make one save). So the loop never
+        waits longer than one in-memory copy; a warning says so once per run and
+        :attr:`deferred` (and each manifest's ``deferred_saves``) counts them. Saves at the end,
+        on interrupt and on error wait for the write in flight and are always written.
     :param export: also write the model's weights as a ``.safetensors`` file in the checkpoint
         directory: ``"last"`` (``last.safetensors`` when training ends), ``"best"``
         (``best.safetensors`` whenever a save has the best ``monitor`` value so far), ``"both"``
@@ -158,6 +164,10 @@ class Checkpoint:
         self.resumed_path: Path | None = None
         #: whether this process writes checkpoints (on several processes: rank 0 only).
         self._writer = True
+        #: periodic saves deferred because the previous asynchronous write was still running.
+        self.deferred = 0
+        #: the reason of a deferred save still to take (None: none).
+        self._pending: str | None = None
 
     # -- hooks ------------------------------------------------------------------------------------
 
@@ -272,6 +282,7 @@ class Checkpoint:
                 )
         self._lineage = [*(r for r in self._lineage if r != loop.run_id), loop.run_id]
         self._last_key = (loop.epoch, loop.iteration) if loop.resumed else None
+        self.deferred, self._pending = 0, None
         resumed, self._resumed = self._resumed, None
         self._base = None
         if loop.resumed and resumed is not None:  # its segments are linked by the next save
@@ -285,7 +296,7 @@ class Checkpoint:
 
     @hookimpl
     def after_batch(self, loop: Loop) -> None:
-        """Save every n batches / every n seconds."""
+        """Save every n batches / every n seconds (or a save deferred until the writer is idle)."""
         due = self._batch_due(loop)
         if self.every_n_seconds:
             seconds = self._seconds_due(loop)
@@ -293,13 +304,17 @@ class Checkpoint:
                 seconds = loop.world.all_reduce([seconds and loop.world.is_zero], "max")[0] > 0
             due = seconds or due
         if due:
-            self._save(loop, "batch")
+            self._save(loop, "batch", periodic=True)
+        elif self._pending is not None and not self._busy(loop):
+            self._save(loop, self._pending, periodic=True)
 
     @hookimpl
     def after_epoch(self, loop: Loop) -> None:
-        """Save every n epochs."""
+        """Save every n epochs (or a save deferred until the writer is idle)."""
         if self._epoch_due(loop):
-            self._save(loop, "epoch")
+            self._save(loop, "epoch", periodic=True)
+        elif self._pending is not None and not self._busy(loop):
+            self._save(loop, self._pending, periodic=True)
 
     @hookimpl
     def on_interrupt(self, loop: Loop) -> None:
@@ -307,18 +322,20 @@ class Checkpoint:
         if self.save_on_interrupt:
             self._save(loop, "interrupt")
         self.wait()
+        storage.finish_deletions()
 
     @hookimpl
     def after_training(self, loop: Loop) -> None:
         """Save the final state (unless just saved); wait for any write in flight."""
         try:
-            if self.save_at_end:
-                self._save(loop, "end")
+            if self.save_at_end or self._pending is not None:
+                self._save(loop, "end" if self.save_at_end else self._pending or "end")
             self.wait()
             if self.export in ("last", "both") and self._directory is not None:
                 export_weights(loop.model.state_dict(), self._directory / LAST_WEIGHTS, self._metadata(loop))
         finally:
             self._spare = []
+            storage.finish_deletions()
             self._release()
 
     @hookimpl
@@ -329,6 +346,7 @@ class Checkpoint:
                 self._save(loop, "error", error)
         finally:
             failed = self.wait(raise_error=False)
+            storage.finish_deletions()
             self._release()
             if failed is not None:
                 warnings.warn(f"epochal-checkpoint: {failed}", RuntimeWarning, stacklevel=2)
@@ -355,10 +373,17 @@ class Checkpoint:
         hook = getattr(error, "epochal_hook", None)
         return plugin is not None and plugin != self._name and hook in BOUNDARY_HOOKS
 
-    def _save(self, loop: Loop, reason: str, error: BaseException | None = None) -> None:
+    def _save(
+        self, loop: Loop, reason: str, error: BaseException | None = None, periodic: bool = False
+    ) -> None:
         key = (loop.epoch, loop.iteration)
         if key == self._last_key:
+            self._pending = None
             return
+        if periodic and self._busy(loop):
+            self._defer(loop, reason)  # back-pressure: never wait for the disk on a periodic save
+            return
+        self._pending = None
         if self._directory is None:
             if not self._writer:  # another rank: its part of the state goes to rank 0, which writes
                 loop.state_dict(log_rows=False)
@@ -390,6 +415,7 @@ class Checkpoint:
             "mode": self.mode,
             "metric": metric,
             "plugins": self._plugin_set,
+            "deferred_saves": self.deferred,
         }
         if self.export in ("best", "both") and metric is not None and self._improves(metric):
             meta = {**self._metadata(loop), "epochal.monitor": self.monitor, "epochal.metric": repr(metric)}
@@ -410,6 +436,36 @@ class Checkpoint:
             self._thread.start()
         else:
             self._write(self._directory, name, snapshot, manifest, log_save)
+
+    def _writing(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _busy(self, loop: Loop) -> bool:
+        """Whether the previous asynchronous write still runs: rank 0's answer on every rank.
+
+        Deferring is then agreed, so every rank takes its part of a deferred snapshot together.
+        """
+        if not self.async_save:
+            return False
+        busy = self._writing()
+        if loop.world.distributed:
+            busy = loop.world.all_reduce([busy], "max")[0] > 0
+        return busy
+
+    def _defer(self, loop: Loop, reason: str) -> None:
+        if self._pending is None:
+            self._pending = reason
+        self.deferred += 1
+        if self.deferred == 1 and self._writer:
+            warnings.warn(
+                f"epochal-checkpoint: a {reason} save at iteration {loop.iteration} came due while the "
+                "previous asynchronous write was still running; it is deferred to the first batch "
+                "end after that write finishes (saves come faster than the disk writes them: "
+                "save less often, or use async_save = false to wait instead). Said once per run; "
+                "Checkpoint.deferred and the manifests' deferred_saves count them",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     def _improves(self, metric: float) -> bool:
         best = self._best_exported
@@ -506,9 +562,10 @@ class Checkpoint:
             scored.sort(key=lambda info: float(info.manifest["metric"]), reverse=self.mode == "max")
             keep.update(info.name for info in scored[: self.keep_best])
         doomed = [info for info in mine if info.name not in keep]
+        storage.finish_deletions(keep=4)  # deletions slower than saves: bound the backlog
         for info in doomed:
             try:
-                storage.delete_checkpoint(info.path)
+                storage.delete_checkpoint(info.path, wait=False)
             except FileNotFoundError:
                 pass
             except OSError as error:
@@ -520,8 +577,10 @@ class Checkpoint:
                 continue
             self._known.remove(info)
             self._own.remove(info.name)
-        if doomed:
-            storage.fsync_dir(directory)
+        # No directory fsync for the deletions: one lost to a power cut brings back an older
+        # checkpoint of this run family, listed as its own in the newest manifest (``written``,
+        # saved before this prune), so the next run prunes it again. The next save's fsync of
+        # the directory makes them durable anyway.
 
 
 def _same_dir(a: Path, b: Path) -> bool:
@@ -578,7 +637,7 @@ def read_from(path: Path, model_only: bool = False) -> tuple[dict[str, Any], Pat
         raise CheckpointNotFoundError(f"no checkpoint at {str(path)!r} (the path does not exist)")
     if path.is_file() and path.name == storage.MANIFEST:
         path = path.parent
-    elif path.name == storage.POINTER and not path.is_dir():
+    elif path.name == storage.POINTER and (path.is_symlink() or not path.is_dir()):
         name = storage.read_pointer(path.parent)  # a bare checkpoint name: never leaves the directory
         if name is None:
             raise CheckpointNotFoundError(

@@ -24,6 +24,7 @@ rule).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -207,7 +208,10 @@ def weights(loop: Loop) -> list[tuple[Path, str]]:
     if exports:
         return [(exports[-1], "weights")]
     pointer = directory / "latest"
-    name = pointer.read_text(encoding="utf-8").strip() if pointer.is_file() else ""
+    if pointer.is_symlink():  # epochal-checkpoint format 4: a link holding the name
+        name = os.readlink(pointer)
+    else:  # formats 1-3: a text file holding it
+        name = pointer.read_text(encoding="utf-8").strip() if pointer.is_file() else ""
     latest = directory / name if name else None
     if latest is None or not latest.is_dir():
         candidates = sorted((p for p in directory.iterdir() if p.is_dir()), key=lambda p: p.name)
