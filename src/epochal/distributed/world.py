@@ -83,7 +83,7 @@ class World:
         import torch.distributed as dist
 
         tensor = torch.tensor([float(v) for v in values], dtype=torch.float64)
-        reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
+        reduce_op = _torch_op(op)
         try:
             dist.all_reduce(tensor, op=reduce_op, group=self._control)
         except RuntimeError as error:
@@ -141,7 +141,7 @@ class World:
         dtype = np.result_type(*arrays)
         flat = np.concatenate([a.astype(dtype, copy=False).ravel() for a in arrays])
         tensor = torch.from_numpy(flat)
-        reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
+        reduce_op = _torch_op(op)
         try:
             dist.all_reduce(tensor, op=reduce_op, group=self._control)
         except RuntimeError as error:
@@ -163,6 +163,13 @@ class World:
                 raise _lost(error, "a barrier") from error
 
 
+def _torch_op(op: ReduceOp) -> Any:
+    """torch's reduce operation named *op*."""
+    import torch.distributed as dist
+
+    return {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
+
+
 class _Pending:
     """An asynchronous all-reduce of a few host numbers over the control group."""
 
@@ -174,7 +181,7 @@ class _Pending:
             import torch.distributed as dist
 
             self._tensor = torch.tensor(self._values, dtype=torch.float64)
-            reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
+            reduce_op = _torch_op(op)
             try:
                 self._work = dist.all_reduce(self._tensor, op=reduce_op, group=world._control, async_op=True)
             except RuntimeError as error:
@@ -205,15 +212,11 @@ def launched() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
 
 
-def default_backend(device: str | None = None) -> str:
-    """``nccl`` when CUDA is there (and the device is not the CPU), else ``gloo``."""
+def default_backend() -> str:
+    """``nccl`` when CUDA is there, else ``gloo``."""
     import torch
 
-    if device not in (None, "cpu") and torch.cuda.is_available():
-        return "nccl"
-    if device is None and torch.cuda.is_available():
-        return "nccl"
-    return "gloo"
+    return "nccl" if torch.cuda.is_available() else "gloo"
 
 
 def check_backend(backend: str | None, where: str = "[distributed] backend") -> str:
