@@ -179,13 +179,9 @@ def run(
     --nproc N trains on N local processes started by torch's elastic launcher (what torchrun
     does); `torchrun ... -m epochal run CONFIG` works the same. See docs/scaling-out.md.
     """
-    import time
-
     from epochal.config import load_config
     from epochal.distributed import launched, shutdown
     from epochal.errors import ConfigError
-    from epochal.runner import build_loop
-    from epochal.summary import RunSummary
 
     if profile:
         overrides = (*overrides, "plugins.timing.table=true")
@@ -200,39 +196,64 @@ def run(
             )
         where = "--backend" if backend is not None else f"{config_file}: [distributed] backend"
         sys.exit(_launch(config, config_file, nproc, port, order, only, disable, resume, where))
-    loop = build_loop(config, _plugin_choice(config, order, only), _split(disable), resume or False)
     try:
-        if profile and "timing" not in loop.plugins and loop.world.is_zero:
-            raise ConfigError(
-                "--profile needs the 'timing' plugin, which this run does not load (from a clone of "
-                "epochal: pip install plugins/epochal-timing; or name it in --only, or do not disable it)"
-            )
-        if not resume:
-            _refuse_other_runs_checkpoints(loop.plugins.get("checkpoint"), loop, config_file)
-        if trace is not None:
-            loop.trace_plugins = trace
-        argv = _without_resume(sys.argv[sys.argv.index(config_file) + 1 :]) if config_file in sys.argv else []
-        summary = RunSummary(config_file, [*os.environ.get(_LAUNCH_ARGS_ENV, "").split(), *argv])
-        if loop.world.is_zero:  # the run's messages come from rank 0 only
-            loop.plugin_set.pm.register(summary, name="epochal.summary")
-            loop.hooks.rebuild()
-        started = time.perf_counter()
-        try:
-            log = loop.run()
-        except KeyboardInterrupt:  # a third Ctrl-C: stopped at once, nothing saved
-            click.echo(
-                f"epochal: run {loop.run_id} stopped at once by a third SIGINT after {loop.iteration} "
-                "batch(es); nothing was saved at this point",
-                err=True,
-            )
-            sys.exit(128 + signal.SIGINT)
-        if loop.world.is_zero:
-            for line in summary.lines(loop, time.perf_counter() - started):
-                click.echo(line)
+        # The loop lives only inside _train: when the process group is left, nothing that holds
+        # it (DDP, synced metrics) is reachable any more, so it is freed before the group is.
+        signum = _train(config, config_file, order, only, disable, resume, profile, trace)
     finally:
         shutdown()
+    if signum is not None:
+        sys.exit(128 + signum)
+
+
+def _train(
+    config: dict[str, Any],
+    config_file: str,
+    order: tuple[str, ...],
+    only: tuple[str, ...],
+    disable: tuple[str, ...],
+    resume: str | None,
+    profile: bool,
+    trace: str | None,
+) -> int | None:
+    """Build and run the loop of ``epochal run``; the signal that interrupted it (None: none)."""
+    import time
+
+    from epochal.errors import ConfigError
+    from epochal.runner import build_loop
+    from epochal.summary import RunSummary
+
+    loop = build_loop(config, _plugin_choice(config, order, only), _split(disable), resume or False)
+    if profile and "timing" not in loop.plugins and loop.world.is_zero:
+        raise ConfigError(
+            "--profile needs the 'timing' plugin, which this run does not load (from a clone of "
+            "epochal: pip install plugins/epochal-timing; or name it in --only, or do not disable it)"
+        )
+    if not resume:
+        _refuse_other_runs_checkpoints(loop.plugins.get("checkpoint"), loop, config_file)
+    if trace is not None:
+        loop.trace_plugins = trace
+    argv = _without_resume(sys.argv[sys.argv.index(config_file) + 1 :]) if config_file in sys.argv else []
+    summary = RunSummary(config_file, [*os.environ.get(_LAUNCH_ARGS_ENV, "").split(), *argv])
+    if loop.world.is_zero:  # the run's messages come from rank 0 only
+        loop.plugin_set.pm.register(summary, name="epochal.summary")
+        loop.hooks.rebuild()
+    started = time.perf_counter()
+    try:
+        log = loop.run()
+    except KeyboardInterrupt:  # a third Ctrl-C: stopped at once, nothing saved
+        click.echo(
+            f"epochal: run {loop.run_id} stopped at once by a third SIGINT after {loop.iteration} "
+            "batch(es); nothing was saved at this point",
+            err=True,
+        )
+        sys.exit(128 + signal.SIGINT)
+    if loop.world.is_zero:
+        for line in summary.lines(loop, time.perf_counter() - started):
+            click.echo(line)
     if log.status["status"] == "interrupted" and loop.signal_received is not None:
-        sys.exit(128 + loop.signal_received)
+        return loop.signal_received
+    return None
 
 
 _LAUNCH_ARGS_ENV = "EPOCHAL_LAUNCH_ARGS"
