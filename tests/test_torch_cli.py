@@ -43,6 +43,22 @@ def test_check_resume_is_bitwise(tmp_path: Path, settings: list[str]) -> None:
     assert "ok: interrupted after batch 50 of 90 and resumed" in result.stdout
 
 
+def test_check_resume_is_bitwise_on_two_processes_inside_an_accumulation_window(tmp_path: Path) -> None:
+    """DDP on 2 gloo processes, AdamW's state, interrupted at batch 31 of windows of 3 (each
+    rank's own gradients of the open window are saved): every rank's state matches bitwise."""
+    settings = [
+        "loop.max_epochs=2",
+        "plugins.lr_scheduler.T_max=2",
+        "model.optimizer=adamw",
+        "model.accumulate_grad_batches=3",
+        "loop.uneven_shards=drop",  # 1,437 examples on 2 processes
+    ]
+    sets = [a for s in settings for a in ("--set", s)]
+    result = run(tmp_path, "check-resume", str(EXAMPLE), "--nproc", "2", "--at", "31", *sets, *QUIET)
+    assert result.returncode == 0, result.stderr
+    assert "ok: interrupted after batch 31 of 46 and resumed" in result.stdout
+
+
 def test_resume_continues_bitwise_and_the_load_plugin_starts_from_a_checkpoint(tmp_path: Path) -> None:
     common = ("--set", "plugins.checkpoint.export=last", *QUIET)
     straight = run(
