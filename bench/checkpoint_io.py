@@ -5,13 +5,14 @@ epochal-checkpoint installed).
 
 1. Save throughput for 1 MB to 1 GB of float32 state (4 arrays): the epochal-checkpoint save
    (flatten + ``data.bin`` (arrays written from their memory, then the JSON state) +
-   ``manifest.json`` sealed by its commit record, one fsync per file, temporary-directory fsync,
-   rename, ``latest`` link, parent-directory fsync) against the floor: the same bytes written
-   to one file with ``write`` + ``fsync``; beside it the *atomic publish floor* (that raw write
-   into a new temporary directory, fsynced, renamed, parent fsynced: what any crash-safe
-   directory save needs at least). ``np.savez`` + fsync is shown for reference. Measured side
-   by side in one run, interleaved (from 256 MB on, ``os.sync()`` untimed before each case so
-   none pays for the previous one's writeback); medians and ratios.
+   ``manifest.json`` sealed by its commit record, the files and the temporary directory
+   fsynced concurrently, rename, ``latest`` link, parent-directory fsync) against the floor:
+   the same bytes written to one file with ``write`` + ``fsync``; beside it the *atomic
+   publish floor* (that raw write into a new temporary directory, fsynced, renamed, parent
+   fsynced, one fsync after the other: the textbook crash-safe directory save). ``np.savez``
+   + fsync is shown for reference. Measured side by side in one run, interleaved (from
+   256 MB on, ``os.sync()`` untimed before each case so none pays for the previous one's
+   writeback); medians and ratios.
 2. Load: a checkpoint of 100 MB to 1 GB (half model, half optimizer) read whole and with
    ``model_only``, against a raw read of the same bytes into a preallocated buffer; all from
    the page cache (the files were just written).

@@ -41,7 +41,8 @@ without being opened for reading, and a wrong type anywhere is a :class:`Corrupt
 naming the file and key. A damaged log segment costs only the rows it holds.
 
 Writing: the files go into a temporary directory beside the target (``<name>.epochal-tmp-<hex>``),
-each is fsynced once, the directory fsynced, renamed into place and its parent fsynced. A
+they and the directory are fsynced together (concurrently: one journal commit), then the
+directory is renamed into place and its parent fsynced. A
 reader therefore sees a complete checkpoint or none; leftovers carry the temporary suffix and only those are
 ever cleaned up. Deleting a checkpoint renames it to a temporary name first, so a crash in the
 middle of a deletion leaves no half checkpoint under a final name either.
@@ -49,6 +50,7 @@ middle of a deletion leaves no half checkpoint under a final name either.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import io
 import json
@@ -363,7 +365,7 @@ def _writev_all(fd: int, pieces: Sequence[memoryview | bytes]) -> None:
 
 
 def _write_file(path: Path, pieces: Sequence[memoryview | bytes], sync: bool = True) -> dict[str, Any]:
-    """Write *pieces* to the new file *path*, fsync it; return its size and CRC-32."""
+    """Write *pieces* to the new file *path* (and fsync it with *sync*); return its size and CRC-32."""
     crc = 0
     for piece in pieces:
         crc = crc32(piece, crc)
@@ -384,6 +386,52 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+_sync_pool: Any = None
+_sync_pool_lock = threading.Lock()
+
+
+def _pool() -> Any:
+    global _sync_pool
+    with _sync_pool_lock:
+        if _sync_pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            _sync_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="epochal-fsync")
+        return _sync_pool
+
+
+class Flushes:
+    """fsyncs issued concurrently, each as soon as its file is complete, awaited together.
+
+    One after another, each fsync of a new file waits for its own journal commit (ext4 and
+    XFS commit one transaction per fsync): four fsyncs cost four disk flushes. Issued together
+    they join one commit, and the first starts the data's writeback while the rest of the
+    checkpoint is still being encoded, so a checkpoint's files and its directory cost about
+    what a single file's write+fsync costs (see bench/README.md). Nothing is published until
+    :meth:`wait` returns: the order among these fsyncs does not matter, only that all end
+    before the rename that publishes them.
+    """
+
+    def __init__(self) -> None:
+        self._futures: list[Any] = []
+
+    def start(self, path: Path) -> None:
+        """Begin the fsync of *path* (a file or a directory) in the background."""
+        self._futures.append(_pool().submit(fsync_dir, path))
+
+    def wait(self) -> None:
+        """Return when every fsync started has ended; raise the first error, after all ended."""
+        futures, self._futures = self._futures, []
+        errors: list[BaseException] = []
+        for future in futures:
+            try:
+                future.result()
+            except BaseException as error:  # raised below, once none is running
+                errors.append(error)
+        if errors:
+            raise errors[0]
 
 
 def encode(snapshot: Snapshot) -> tuple[list[memoryview | bytes], dict[str, Any]]:
@@ -454,21 +502,22 @@ def _merge_segment(tmp: Path, source: MergedSegment) -> Segment:
     for k, body in enumerate(bodies):
         pieces += [b",", body] if k else [body]
     pieces.append(b"}}")
-    written = _write_file(tmp / source.name, pieces)
+    written = _write_file(tmp / source.name, pieces, sync=False)
     ids: set[int] = {int(i) for i in source.rows}
     for part in source.parts:
         ids.update(part.segment.rows)
     return Segment(source.name, written["size"], written["crc32"], sorted(ids))
 
 
-def _add_segment(tmp: Path, source: LinkedSegment | NewSegment | MergedSegment) -> Segment:
-    """Put a log segment into the temporary checkpoint directory *tmp*; return what it is."""
+def _add_segment(tmp: Path, source: LinkedSegment | NewSegment | MergedSegment) -> tuple[Segment, bool]:
+    """Put a log segment into the temporary checkpoint directory *tmp*; return what it is and
+    whether its bytes were written here (not yet fsynced) rather than hard-linked."""
     if isinstance(source, MergedSegment):
-        return _merge_segment(tmp, source)
+        return _merge_segment(tmp, source), True
     if isinstance(source, NewSegment):
         rows = [int(i) for i in source.rows]
-        written = _write_file(tmp / source.name, [encode_segment(source.rows)])
-        return Segment(source.name, written["size"], written["crc32"], rows)
+        written = _write_file(tmp / source.name, [encode_segment(source.rows)], sync=False)
+        return Segment(source.name, written["size"], written["crc32"], rows), True
     segment, origin, target = source.segment, source.source / source.segment.name, tmp / source.segment.name
     try:
         os.link(origin, target)  # its bytes were fsynced when first written; the checksum is reused
@@ -479,14 +528,14 @@ def _add_segment(tmp: Path, source: LinkedSegment | NewSegment | MergedSegment) 
             data = _verified(source.source, segment.name, {"size": segment.size, "crc32": segment.crc32})
         except CorruptCheckpointError as error:
             raise CheckpointWriteError(f"cannot reuse a log segment: {error}") from None
-        _write_file(target, [bytes(data)])
-        return segment
+        _write_file(target, [bytes(data)], sync=False)
+        return segment, True
     size = os.stat(target).st_size
     if size != segment.size:
         raise CheckpointWriteError(
             f"cannot reuse log segment {str(origin)!r}: it has {size} bytes, {segment.size} were written"
         )
-    return segment
+    return segment, False
 
 
 def write_checkpoint(
@@ -504,10 +553,11 @@ def write_checkpoint(
     symbolic link holding the checkpoint's name) is replaced atomically to name the new
     checkpoint, in the same directory sync as its rename.
 
-    The order: ``data.bin`` (arrays written straight from memory, then the state) and the new
-    log segment are written and fsynced, the earlier segments hard-linked, the manifest (its
-    commit record last) written and fsynced, the temporary directory fsynced, renamed into
-    place, and the parent directory fsynced: one fsync per file written, two per directory.
+    The order: ``data.bin`` (arrays written straight from memory, then the state), the new log
+    segment and the manifest (its commit record last) are written, the earlier segments
+    hard-linked; every new file and the temporary directory are fsynced together
+    (:class:`Flushes`: each begins as soon as its file is complete); only then is the
+    directory renamed into place (the publish point) and the parent directory fsynced.
 
     :raises CheckpointWriteError: naming the path, when the disk is full, permission is denied
         or any other OS error occurs; the temporary directory is removed and every earlier
@@ -516,6 +566,7 @@ def write_checkpoint(
     names = [s.segment.name if isinstance(s, LinkedSegment) else s.name for s in segments]
     if len(set(names)) != len(names) or not all(SEGMENT_RE.match(n) for n in names):
         raise ValueError(f"log segment names must be unique and match {SEGMENT_RE.pattern}: {names}")
+    flushes = Flushes()
     tmp = directory / temp_name(name)
     pointer_tmp = directory / temp_name(POINTER) if pointer else None
     current = tmp
@@ -527,11 +578,16 @@ def write_checkpoint(
         fd = os.open(current, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             _writev_all(fd, pieces)
-            os.fsync(fd)
         finally:
             os.close(fd)
+        flushes.start(current)
         current = tmp
-        written = [_add_segment(tmp, source) for source in segments]
+        written = []
+        for source in segments:
+            segment, wrote = _add_segment(tmp, source)
+            written.append(segment)
+            if wrote:  # hard-linked ones were fsynced when first written
+                flushes.start(tmp / segment.name)
         now = time.time_ns()
         document = {
             "format": FORMAT,
@@ -544,9 +600,11 @@ def write_checkpoint(
             "files": {DATA: data, **{s.name: {"size": s.size, "crc32": s.crc32} for s in written}},
         }
         current = tmp / MANIFEST  # its commit record is its last key: written last
-        _write_file(current, [seal(json.dumps(document, indent=1).encode("ascii"))])
+        _write_file(current, [seal(json.dumps(document, indent=1).encode("ascii"))], sync=False)
+        flushes.start(current)
         current = tmp
-        fsync_dir(tmp)
+        flushes.start(tmp)
+        flushes.wait()  # unpublished until the rename below: every new file and the directory durable
         final = directory / final_name
         current = final
         os.rename(tmp, final)
@@ -558,6 +616,8 @@ def write_checkpoint(
         fsync_dir(directory)
         return CheckpointInfo(final, document, written)
     except BaseException as error:
+        with contextlib.suppress(OSError):  # the error that matters is the one being handled
+            flushes.wait()
         shutil.rmtree(tmp, ignore_errors=True)
         if pointer_tmp is not None:
             pointer_tmp.unlink(missing_ok=True)
