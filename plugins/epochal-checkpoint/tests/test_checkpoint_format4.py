@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -183,3 +184,22 @@ def test_index_entries_sharing_a_record_are_refused_before_anything_is_allocated
     storage.replace_state(path, state)
     with pytest.raises(CorruptCheckpointError, match=r"array 'model.b' overlaps the array before it"):
         read_checkpoint(path)
+
+
+def test_no_fsync_thread_outlives_a_save_into_a_fork(tmp_path: Path) -> None:
+    """A forked child (a DataLoader worker) gets no idle fsync threads, and the parent saves
+    again after the fork (Python 3.12+ warns about forking a process with threads)."""
+
+    def fsync_threads() -> list[str]:
+        return [t.name for t in threading.enumerate() if t.name.startswith("epochal-fsync")]
+
+    save(tmp_path, {"w": np.zeros(10)}, "ckpt-e0000-i000001")
+    assert fsync_threads()  # the save's fsyncs ran on the pool
+    pid = os.fork()
+    if pid == 0:  # the child: report whether any fsync thread exists here, then leave at once
+        os._exit(0 if not fsync_threads() else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert fsync_threads() == []  # shut down in the parent before the fork
+    path = save(tmp_path, {"w": np.ones(10)}, "ckpt-e0001-i000002")
+    assert read_checkpoint(path)[0]["w"].tolist() == [1.0] * 10

@@ -402,6 +402,28 @@ def _pool() -> Any:
         return _sync_pool
 
 
+def _submit(function: Callable[..., Any], *args: Any) -> Any:
+    """``function(*args)`` on the fsync pool; a future."""
+    try:
+        return _pool().submit(function, *args)
+    except RuntimeError:  # that pool was shut down before a fork (below): a new one
+        return _pool().submit(function, *args)
+
+
+def _before_fork() -> None:
+    """No idle fsync thread survives into a fork: a forked child (a DataLoader worker) has no
+    use for them, and Python 3.12+ warns about forking a process with threads."""
+    global _sync_pool
+    with _sync_pool_lock:
+        pool, _sync_pool = _sync_pool, None
+    if pool is not None:
+        pool.shutdown(wait=True)  # fsyncs in flight end first
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork)
+
+
 class Flushes:
     """fsyncs issued concurrently, each as soon as its file is complete, awaited together.
 
@@ -419,7 +441,7 @@ class Flushes:
 
     def start(self, path: Path) -> None:
         """Begin the fsync of *path* (a file or a directory) in the background."""
-        self._futures.append(_pool().submit(fsync_dir, path))
+        self._futures.append(_submit(fsync_dir, path))
 
     def wait(self) -> None:
         """Return when every fsync started has ended; raise the first error, after all ended."""
