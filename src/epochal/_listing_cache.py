@@ -199,7 +199,10 @@ def store(listing: Listing, build: Build) -> None:
     temporary = f"{target}.{os.getpid()}.tmp"
     try:
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        with open(temporary, "w", encoding="utf-8") as handle:
+        # readable by this user only: the key holds the EPOCHAL_* variables' values
+        with open(
+            os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8"
+        ) as handle:
             json.dump({"key": key, "stamps": stamps, "listing": listing}, handle)
         os.replace(temporary, target)  # readers see the old file or the whole new one
         _prune(os.path.dirname(target))
