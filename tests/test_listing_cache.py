@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -125,8 +126,6 @@ class Site:
 
 
 def pip() -> list[str]:
-    import sys
-
     return [sys.executable, "-m", "pip"]
 
 
@@ -283,3 +282,12 @@ def test_the_cache_lives_under_xdg_cache_home(site: Site, tmp_path: Path) -> Non
 
 def test_the_cache_checks_every_field_of_a_listed_plugin() -> None:
     assert list(_listing_cache.FIELDS) == list(PluginInfo("x").as_dict())
+
+
+@pytest.mark.skipif(sys.platform in ("darwin", "win32"), reason="the XDG layout of Linux and the BSDs")
+def test_the_cache_folder_follows_xdg_cache_home_when_it_is_absolute(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", "/somewhere/cache")
+    assert _listing_cache.cache_dir() == "/somewhere/cache/epochal"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")  # not absolute: ignored, as XDG says
+    monkeypatch.setenv("HOME", "/home/someone")
+    assert _listing_cache.cache_dir() == "/home/someone/.cache/epochal"

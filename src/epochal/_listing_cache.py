@@ -65,17 +65,20 @@ def disabled() -> bool:
     return os.environ.get(ENV_NO_CACHE, "").strip().lower() not in ("", "0", "false", "no")
 
 
-def cache_dir() -> str:
-    """epochal's cache folder: ``$XDG_CACHE_HOME/epochal`` if set, else the platform's."""
+def cache_dir() -> str | None:
+    """epochal's cache folder: ``$XDG_CACHE_HOME/epochal`` if set, else the platform's (None
+    when there is no home folder to put it in)."""
     base = os.environ.get("XDG_CACHE_HOME", "")
     if os.path.isabs(base):
-        return os.path.join(base, "epochal")
-    if sys.platform == "darwin":
-        return os.path.expanduser("~/Library/Caches/epochal")
-    if os.name == "nt":
+        folder = os.path.join(base, "epochal")
+    elif sys.platform == "darwin":
+        folder = os.path.expanduser("~/Library/Caches/epochal")
+    elif os.name == "nt":
         local = os.environ.get("LOCALAPPDATA") or os.path.expanduser("~\\AppData\\Local")
-        return os.path.join(local, "epochal", "Cache")
-    return os.path.join(os.path.expanduser("~/.cache"), "epochal")
+        folder = os.path.join(local, "epochal", "Cache")
+    else:
+        folder = os.path.join(os.path.expanduser("~/.cache"), "epochal")
+    return folder if os.path.isabs(folder) else None  # "~" left as is: no home
 
 
 def _key() -> dict[str, Any]:
@@ -88,9 +91,12 @@ def _key() -> dict[str, Any]:
     }
 
 
-def _file(key: dict[str, Any]) -> str:
+def _file(key: dict[str, Any]) -> str | None:
+    folder = cache_dir()
+    if folder is None:
+        return None
     digest = zlib.crc32(json.dumps(key, sort_keys=True).encode("utf-8", "surrogateescape"))
-    return os.path.join(cache_dir(), f"plugins-{digest:08x}.json")
+    return os.path.join(folder, f"plugins-{digest:08x}.json")
 
 
 def _stamp(path: str) -> Stamp:
@@ -157,8 +163,11 @@ def load() -> Listing | None:
     if disabled():
         return None
     key = _key()
+    path = _file(key)
+    if path is None:
+        return None
     try:
-        with open(_file(key), encoding="utf-8") as handle:
+        with open(path, encoding="utf-8") as handle:
             data = json.load(handle)
         if data["key"] != key:
             return None
@@ -196,6 +205,8 @@ def store(listing: Listing, build: Build) -> None:
         stamps.append([path, stamp])
     key = _key()
     target = _file(key)
+    if target is None:
+        return
     temporary = f"{target}.{os.getpid()}.tmp"
     try:
         os.makedirs(os.path.dirname(target), exist_ok=True)
