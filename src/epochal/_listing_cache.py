@@ -81,12 +81,17 @@ def cache_dir() -> str | None:
     return folder if os.path.isabs(folder) else None  # "~" left as is: no home
 
 
+def _entries() -> list[str]:
+    """``sys.path`` as folders ("" is the working directory)."""
+    return [str(e) if e else os.getcwd() for e in sys.path if isinstance(e, (str, os.PathLike))]
+
+
 def _key() -> dict[str, Any]:
     return {
         "format": FORMAT,
         "executable": sys.executable,
         "python": sys.version,
-        "path": [entry or os.getcwd() for entry in sys.path],
+        "path": _entries(),
         "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith("EPOCHAL_")},
     }
 
@@ -108,19 +113,19 @@ def _stamp(path: str) -> Stamp:
 
 
 def _path_stamps() -> dict[str, Stamp]:
-    return {entry: _stamp(entry) for entry in (e or os.getcwd() for e in sys.path)}
+    return {entry: _stamp(entry) for entry in _entries()}
 
 
 def _metadata_files() -> list[str]:
     """Every distribution's ``entry_points.txt`` (present or not) in the ``sys.path`` folders."""
     files = []
-    for entry in sys.path:
+    for entry in _entries():
         try:
-            with os.scandir(entry or os.getcwd()) as found:
+            with os.scandir(entry) as found:
                 names = [e.name for e in found if e.name.endswith((".dist-info", ".egg-info"))]
         except (OSError, ValueError):
             continue
-        files += [os.path.join(entry or os.getcwd(), name, "entry_points.txt") for name in sorted(names)]
+        files += [os.path.join(entry, name, "entry_points.txt") for name in sorted(names)]
     return files
 
 
@@ -162,11 +167,11 @@ def load() -> Listing | None:
     """The cached listing if it is still true of what is installed, else None."""
     if disabled():
         return None
-    key = _key()
-    path = _file(key)
-    if path is None:
-        return None
     try:
+        key = _key()
+        path = _file(key)
+        if path is None:
+            return None
         with open(path, encoding="utf-8") as handle:
             data = json.load(handle)
         if data["key"] != key:
@@ -186,18 +191,29 @@ class Build:
 
     def __init__(self) -> None:
         self.started_ns = time.time_ns()
-        self.paths = _path_stamps()
+        try:
+            self.paths: dict[str, Stamp] | None = _path_stamps()
+        except (OSError, ValueError):  # no working directory left, say: nothing to cache
+            self.paths = None
 
 
 def store(listing: Listing, build: Build) -> None:
-    """Write *listing* for the next :func:`load`, unless it must not be trusted later."""
-    if disabled() or not _valid(listing):
+    """Write *listing* for the next :func:`load`, unless it must not be trusted later.
+
+    Never raises for the cache's sake: a cache that cannot be written is no cache.
+    """
+    if disabled() or build.paths is None or not _valid(listing):
         return
     if any(info["status"] == "failed" for info in listing["infos"]):
         return  # a failure may be transient or come from the environment: not cached
-    if _path_stamps() != build.paths:
+    with contextlib.suppress(OSError, ValueError, TypeError):
+        _write(listing, build, build.paths)
+
+
+def _write(listing: Listing, build: Build, paths: dict[str, Stamp]) -> None:
+    if _path_stamps() != paths:
         return
-    stamps = [[path, stamp] for path, stamp in build.paths.items()]
+    stamps = [[path, stamp] for path, stamp in paths.items()]
     for path in [*_metadata_files(), *_module_files()]:
         stamp = _stamp(path)
         if stamp[0] > build.started_ns - _SETTLE_NS:
@@ -216,10 +232,11 @@ def store(listing: Listing, build: Build) -> None:
         ) as handle:
             json.dump({"key": key, "stamps": stamps, "listing": listing}, handle)
         os.replace(temporary, target)  # readers see the old file or the whole new one
-        _prune(os.path.dirname(target))
-    except (OSError, ValueError):
+    except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
+        raise
+    _prune(os.path.dirname(target))
 
 
 def _prune(folder: str) -> None:
