@@ -6,7 +6,7 @@ import json
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,15 @@ HERE = Path(__file__).parent
 
 
 Install = Callable[[Path, Path], None]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cache_in_a_temp_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """``epochal plugins`` caches its listing under ``$XDG_CACHE_HOME``: the tests' commands
+    keep theirs in a temp folder, not in the user's cache."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg-cache")))
+        yield
 
 
 @pytest.fixture(scope="session")

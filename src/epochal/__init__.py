@@ -6,33 +6,60 @@ The public surface: :class:`Loop` runs training; plugins implement the hooks of
 points; :mod:`epochal.triggers` says when a plugin should act.
 """
 
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
-from epochal._markers import hookimpl, hookspec
-from epochal.composite import CompositePlugin
-from epochal.errors import ConfigError, EpochalError, OrderError, PluginError
-from epochal.log import TrainingLog
-from epochal.plugins import PluginSet, compose, load_plugins
-
 if TYPE_CHECKING:
+    from epochal._markers import hookimpl, hookspec
+    from epochal.composite import CompositePlugin
+    from epochal.errors import ConfigError, EpochalError, OrderError, PluginError
+    from epochal.log import TrainingLog
     from epochal.loop import EmptyDataError, Loop, Model
+    from epochal.plugins import PluginSet, compose, load_plugins
+
+    __version__: str
+
+# Every name is imported when first used (PEP 562): `import epochal` (the CLI, every plugin
+# module's `from epochal import hookimpl`) then costs only what is used, not pluggy, numpy and
+# the plugin machinery. Name -> the module defining it.
+_LAZY = {
+    "hookimpl": "epochal._markers",
+    "hookspec": "epochal._markers",
+    "CompositePlugin": "epochal.composite",
+    "ConfigError": "epochal.errors",
+    "EpochalError": "epochal.errors",
+    "OrderError": "epochal.errors",
+    "PluginError": "epochal.errors",
+    "TrainingLog": "epochal.log",
+    "EmptyDataError": "epochal.loop",
+    "Loop": "epochal.loop",
+    "Model": "epochal.loop",
+    "PluginSet": "epochal.plugins",
+    "compose": "epochal.plugins",
+    "load_plugins": "epochal.plugins",
+}
 
 
 def __getattr__(name: str) -> Any:
-    # The loop imports numpy; importing it lazily keeps `from epochal import hookimpl` (every
-    # plugin module) and the CLI's listing commands fast.
-    if name in ("EmptyDataError", "Loop", "Model"):
-        from epochal import loop
+    if name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
 
-        return getattr(loop, name)
-    raise AttributeError(f"module 'epochal' has no attribute {name!r}")
+        try:
+            value: Any = version("epochal")
+        except PackageNotFoundError:  # pragma: no cover - running from a source tree
+            value = "0.0.0"
+    elif name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    else:
+        raise AttributeError(f"module 'epochal' has no attribute {name!r}")
+    globals()[name] = value  # the next lookup finds it without calling __getattr__
+    return value
 
 
-try:
-    __version__ = version("epochal")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree
-    __version__ = "0.0.0"
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "CompositePlugin",

@@ -379,6 +379,11 @@ def _refuse_other_runs_checkpoints(plugin: Any, loop: Any, config_file: str) -> 
     default=1,
     help="With --check: also check a run on this many processes (backend; where each plugin runs).",
 )
+@click.option(
+    "--no-cache",
+    is_flag=True,
+    help="Build the listing afresh: neither read nor write the listing cache (also EPOCHAL_NO_CACHE=1).",
+)
 def plugins_command(
     as_json: bool,
     as_csv: bool,
@@ -389,44 +394,30 @@ def plugins_command(
     disable: tuple[str, ...],
     check_file: str | None,
     nproc: int,
+    no_cache: bool,
 ) -> None:
     """List installed plugins: distribution, version, hooks, status, position.
 
     Warns (on stderr) about a plugin distribution that declares a range of epochal versions
-    this epochal is not in.
+    this epochal is not in. The listing of what is installed (no --config, --plugins, --only
+    or --disable) is cached until a distribution is installed or removed or a plugin's code
+    changes, so that it imports no plugin; --no-cache builds it afresh.
     """
-    from epochal._dispatch import HOOK_ARGS
-    from epochal.config import load_config, plugins_for
-    from epochal.console import print_csv, print_table
-    from epochal.plugins import PluginLoadWarning
-
     if check_file:
-        from epochal.runner import check_run
-
-        checked_config = load_config(check_file)
-        checked = check_run(checked_config, _plugin_choice(checked_config, order, only), _split(disable))
-        click.echo(f"ok: {check_file}: plugins in call order: {', '.join(checked.plugins) or 'none'}")
-        if nproc > 1:
-            from epochal.distributed.world import check_backend
-
-            backend = check_backend(
-                checked_config.get("distributed", {}).get("backend"), f"{check_file}: [distributed] backend"
-            )
-            ranks = {i.name: i.rank for i in checked.infos if i.status == "loaded"}
-            everywhere = [n for n in checked.plugins if ranks.get(n) != "zero"]
-            zero = [n for n in checked.plugins if ranks.get(n) == "zero"]
-            click.echo(
-                f"ok: on {nproc} processes ({backend}): every rank runs "
-                f"{', '.join(everywhere) or 'no plugin'}; rank 0 only: {', '.join(zero) or 'none'}"
-            )
+        _check_command(check_file, order, only, disable, nproc)
         return
+    from epochal import _listing_cache
 
-    config = load_config(config_file) if config_file else {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", PluginLoadWarning)  # shown as status "failed" instead
-        plugin_set = plugins_for(config, _plugin_choice(config, order, only), _split(disable))
-    infos = [info.as_dict() for info in plugin_set.infos]
-    orders = {hook: plugin_set.call_order(hook) for hook in HOOK_ARGS}
+    cacheable = not (no_cache or config_file or order or only or disable)
+    listing = _listing_cache.load() if cacheable else None
+    if listing is None:
+        build = _listing_cache.Build() if cacheable else None
+        listing, warned = _listing(
+            config_file, order, only, disable, cacheable or not (as_json or as_csv or show_order)
+        )
+        if build is not None and not warned:  # a warning may come from what the cache cannot see
+            _listing_cache.store(listing, build)
+    infos, orders = listing["infos"], listing["order"]
     if as_json:
         payload: Any = {"plugins": infos, "order": orders} if show_order else infos
         click.echo(json.dumps(payload, indent=2))
@@ -435,6 +426,8 @@ def plugins_command(
         for hook, names in orders.items():
             click.echo(f"{hook}: {' -> '.join(names) if names else '(none)'}")
         return
+    from epochal.console import print_csv, print_table
+
     if as_csv:
         print_csv(
             ("position", "name", "status", "distribution", "version", "hooks", "rank"),
@@ -470,8 +463,68 @@ def plugins_command(
     for i in infos:
         if i["error"]:
             click.echo(f"{i['name']}: {i['error']}", err=True)
-    for line in _core_mismatches(i["distribution"] for i in infos):
+    for line in listing["warnings"]:
         click.echo(f"warning: {line}", err=True)
+
+
+def _listing(
+    config_file: str | None,
+    order: tuple[str, ...],
+    only: tuple[str, ...],
+    disable: tuple[str, ...],
+    mismatches: bool,
+) -> tuple[dict[str, Any], bool]:
+    """What ``epochal plugins`` lists: every plugin's info, each hook's call order and the
+    warnings about plugin distributions made for another epochal (when *mismatches*); and
+    whether a warning was shown while plugins were loaded."""
+    from epochal._dispatch import HOOK_ARGS
+    from epochal.config import load_config, plugins_for
+    from epochal.plugins import PluginLoadWarning
+
+    config = load_config(config_file) if config_file else {}
+    shown: list[object] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", PluginLoadWarning)  # shown as status "failed" instead
+        show = warnings.showwarning
+
+        def noted(message: Warning | str, *args: Any, **kwargs: Any) -> None:
+            shown.append(message)
+            show(message, *args, **kwargs)
+
+        warnings.showwarning = noted
+        plugin_set = plugins_for(config, _plugin_choice(config, order, only), _split(disable))
+    infos = [info.as_dict() for info in plugin_set.infos]
+    listing = {
+        "infos": infos,
+        "order": {hook: plugin_set.call_order(hook) for hook in HOOK_ARGS},
+        "warnings": _core_mismatches(i["distribution"] for i in infos) if mismatches else [],
+    }
+    return listing, bool(shown)
+
+
+def _check_command(
+    check_file: str, order: tuple[str, ...], only: tuple[str, ...], disable: tuple[str, ...], nproc: int
+) -> None:
+    """``epochal plugins --check CONFIG``: every check a run makes before training."""
+    from epochal.config import load_config
+    from epochal.runner import check_run
+
+    checked_config = load_config(check_file)
+    checked = check_run(checked_config, _plugin_choice(checked_config, order, only), _split(disable))
+    click.echo(f"ok: {check_file}: plugins in call order: {', '.join(checked.plugins) or 'none'}")
+    if nproc > 1:
+        from epochal.distributed.world import check_backend
+
+        backend = check_backend(
+            checked_config.get("distributed", {}).get("backend"), f"{check_file}: [distributed] backend"
+        )
+        ranks = {i.name: i.rank for i in checked.infos if i.status == "loaded"}
+        everywhere = [n for n in checked.plugins if ranks.get(n) != "zero"]
+        zero = [n for n in checked.plugins if ranks.get(n) == "zero"]
+        click.echo(
+            f"ok: on {nproc} processes ({backend}): every rank runs "
+            f"{', '.join(everywhere) or 'no plugin'}; rank 0 only: {', '.join(zero) or 'none'}"
+        )
 
 
 def _core_mismatches(distributions: Any) -> list[str]:

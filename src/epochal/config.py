@@ -15,7 +15,6 @@ import copy
 import importlib
 import inspect
 import sys
-import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -85,6 +84,8 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, An
         text = path.read_text(encoding="utf-8")
     except OSError as error:
         raise ConfigError(f"cannot read config file {str(path)!r}: {error.strerror or error}") from None
+    import tomllib  # only where a file is read: not for `epochal plugins`
+
     try:
         config = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
@@ -105,6 +106,8 @@ def apply_override(config: dict[str, Any], override: str) -> None:
     keys = [k.strip() for k in dotted.strip().split(".")]
     if not sep or len(keys) < 2 or not all(keys):
         raise ConfigError(f"--set {override!r}: expected section.key=value, e.g. loop.max_epochs=5")
+    import tomllib
+
     try:
         value = tomllib.loads(f"value = {raw.strip()}")["value"]
     except tomllib.TOMLDecodeError:

@@ -10,7 +10,6 @@ than ``min_delta`` end training through ``loop.request_stop`` with a reason.
 from __future__ import annotations
 
 import copy
-import difflib
 import math
 import warnings
 from collections.abc import Mapping
@@ -191,6 +190,8 @@ class EarlyStopping:
             return  # the record may come with the first evaluation
         self._warned = True
         records = sorted(k for k in row if k != "epochs_done")
+        import difflib  # only for this warning: not when the plugin is listed
+
         match = difflib.get_close_matches(self.monitor, records, n=1, cutoff=0.5)
         hint = f" (did you mean {match[0]!r}?)" if match else ""
         warnings.warn(
