@@ -204,8 +204,7 @@ class TrainingLog:
         current = self._iteration()
         rows = self._rows
         order = list(rows)  # creation (or read-back) order
-        candidates = [i for i in order[: len(order) - self.window] if i != current]
-        out = [(i, rows[i]) for i in candidates]
+        out = [(i, rows[i]) for i in order[: len(order) - self.window] if i != current]
         if not self._ordered:
             out.sort(key=_first)
         # The common case checked at C speed: every key a string, every value a Python scalar.
@@ -369,8 +368,11 @@ class _Spill:
         self.sequence += 1
         seq = self.sequence
         newest = self.newest
-        fresh = [item for item in rows if item[0] > newest]
-        late = [item for item in rows if item[0] <= newest] if len(fresh) < len(rows) else []
+        if rows[0][0] > newest:  # in iteration order: every row is newer than the spill (the rule)
+            fresh, late = rows, []
+        else:
+            fresh = [item for item in rows if item[0] > newest]
+            late = [item for item in rows if item[0] <= newest]
         db = self.db
         db.execute("BEGIN")
         if fresh:
@@ -446,11 +448,19 @@ class _Spill:
                 part = iterations[start : start + 500]
                 query = f"SELECT iteration, data FROM rows WHERE iteration IN ({','.join('?' * len(part))})"
                 found.update((i, loads(data)) for i, data in self.db.execute(query, part))
-        for i in sorted(i for i in iterations if i not in found and i <= self.newest):
-            chunk = self._chunk(i)
-            row = None if chunk is None else chunk.get(i)
-            if row is not None:
-                found[i] = dict(row)
+        wanted = sorted(i for i in iterations if i not in found and 0 <= i <= self.newest)
+        if not wanted:
+            return found
+        firsts = self._firsts
+        start = max(0, bisect.bisect_right(firsts, wanted[0]) - 1)
+        for first, last, seq in self._chunks[start : bisect.bisect_right(firsts, wanted[-1])]:
+            lo, hi = bisect.bisect_left(wanted, first), bisect.bisect_right(wanted, last)
+            if lo < hi:  # each chunk read once, its rows fresh (not the cached copy)
+                get = self._read_chunk(seq).get
+                for i in wanted[lo:hi]:
+                    row = get(i)
+                    if row is not None:
+                        found[i] = row
         return found
 
     def scan(self) -> Iterator[tuple[int, dict[str, Any]]]:
