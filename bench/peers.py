@@ -25,8 +25,9 @@ setup). Objects are built, and temp folders made, before the clock starts. The c
   - timing: ``timing`` (per-plugin hook timers); Ignite ``HandlersTimeProfiler`` (per handler);
     Lightning ``Timer`` callback.
   - progress bars (train and validation): ``progress`` (force, mininterval=0.1); Ignite
-    ``ProgressBar`` attached to ITERATION_COMPLETED(every=100) (its default, a redraw on every
-    step, is measured too); Lightning ``TQDMProgressBar(refresh_rate=500)``.
+    ``ProgressBar`` on ITERATION_COMPLETED filtered to at most one event per 0.1 s, counted from
+    the epoch's (the evaluation's) start, the same rate (every 100 iterations and its default, a
+    redraw on every step, are measured too); Lightning ``TQDMProgressBar(refresh_rate=500)``.
 
   ``<framework> + features (epoch records)`` is the same without per-step records: epochal's
   monitor with its defaults (no running record), Ignite without RunningAverage and step rows; the
@@ -240,22 +241,45 @@ def ignite_bare(tmp: Path) -> Callable[[], Any]:
     return lambda: trainer.run(batches, max_epochs=EPOCHS)
 
 
-def make_ignite_features(bar_every: int, step_records: bool = True) -> Setup:
+def make_ignite_features(bar: str, step_records: bool = True) -> Setup:
     """Ignite's Engine with handlers equivalent to epochal's six plugins, and an evaluator.
 
-    The train bar is refreshed every *bar_every* iterations: Ignite's ProgressBar redraws on
-    every event it is attached to (``set_description`` and ``set_postfix`` refresh the bar,
-    bypassing tqdm's ``mininterval``), so it is throttled with an event filter. Without
-    *step_records*, as epochal's monitor by default: no running average, no step rows in SQLite.
+    Ignite's ProgressBar redraws on every event it is attached to (``set_description`` and
+    ``set_postfix`` refresh the bar, bypassing tqdm's ``mininterval``), so its events are
+    filtered: *bar* ``"0.1s"`` lets an event through when 0.1 s passed since the epoch (or the
+    evaluation) started or since the last one let through, as epochal's ``progress`` draws with
+    ``mininterval = 0.1`` (no frame in the first 0.1 s either); ``"every100"`` every 100
+    iterations (the throttle of earlier figures); ``"every"`` on every iteration (Ignite's
+    default). Without *step_records*, as epochal's monitor by default: no running average, no
+    step rows in SQLite.
     """
 
     def setup(tmp: Path) -> Callable[[], Any]:
-        return ignite_features(tmp, bar_every, step_records)
+        return ignite_features(tmp, bar, step_records)
 
     return setup
 
 
-def ignite_features(tmp: Path, bar_every: int, step_records: bool) -> Callable[[], Any]:
+def every_seconds(seconds: float) -> tuple[Callable[[Any], None], Callable[[Any, int], bool]]:
+    """An Ignite event filter that lets an event through when *seconds* passed since the last
+    one let through, or since ``start`` (attach it to the epoch's or the run's start)."""
+    due = [0.0]
+    clock = time.perf_counter
+
+    def start(engine: Any) -> None:
+        due[0] = clock() + seconds
+
+    def event_filter(engine: Any, event: int) -> bool:
+        now = clock()
+        if now < due[0]:
+            return False
+        due[0] = now + seconds
+        return True
+
+    return start, event_filter
+
+
+def ignite_features(tmp: Path, bar: str, step_records: bool) -> Callable[[], Any]:
     """See :func:`make_ignite_features`."""
     import torch
     from ignite.contrib.handlers import ProgressBar
@@ -313,12 +337,22 @@ def ignite_features(tmp: Path, bar_every: int, step_records: bool) -> Callable[[
         sink.flush()
 
     trainer.add_event_handler(Events.COMPLETED, lambda engine: sink.close())
-    # progress bars, train and eval, drawn to devnull, tqdm's default throttle (0.1 s)
+    # progress bars, train and eval, drawn to devnull, throttled as *bar* says
     devnull = open(os.devnull, "w")  # noqa: SIM115 - closed when the run ends
-    bar_event = Events.ITERATION_COMPLETED(every=bar_every) if bar_every > 1 else Events.ITERATION_COMPLETED
     shown = ["loss"] if step_records else ["epoch_loss"]
-    ProgressBar(file=devnull, mininterval=0.1).attach(trainer, metric_names=shown, event_name=bar_event)
-    ProgressBar(file=devnull, mininterval=0.1).attach(evaluator)
+    if bar == "0.1s":
+        train_start, train_due = every_seconds(0.1)
+        trainer.add_event_handler(Events.EPOCH_STARTED, train_start)
+        eval_start, eval_due = every_seconds(0.1)
+        evaluator.add_event_handler(Events.STARTED, eval_start)
+        train_event = Events.ITERATION_COMPLETED(event_filter=train_due)
+        eval_event = Events.ITERATION_COMPLETED(event_filter=eval_due)
+    elif bar == "every100":  # as in earlier figures: the validation bar redrawn every step
+        train_event, eval_event = Events.ITERATION_COMPLETED(every=100), Events.ITERATION_COMPLETED
+    else:
+        train_event = eval_event = Events.ITERATION_COMPLETED
+    ProgressBar(file=devnull, mininterval=0.1).attach(trainer, metric_names=shown, event_name=train_event)
+    ProgressBar(file=devnull, mininterval=0.1).attach(evaluator, event_name=eval_event)
     trainer.add_event_handler(Events.COMPLETED, lambda engine: devnull.close())
     # timing of every handler (attached last: it wraps the handlers when the run starts)
     HandlersTimeProfiler().attach(trainer)
@@ -453,9 +487,10 @@ def cases() -> dict[str, tuple[str, Setup]]:
         "epochal + features (epoch records)": ("epochal", make_epochal_features(step_records=False)),
         "epochal + features, async checkpoint": ("epochal", make_epochal_features(True, async_save=True)),
         "ignite bare": ("ignite", ignite_bare),
-        "ignite + features": ("ignite", make_ignite_features(bar_every=100)),
-        "ignite + features (epoch records)": ("ignite", make_ignite_features(100, step_records=False)),
-        "ignite + features, bar redrawn every step": ("ignite", make_ignite_features(bar_every=1)),
+        "ignite + features": ("ignite", make_ignite_features("0.1s")),
+        "ignite + features (epoch records)": ("ignite", make_ignite_features("0.1s", step_records=False)),
+        "ignite + features, bar every 100 iterations": ("ignite", make_ignite_features("every100")),
+        "ignite + features, bar redrawn every step": ("ignite", make_ignite_features("every")),
         "lightning bare": ("lightning", lightning_bare),
         "lightning + features": ("lightning", lightning_features),
     }
