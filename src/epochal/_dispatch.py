@@ -122,6 +122,9 @@ def compile_hook(
     lines = [f"def {hook}({', '.join(args)}):"]
     if tracer is not None:
         lines.append("    _t = _clock()")
+    #: whether _e holds the clock read just after the previous implementation (a timed one):
+    #: the next timed implementation starts from it, one clock read instead of two.
+    chained = False
     for k, impl in enumerate(impls):
         function = impl.function
         timer = getattr(function, "epochal_timer", None)
@@ -129,24 +132,27 @@ def compile_hook(
             function, namespace[f"_c{k}"] = timer
         namespace[f"f{k}"] = function
         call = f"f{k}({', '.join(impl.argnames)})"
+        gated = k in gates
         if timer is not None:
-            # the same operations as the timing wrapper's, in a try/finally of its own
+            # the timing wrapper's operations, in a try/finally of its own
             body = [
-                "_s = _clock()",
+                "_s = _e" if chained and not gated else "_s = _clock()",
                 "try:",
                 f"    {call}",
                 "finally:",
-                f"    _c{k}[0] += _clock() - _s",
+                "    _e = _clock()",
+                f"    _c{k}[0] += _e - _s",
                 f"    _c{k}[1] += 1",
             ]
         else:
             body = [call]
-        if k in gates:
+        if gated:
             namespace[f"_g{k}"] = gates[k]
             if timer is not None:
                 body = [f"if _g{k}(loop):", *("    " + line for line in body)]
             else:
                 body = [f"_g{k}(loop) and {call}"]
+        chained = timer is not None and not gated and tracer is None
         # A try block costs nothing in CPython 3.11+ until something is raised.
         lines += [
             "    try:",
@@ -155,6 +161,8 @@ def compile_hook(
             f"        if not _failed(e, {k}):",
             "            raise",
         ]
+        if chained:  # the failure's handling is not the next implementation's time
+            lines.append("        _e = _clock()")
         if tracer is not None:
             lines.append(f"    _t{k} = _clock()")
     if tracer is not None:

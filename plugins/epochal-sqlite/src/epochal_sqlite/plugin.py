@@ -163,7 +163,9 @@ class SQLiteLog:
     @hookimpl
     def after_batch(self, loop: Loop) -> None:
         """Flush when ``flush_every`` rows are buffered or ``flush_seconds`` have passed."""
-        if loop.iteration - self._cursor >= self.flush_every or time.monotonic() >= self._deadline:
+        if loop.iteration - self._cursor >= self.flush_every or (
+            self.flush_seconds and time.monotonic() >= self._deadline  # no clock read when 0
+        ):
             self.flush(loop)
 
     @hookimpl
