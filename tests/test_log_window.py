@@ -116,6 +116,9 @@ def test_random_reads_writes_and_read_backs_answer_as_an_unwindowed_log(seed: in
         else:  # readers that do not make rows resident
             some = [int(i) for i in rng.integers(0, clock[0] + 3, size=5)]
             assert windowed.peek(some) == reference.peek(some)
+            lo = int(rng.integers(-2, clock[0] + 2))
+            for span in (range(lo, lo + 3), range(lo, lo + 200), range(0, clock[0] + 5)):
+                assert windowed.peek(span) == reference.peek(span), span
             assert [i in windowed for i in some] == [i in reference for i in some]
             for key in ("loss", "late", "k0", "k3", "none"):
                 assert windowed.last(key) == reference.last(key)

@@ -172,6 +172,14 @@ class TrainingLog:
 
         Evicted rows come back as fresh copies.
         """
+        rows = self._rows
+        if type(iterations) is range and iterations.step == 1 and len(iterations) > len(rows):
+            # a span longer than the resident rows (sparse rows: records once per epoch): the
+            # resident rows in it, and the spilled ones, without a lookup per iteration
+            lo, hi = iterations.start, iterations.stop
+            spilled = self._spill.span(lo, hi) if self._spill is not None else {}
+            spilled.update((i, row) for i, row in rows.items() if lo <= i < hi)
+            return spilled
         found: dict[int, dict[str, Any]] = {}
         missing = []
         for i in iterations:
@@ -461,6 +469,27 @@ class _Spill:
                     row = get(i)
                     if row is not None:
                         found[i] = row
+        return found
+
+    def span(self, lo: int, hi: int) -> dict[int, dict[str, Any]]:
+        """The spilled rows of iterations ``lo <= i < hi`` (their newest copies, fresh)."""
+        found: dict[int, dict[str, Any]] = {}
+        if lo > self.newest or hi <= lo:
+            return found
+        firsts = self._firsts
+        start = max(0, bisect.bisect_right(firsts, lo) - 1)
+        for first, last, seq in self._chunks[start : bisect.bisect_left(firsts, hi)]:
+            if last < lo:
+                continue
+            chunk = self._read_chunk(seq)
+            if lo <= first and last < hi:
+                found.update(chunk)
+            else:
+                found.update((i, row) for i, row in chunk.items() if lo <= i < hi)
+        if self._singles:  # newer than a chunk's copy
+            loads = marshal.loads
+            query = "SELECT iteration, data FROM rows WHERE iteration >= ? AND iteration < ?"
+            found.update((i, loads(data)) for i, data in self.db.execute(query, (lo, hi)))
         return found
 
     def scan(self) -> Iterator[tuple[int, dict[str, Any]]]:

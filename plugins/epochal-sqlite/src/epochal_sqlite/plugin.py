@@ -17,6 +17,7 @@ Records written later into a row *before* the cursor row (a plugin writing into
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sqlite3
@@ -374,7 +375,9 @@ def _hostname() -> str:
     return socket.gethostname()
 
 
+@functools.lru_cache(maxsize=1)
 def _epochal_version() -> str | None:
+    """epochal's installed version, looked up once per process (a metadata scan: ~1 ms per run)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
