@@ -36,9 +36,11 @@ setup). Objects are built, and temp folders made, before the clock starts. The c
 Progress bars draw to ``os.devnull`` (stdout and stderr are redirected during every run, of every
 case). Repeats are interleaved (every case once per round) so drifts of the shared machine hit all
 cases alike; the garbage collector is collected before and disabled during each timed run. The
-figure reported is the median over ``REPEATS`` rounds. Run: ``python bench/peers.py`` (needs
-``pip install -r bench/requirements-peers.txt``); ``BENCH_EPOCHS``, ``BENCH_STEPS``,
-``BENCH_REPEATS`` override the sizes; ``BENCH_ONLY=epochal,ignite`` restricts the frameworks.
+figure reported is the median over ``REPEATS`` rounds, of the wall time and of the process's CPU
+time (which leaves out fsync waits and a shared machine's other jobs). Run:
+``python bench/peers.py`` (needs ``pip install -r bench/requirements-peers.txt``);
+``BENCH_EPOCHS``, ``BENCH_STEPS``, ``BENCH_REPEATS`` override the sizes;
+``BENCH_ONLY=epochal,ignite`` restricts the frameworks.
 """
 
 from __future__ import annotations
@@ -504,8 +506,11 @@ def cases() -> dict[str, tuple[str, Setup]]:
     return {name: case for name, case in table.items() if not ONLY or case[0] in wanted}
 
 
-def time_run(setup: Setup) -> float:
-    """Seconds of one timed run built by *setup* in a fresh temp folder."""
+def time_run(setup: Setup) -> tuple[float, float]:
+    """Seconds of one timed run built by *setup* in a fresh temp folder: wall and CPU time.
+
+    The CPU time (``time.process_time``: every thread of the process) leaves out waiting for the
+    disk (fsyncs) and for the other jobs of a shared machine, so it moves less between runs."""
     tmp = Path(tempfile.mkdtemp(prefix="epochal-peers-"))
     try:
         with quiet():
@@ -513,52 +518,19 @@ def time_run(setup: Setup) -> float:
             gc.collect()
             gc.disable()
             try:
-                start = time.perf_counter()
+                start, cpu = time.perf_counter(), time.process_time()
                 run()
-                elapsed = time.perf_counter() - start
+                elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
             finally:
                 gc.enable()
-        return elapsed
+        return elapsed, cpu
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def silence_peers() -> None:
-    """Silence the peers' warnings and info logs (no optimizer, few workers, GPU available...)."""
-    warnings.filterwarnings("ignore")
-    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning", "ignite"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-
-
-def main() -> None:
-    """Measure every case, print the Markdown tables."""
-    silence_peers()
-    todo = cases()
-    steps = EPOCHS * STEPS
-    for _framework, setup in todo.values():  # warm-up: imports, first-run caches
-        time_run(setup)
-    samples: dict[str, list[float]] = {name: [] for name in todo}
-    for _ in range(REPEATS):
-        for name, (_framework, setup) in todo.items():
-            samples[name].append(time_run(setup) / steps * 1e6)
-    median = {name: statistics.median(values) for name, values in samples.items()}
-
-    print(
-        f"{EPOCHS} epochs × {STEPS} steps (+ {VALID_STEPS} validation batches per epoch with features), "
-        f"median of {REPEATS} interleaved runs; {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, "
-        f"CPython {platform.python_version()}, epochal {version('epochal')}, torch {version('torch')}, "
-        f"pytorch-ignite {version('pytorch-ignite')}, lightning {version('lightning')}"
-    )
-    print()
-    print("| case | µs / step | min–max µs | × bare python |")
-    print("|---|---:|---:|---:|")
+def level_table(median: dict[str, float]) -> None:
+    """The overhead per step of each level, each framework, and the peers' ratios to epochal."""
     floor = median["bare python"]
-    for name, value in median.items():
-        spread = f"{min(samples[name]):.2f}–{max(samples[name]):.2f}"
-        print(f"| {name} | {value:.2f} | {spread} | {value / floor:.0f}× |")
-    print()
-    print("Overhead per step = µs/step − bare python; ratio = peer overhead / epochal overhead.")
-    print()
     print("| level | epochal µs | Ignite µs | Lightning µs | Ignite / epochal | Lightning / epochal |")
     print("|---|---:|---:|---:|---:|---:|")
     for level, suffix in (
@@ -586,6 +558,53 @@ def main() -> None:
         cells = [f"{over[fw]:.2f}" if fw in over else "" for fw in ("epochal", "ignite", "lightning")]
         ratios = [f"{over[fw] / base:.2f}×" if fw in over else "" for fw in ("ignite", "lightning")]
         print(f"| {level} | {' | '.join(cells)} | {' | '.join(ratios)} |")
+
+
+def silence_peers() -> None:
+    """Silence the peers' warnings and info logs (no optimizer, few workers, GPU available...)."""
+    warnings.filterwarnings("ignore")
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning", "ignite"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def main() -> None:
+    """Measure every case, print the Markdown tables."""
+    silence_peers()
+    todo = cases()
+    steps = EPOCHS * STEPS
+    for _framework, setup in todo.values():  # warm-up: imports, first-run caches
+        time_run(setup)
+    samples: dict[str, list[float]] = {name: [] for name in todo}
+    cpu_samples: dict[str, list[float]] = {name: [] for name in todo}
+    for _ in range(REPEATS):
+        for name, (_framework, setup) in todo.items():
+            wall, cpu = time_run(setup)
+            samples[name].append(wall / steps * 1e6)
+            cpu_samples[name].append(cpu / steps * 1e6)
+    median = {name: statistics.median(values) for name, values in samples.items()}
+    cpu_median = {name: statistics.median(values) for name, values in cpu_samples.items()}
+
+    print(
+        f"{EPOCHS} epochs × {STEPS} steps (+ {VALID_STEPS} validation batches per epoch with features), "
+        f"median of {REPEATS} interleaved runs; {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, "
+        f"CPython {platform.python_version()}, epochal {version('epochal')}, torch {version('torch')}, "
+        f"pytorch-ignite {version('pytorch-ignite')}, lightning {version('lightning')}"
+    )
+    print()
+    print("| case | µs / step | min–max µs | × bare python | CPU µs / step |")
+    print("|---|---:|---:|---:|---:|")
+    floor = median["bare python"]
+    for name, value in median.items():
+        spread = f"{min(samples[name]):.2f}–{max(samples[name]):.2f}"
+        print(f"| {name} | {value:.2f} | {spread} | {value / floor:.0f}× | {cpu_median[name]:.2f} |")
+    print()
+    print("Overhead per step = µs/step − bare python; ratio = peer overhead / epochal overhead.")
+    print()
+    level_table(median)
+    print()
+    print("The same in CPU time (process_time: no waiting for the disk or for other jobs):")
+    print()
+    level_table(cpu_median)
     ablation = {name: value for name, value in median.items() if todo[name][0] == "epochal-ablation"}
     if ablation:
         base = ablation.pop("epochal + validation, no plugin")
