@@ -240,10 +240,51 @@ class Monitor:
     @hookimpl
     def after_batch(self, loop: Any, batch: Any, outputs: Mapping[str, Any]) -> None:
         """Add the batch's metrics to the accumulators (and write running records when due)."""
-        if self.every_n_batches == 1 and self._world is None:
-            self._after_batch_each(loop, batch, outputs)
+        if self.every_n_batches != 1 or self._world is not None:
+            self._after_batch(loop, batch, outputs)
             return
-        self._after_batch(loop, batch, outputs)
+        # A running record every batch on one process (the per-step hot path, inline): the
+        # window is this batch alone, so its record is computed from the value directly (the
+        # same float operations as _update then _result on a fresh accumulator), with no window
+        # kept. A metric seen already this epoch whose value is a float costs one lookup (_hot:
+        # its accumulator and record name) before its arithmetic.
+        hot = self._hot
+        size = -1
+        row = None
+        for key, raw in outputs.items():
+            entry = hot.get(key)
+            if entry is not None and type(raw) is float:
+                value = raw
+            else:
+                if key in self._skip:
+                    continue
+                try:
+                    value = float(raw)
+                except (TypeError, ValueError):
+                    self._skip.add(key)  # not a number: not aggregated
+                    hot.pop(key, None)
+                    continue
+            if value - value != 0.0:  # NaN or infinite
+                self._non_finite(f"{self.prefix}.{key}", value, loop)
+            if size < 0:
+                size = self._batch_size(batch)
+            if entry is None:  # the metric's first value this epoch (in the order of before)
+                acc = self._epoch.get(key)
+                if acc is None:
+                    acc = self._epoch[key] = self._start(self._kind(key))
+                entry = hot[key] = (acc, f"{self.prefix}.{key}.running")
+            acc, name = entry
+            kind = acc[0]
+            if kind == _MEAN:
+                acc[1] += value * size
+                acc[2] += size
+                running = (0.0 + value * size) / size if size else _NAN
+            else:
+                self._update(acc, value, size)
+                running = 0.0 + value if kind == _SUM else value
+            if row is None:
+                row = loop.log.current_row
+            row[name] = running
 
     def _after_batch(self, loop: Any, batch: Any, outputs: Mapping[str, Any]) -> None:
         """``after_batch`` in general: device scalars kept lazily, a window of running records."""
@@ -288,51 +329,6 @@ class Monitor:
             for key, value in self._results(window).items():
                 row[f"{prefix}.{key}.running"] = value
             self._window = {}
-
-    def _after_batch_each(self, loop: Any, batch: Any, outputs: Mapping[str, Any]) -> None:
-        """``after_batch`` with a running record every batch: the window is this batch alone,
-        so its record is computed from the value directly (the same float operations as
-        :meth:`_update` then :meth:`_result` on a fresh accumulator), with no window kept.
-
-        The per-step hot path: a metric seen already this epoch whose value is a float costs one
-        lookup (:attr:`_hot`: its accumulator and record name) before its arithmetic."""
-        hot = self._hot
-        size = -1
-        row = None
-        for key, raw in outputs.items():
-            entry = hot.get(key)
-            if entry is not None and type(raw) is float:
-                value = raw
-            else:
-                if key in self._skip:
-                    continue
-                try:
-                    value = float(raw)
-                except (TypeError, ValueError):
-                    self._skip.add(key)  # not a number: not aggregated
-                    hot.pop(key, None)
-                    continue
-                if entry is None:
-                    acc = self._epoch.get(key)
-                    if acc is None:
-                        acc = self._epoch[key] = self._start(self._kind(key))
-                    entry = hot[key] = (acc, f"{self.prefix}.{key}.running")
-            if value - value != 0.0:  # NaN or infinite
-                self._non_finite(f"{self.prefix}.{key}", value, loop)
-            if size < 0:
-                size = self._batch_size(batch)
-            acc, name = entry
-            kind = acc[0]
-            if kind == _MEAN:
-                acc[1] += value * size
-                acc[2] += size
-                running = (0.0 + value * size) / size if size else _NAN
-            else:
-                self._update(acc, value, size)
-                running = 0.0 + value if kind == _SUM else value
-            if row is None:
-                row = loop.log.current_row
-            row[name] = running
 
     @hookimpl
     def after_evaluation(self, loop: Any, stream: str, metrics: Mapping[str, float]) -> None:
