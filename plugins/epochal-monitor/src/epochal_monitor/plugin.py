@@ -294,22 +294,25 @@ class Monitor:
         for key, raw in outputs.items():
             if key in self._skip:
                 continue
-            if _on_device(raw) and self._kind(key) in _LAZY:
-                # Kept as it is: reading it now would make the host wait for the device. The
-                # epoch's device scalars are read together, in one copy, when a record is due.
-                if size < 0:
-                    size = self._batch_size(batch)
-                for accs in (epoch, window) if running else (epoch,):
-                    acc = accs.get(key)
-                    if acc is None:
-                        acc = accs[key] = self._start(self._kind(key))
-                    acc.append((raw, size))
-                continue
-            try:
-                value = float(raw)
-            except (TypeError, ValueError):
-                self._skip.add(key)  # not a number: not aggregated
-                continue
+            if type(raw) is float:  # the usual case: a host number, read as it is
+                value = raw
+            else:
+                if _on_device(raw) and self._kind(key) in _LAZY:
+                    # Kept as it is: reading it now would make the host wait for the device. The
+                    # epoch's device scalars are read together, in one copy, when a record is due.
+                    if size < 0:
+                        size = self._batch_size(batch)
+                    for accs in (epoch, window) if running else (epoch,):
+                        acc = accs.get(key)
+                        if acc is None:
+                            acc = accs[key] = self._start(self._kind(key))
+                        acc.append((raw, size))
+                    continue
+                try:
+                    value = float(raw)
+                except (TypeError, ValueError):
+                    self._skip.add(key)  # not a number: not aggregated
+                    continue
             if value - value != 0.0:  # NaN or infinite
                 self._non_finite(f"{self.prefix}.{key}", value, loop)
             if size < 0:
@@ -317,7 +320,11 @@ class Monitor:
             acc = epoch.get(key)
             if acc is None:
                 acc = epoch[key] = self._start(self._kind(key))
-            self._update(acc, value, size)
+            if acc[0] == _MEAN:  # _update's first case, without its call
+                acc[1] += value * size
+                acc[2] += size
+            else:
+                self._update(acc, value, size)
             if running:
                 acc = window.get(key)
                 if acc is None:
