@@ -25,8 +25,9 @@ setup). Objects are built, and temp folders made, before the clock starts. The c
   - timing: ``timing`` (per-plugin hook timers); Ignite ``HandlersTimeProfiler`` (per handler);
     Lightning ``Timer`` callback.
   - progress bars (train and validation): ``progress`` (force, mininterval=0.1); Ignite
-    ``ProgressBar`` attached to ITERATION_COMPLETED(every=100) (its default, a redraw on every
-    step, is measured too); Lightning ``TQDMProgressBar(refresh_rate=500)``.
+    ``ProgressBar`` on ITERATION_COMPLETED filtered to at most one event per 0.1 s, counted from
+    the epoch's (the evaluation's) start, the same rate (every 100 iterations and its default, a
+    redraw on every step, are measured too); Lightning ``TQDMProgressBar(refresh_rate=500)``.
 
   ``<framework> + features (epoch records)`` is the same without per-step records: epochal's
   monitor with its defaults (no running record), Ignite without RunningAverage and step rows; the
@@ -35,9 +36,11 @@ setup). Objects are built, and temp folders made, before the clock starts. The c
 Progress bars draw to ``os.devnull`` (stdout and stderr are redirected during every run, of every
 case). Repeats are interleaved (every case once per round) so drifts of the shared machine hit all
 cases alike; the garbage collector is collected before and disabled during each timed run. The
-figure reported is the median over ``REPEATS`` rounds. Run: ``python bench/peers.py`` (needs
-``pip install -r bench/requirements-peers.txt``); ``BENCH_EPOCHS``, ``BENCH_STEPS``,
-``BENCH_REPEATS`` override the sizes; ``BENCH_ONLY=epochal,ignite`` restricts the frameworks.
+figure reported is the median over ``REPEATS`` rounds, of the wall time and of the process's CPU
+time (which leaves out fsync waits and a shared machine's other jobs). Run:
+``python bench/peers.py`` (needs ``pip install -r bench/requirements-peers.txt``);
+``BENCH_EPOCHS``, ``BENCH_STEPS``, ``BENCH_REPEATS`` override the sizes;
+``BENCH_ONLY=epochal,ignite`` restricts the frameworks.
 """
 
 from __future__ import annotations
@@ -240,22 +243,45 @@ def ignite_bare(tmp: Path) -> Callable[[], Any]:
     return lambda: trainer.run(batches, max_epochs=EPOCHS)
 
 
-def make_ignite_features(bar_every: int, step_records: bool = True) -> Setup:
+def make_ignite_features(bar: str, step_records: bool = True) -> Setup:
     """Ignite's Engine with handlers equivalent to epochal's six plugins, and an evaluator.
 
-    The train bar is refreshed every *bar_every* iterations: Ignite's ProgressBar redraws on
-    every event it is attached to (``set_description`` and ``set_postfix`` refresh the bar,
-    bypassing tqdm's ``mininterval``), so it is throttled with an event filter. Without
-    *step_records*, as epochal's monitor by default: no running average, no step rows in SQLite.
+    Ignite's ProgressBar redraws on every event it is attached to (``set_description`` and
+    ``set_postfix`` refresh the bar, bypassing tqdm's ``mininterval``), so its events are
+    filtered: *bar* ``"0.1s"`` lets an event through when 0.1 s passed since the epoch (or the
+    evaluation) started or since the last one let through, as epochal's ``progress`` draws with
+    ``mininterval = 0.1`` (no frame in the first 0.1 s either); ``"every100"`` every 100
+    iterations (the throttle of earlier figures); ``"every"`` on every iteration (Ignite's
+    default). Without *step_records*, as epochal's monitor by default: no running average, no
+    step rows in SQLite.
     """
 
     def setup(tmp: Path) -> Callable[[], Any]:
-        return ignite_features(tmp, bar_every, step_records)
+        return ignite_features(tmp, bar, step_records)
 
     return setup
 
 
-def ignite_features(tmp: Path, bar_every: int, step_records: bool) -> Callable[[], Any]:
+def every_seconds(seconds: float) -> tuple[Callable[[Any], None], Callable[[Any, int], bool]]:
+    """An Ignite event filter that lets an event through when *seconds* passed since the last
+    one let through, or since ``start`` (attach it to the epoch's or the run's start)."""
+    due = [0.0]
+    clock = time.perf_counter
+
+    def start(engine: Any) -> None:
+        due[0] = clock() + seconds
+
+    def event_filter(engine: Any, event: int) -> bool:
+        now = clock()
+        if now < due[0]:
+            return False
+        due[0] = now + seconds
+        return True
+
+    return start, event_filter
+
+
+def ignite_features(tmp: Path, bar: str, step_records: bool) -> Callable[[], Any]:
     """See :func:`make_ignite_features`."""
     import torch
     from ignite.contrib.handlers import ProgressBar
@@ -313,12 +339,22 @@ def ignite_features(tmp: Path, bar_every: int, step_records: bool) -> Callable[[
         sink.flush()
 
     trainer.add_event_handler(Events.COMPLETED, lambda engine: sink.close())
-    # progress bars, train and eval, drawn to devnull, tqdm's default throttle (0.1 s)
+    # progress bars, train and eval, drawn to devnull, throttled as *bar* says
     devnull = open(os.devnull, "w")  # noqa: SIM115 - closed when the run ends
-    bar_event = Events.ITERATION_COMPLETED(every=bar_every) if bar_every > 1 else Events.ITERATION_COMPLETED
     shown = ["loss"] if step_records else ["epoch_loss"]
-    ProgressBar(file=devnull, mininterval=0.1).attach(trainer, metric_names=shown, event_name=bar_event)
-    ProgressBar(file=devnull, mininterval=0.1).attach(evaluator)
+    if bar == "0.1s":
+        train_start, train_due = every_seconds(0.1)
+        trainer.add_event_handler(Events.EPOCH_STARTED, train_start)
+        eval_start, eval_due = every_seconds(0.1)
+        evaluator.add_event_handler(Events.STARTED, eval_start)
+        train_event = Events.ITERATION_COMPLETED(event_filter=train_due)
+        eval_event = Events.ITERATION_COMPLETED(event_filter=eval_due)
+    elif bar == "every100":  # as in earlier figures: the validation bar redrawn every step
+        train_event, eval_event = Events.ITERATION_COMPLETED(every=100), Events.ITERATION_COMPLETED
+    else:
+        train_event = eval_event = Events.ITERATION_COMPLETED
+    ProgressBar(file=devnull, mininterval=0.1).attach(trainer, metric_names=shown, event_name=train_event)
+    ProgressBar(file=devnull, mininterval=0.1).attach(evaluator, event_name=eval_event)
     trainer.add_event_handler(Events.COMPLETED, lambda engine: devnull.close())
     # timing of every handler (attached last: it wraps the handlers when the run starts)
     HandlersTimeProfiler().attach(trainer)
@@ -453,9 +489,10 @@ def cases() -> dict[str, tuple[str, Setup]]:
         "epochal + features (epoch records)": ("epochal", make_epochal_features(step_records=False)),
         "epochal + features, async checkpoint": ("epochal", make_epochal_features(True, async_save=True)),
         "ignite bare": ("ignite", ignite_bare),
-        "ignite + features": ("ignite", make_ignite_features(bar_every=100)),
-        "ignite + features (epoch records)": ("ignite", make_ignite_features(100, step_records=False)),
-        "ignite + features, bar redrawn every step": ("ignite", make_ignite_features(bar_every=1)),
+        "ignite + features": ("ignite", make_ignite_features("0.1s")),
+        "ignite + features (epoch records)": ("ignite", make_ignite_features("0.1s", step_records=False)),
+        "ignite + features, bar every 100 iterations": ("ignite", make_ignite_features("every100")),
+        "ignite + features, bar redrawn every step": ("ignite", make_ignite_features("every")),
         "lightning bare": ("lightning", lightning_bare),
         "lightning + features": ("lightning", lightning_features),
     }
@@ -469,8 +506,11 @@ def cases() -> dict[str, tuple[str, Setup]]:
     return {name: case for name, case in table.items() if not ONLY or case[0] in wanted}
 
 
-def time_run(setup: Setup) -> float:
-    """Seconds of one timed run built by *setup* in a fresh temp folder."""
+def time_run(setup: Setup) -> tuple[float, float]:
+    """Seconds of one timed run built by *setup* in a fresh temp folder: wall and CPU time.
+
+    The CPU time (``time.process_time``: every thread of the process) leaves out waiting for the
+    disk (fsyncs) and for the other jobs of a shared machine, so it moves less between runs."""
     tmp = Path(tempfile.mkdtemp(prefix="epochal-peers-"))
     try:
         with quiet():
@@ -478,52 +518,19 @@ def time_run(setup: Setup) -> float:
             gc.collect()
             gc.disable()
             try:
-                start = time.perf_counter()
+                start, cpu = time.perf_counter(), time.process_time()
                 run()
-                elapsed = time.perf_counter() - start
+                elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
             finally:
                 gc.enable()
-        return elapsed
+        return elapsed, cpu
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def silence_peers() -> None:
-    """Silence the peers' warnings and info logs (no optimizer, few workers, GPU available...)."""
-    warnings.filterwarnings("ignore")
-    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning", "ignite"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-
-
-def main() -> None:
-    """Measure every case, print the Markdown tables."""
-    silence_peers()
-    todo = cases()
-    steps = EPOCHS * STEPS
-    for _framework, setup in todo.values():  # warm-up: imports, first-run caches
-        time_run(setup)
-    samples: dict[str, list[float]] = {name: [] for name in todo}
-    for _ in range(REPEATS):
-        for name, (_framework, setup) in todo.items():
-            samples[name].append(time_run(setup) / steps * 1e6)
-    median = {name: statistics.median(values) for name, values in samples.items()}
-
-    print(
-        f"{EPOCHS} epochs × {STEPS} steps (+ {VALID_STEPS} validation batches per epoch with features), "
-        f"median of {REPEATS} interleaved runs; {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, "
-        f"CPython {platform.python_version()}, epochal {version('epochal')}, torch {version('torch')}, "
-        f"pytorch-ignite {version('pytorch-ignite')}, lightning {version('lightning')}"
-    )
-    print()
-    print("| case | µs / step | min–max µs | × bare python |")
-    print("|---|---:|---:|---:|")
+def level_table(median: dict[str, float]) -> None:
+    """The overhead per step of each level, each framework, and the peers' ratios to epochal."""
     floor = median["bare python"]
-    for name, value in median.items():
-        spread = f"{min(samples[name]):.2f}–{max(samples[name]):.2f}"
-        print(f"| {name} | {value:.2f} | {spread} | {value / floor:.0f}× |")
-    print()
-    print("Overhead per step = µs/step − bare python; ratio = peer overhead / epochal overhead.")
-    print()
     print("| level | epochal µs | Ignite µs | Lightning µs | Ignite / epochal | Lightning / epochal |")
     print("|---|---:|---:|---:|---:|---:|")
     for level, suffix in (
@@ -551,6 +558,53 @@ def main() -> None:
         cells = [f"{over[fw]:.2f}" if fw in over else "" for fw in ("epochal", "ignite", "lightning")]
         ratios = [f"{over[fw] / base:.2f}×" if fw in over else "" for fw in ("ignite", "lightning")]
         print(f"| {level} | {' | '.join(cells)} | {' | '.join(ratios)} |")
+
+
+def silence_peers() -> None:
+    """Silence the peers' warnings and info logs (no optimizer, few workers, GPU available...)."""
+    warnings.filterwarnings("ignore")
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning", "ignite"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def main() -> None:
+    """Measure every case, print the Markdown tables."""
+    silence_peers()
+    todo = cases()
+    steps = EPOCHS * STEPS
+    for _framework, setup in todo.values():  # warm-up: imports, first-run caches
+        time_run(setup)
+    samples: dict[str, list[float]] = {name: [] for name in todo}
+    cpu_samples: dict[str, list[float]] = {name: [] for name in todo}
+    for _ in range(REPEATS):
+        for name, (_framework, setup) in todo.items():
+            wall, cpu = time_run(setup)
+            samples[name].append(wall / steps * 1e6)
+            cpu_samples[name].append(cpu / steps * 1e6)
+    median = {name: statistics.median(values) for name, values in samples.items()}
+    cpu_median = {name: statistics.median(values) for name, values in cpu_samples.items()}
+
+    print(
+        f"{EPOCHS} epochs × {STEPS} steps (+ {VALID_STEPS} validation batches per epoch with features), "
+        f"median of {REPEATS} interleaved runs; {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, "
+        f"CPython {platform.python_version()}, epochal {version('epochal')}, torch {version('torch')}, "
+        f"pytorch-ignite {version('pytorch-ignite')}, lightning {version('lightning')}"
+    )
+    print()
+    print("| case | µs / step | min–max µs | × bare python | CPU µs / step |")
+    print("|---|---:|---:|---:|---:|")
+    floor = median["bare python"]
+    for name, value in median.items():
+        spread = f"{min(samples[name]):.2f}–{max(samples[name]):.2f}"
+        print(f"| {name} | {value:.2f} | {spread} | {value / floor:.0f}× | {cpu_median[name]:.2f} |")
+    print()
+    print("Overhead per step = µs/step − bare python; ratio = peer overhead / epochal overhead.")
+    print()
+    level_table(median)
+    print()
+    print("The same in CPU time (process_time: no waiting for the disk or for other jobs):")
+    print()
+    level_table(cpu_median)
     ablation = {name: value for name, value in median.items() if todo[name][0] == "epochal-ablation"}
     if ablation:
         base = ablation.pop("epochal + validation, no plugin")

@@ -195,6 +195,29 @@ def test_batch_size_helper() -> None:
     assert batch_size("abcd") == 4
 
 
+def test_batch_size_of_arrays_tuples_lists_and_dicts_counts_the_first_array() -> None:
+    from collections import namedtuple
+
+    x, empty, scalar = np.zeros((4, 2)), np.zeros((0, 2)), np.array(2.0)
+    pair = namedtuple("pair", "x y")
+    for batch, expected in [
+        (x, 4),
+        (empty, 0),
+        (scalar, 1),  # a 0-d array: one example
+        ((empty, x), 0),
+        ([scalar, x], 1),
+        ({"x": empty, "y": x}, 0),
+        ({"s": scalar}, 1),
+        ([[1, 2, 3], [4]], 3),  # a list's length
+        ({"ids": [1, 2]}, 2),
+        (([],), 0),
+        ([], 0),
+        (pair(x[:3], x), 3),  # a tuple subclass: the same rule
+        ({"a": 1.5}, 1),
+    ]:
+        assert batch_size(batch) == expected, batch
+
+
 def test_batch_size_without_len_raises_nothing() -> None:
     """Objects without ``len`` count as one example, found without a raised TypeError."""
 

@@ -79,3 +79,51 @@ def test_loading_a_state_evicts_beyond_the_window() -> None:
 def test_no_window_keeps_every_row(window: int | None) -> None:
     log, _ = fill(window, 50)
     assert len(log.row_map) == 50 and log.evictions == 0
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_reads_writes_and_read_backs_answer_as_an_unwindowed_log(seed: int) -> None:
+    """Rows spilled in chunks, read back, changed, spilled again (one by one) and created late
+    (older than rows spilled already): every reader answers as a log that keeps every row, and
+    the rows that changed since a mark are all in ``row_map`` or ``evicted_since(mark)``."""
+    rng = np.random.default_rng(seed)
+    clock = [0]
+    windowed = TrainingLog(lambda: clock[0], window=int(rng.integers(1, 6)))
+    reference = TrainingLog(lambda: clock[0], window=0)
+    mark, snapshot = windowed.evictions, reference.state_dict()["rows"]
+    for step in range(400):
+        action = rng.random()
+        if action < 0.55:  # the log advances with a record or two
+            clock[0] += 1
+            for log in (windowed, reference):
+                log.current_row["loss"] = float(step)
+                if step % 3 == 0:
+                    log.current_row[f"k{step % 4}"] = step
+        elif action < 0.75 and clock[0]:  # an old row read back and changed (or created late)
+            i = int(rng.integers(0, clock[0] + 1))
+            for log in (windowed, reference):
+                log[i]["late"] = f"{step}"
+                if step % 5 == 0:
+                    log[i].pop("loss", None)
+        elif action < 0.85:  # a save: what changed since the previous one
+            changed = dict(windowed.row_map)
+            changed.update(windowed.evicted_since(mark))
+            now = reference.state_dict()["rows"]
+            for key, row in now.items():
+                if snapshot.get(key) != row:
+                    assert changed.get(int(key)) == row, (step, key)
+            mark, snapshot = windowed.evictions, now
+        else:  # readers that do not make rows resident
+            some = [int(i) for i in rng.integers(0, clock[0] + 3, size=5)]
+            assert windowed.peek(some) == reference.peek(some)
+            lo = int(rng.integers(-2, clock[0] + 2))
+            for span in (range(lo, lo + 3), range(lo, lo + 200), range(0, clock[0] + 5)):
+                assert windowed.peek(span) == reference.peek(span), span
+            assert [i in windowed for i in some] == [i in reference for i in some]
+            for key in ("loss", "late", "k0", "k3", "none"):
+                assert windowed.last(key) == reference.last(key)
+    assert len(windowed) == len(reference)
+    assert list(windowed.rows()) == list(reference.rows())
+    assert windowed.history("late") == reference.history("late")
+    assert windowed.state_dict() == reference.state_dict()
+    assert len(windowed.row_map) < len(reference.row_map)

@@ -168,6 +168,88 @@ def test_request_stop_ends_at_the_batch_boundary():
     assert kinds(calls)[-1] == "after_training"
 
 
+class StopIn:
+    """Asks for a stop in *hook* at *iteration* (the loop's counter when the hook runs)."""
+
+    def __init__(self, hook: str, iteration: int) -> None:
+        self.hook, self.at = hook, iteration
+
+    def _maybe(self, loop, hook):
+        if hook == self.hook and loop.iteration == self.at:
+            loop.request_stop(f"asked in {hook}")
+
+    @hookimpl
+    def before_training(self, loop):
+        self._maybe(loop, "before_training")
+
+    @hookimpl
+    def before_epoch(self, loop):
+        self._maybe(loop, "before_epoch")
+
+    @hookimpl
+    def before_batch(self, loop):
+        self._maybe(loop, "before_batch")
+
+    @hookimpl
+    def after_batch(self, loop):
+        self._maybe(loop, "after_batch")
+
+    @hookimpl
+    def after_epoch(self, loop):
+        self._maybe(loop, "after_epoch")
+
+
+@pytest.mark.parametrize(
+    ("hook", "at", "iterations", "epochs"),
+    [
+        ("before_training", 0, 0, 0),  # no epoch starts
+        ("before_epoch", 5, 6, 1),  # the stop is seen after the epoch's first batch
+        ("before_batch", 7, 8, 1),  # the batch being started still trains
+        ("after_batch", 7, 7, 1),
+        ("after_batch", 5, 5, 0),  # the epoch's last batch: the epoch does not end
+        ("after_epoch", 5, 5, 1),
+    ],
+)
+def test_a_stop_requested_in_any_hook_ends_at_the_next_batch_boundary(hook, at, iterations, epochs):
+    loop = Loop(Noisy(), make_data(), plugins={"stop": StopIn(hook, at)}, max_epochs=5)
+    loop.run()
+    assert (loop.iteration, loop.epoch) == (iterations, epochs)
+    assert loop.log.status["finish_reason"] == f"asked in {hook}"
+
+
+def test_a_stop_asked_at_the_iteration_limit_keeps_its_own_reason():
+    loop = Loop(Noisy(), make_data(), plugins={"stop": StopIn("after_batch", 7)}, max_iterations=7)
+    loop.run()
+    assert loop.iteration == 7
+    assert loop.log.status["finish_reason"] == "asked in after_batch"
+
+
+def test_batch_in_epoch_counts_the_epochs_trained_batches_across_a_mid_epoch_resume():
+    full, empty = (np.ones((2, 3)), np.ones(2)), (np.zeros((0, 3)), np.zeros(0))
+    data = {"train": [full, full, empty, full, empty]}  # 3 batches per epoch, 2 skipped
+
+    class Counts:
+        def __init__(self) -> None:
+            self.seen: list[tuple[int, int, int]] = []
+
+        @hookimpl
+        def before_batch(self, loop):
+            self.seen.append((loop.epoch, loop.batch_in_epoch, loop.iteration))
+
+    first = Loop(Noisy(), data, plugins={"c": Counts()}, max_iterations=5, on_empty_batch="ignore")
+    first.run()
+    assert first.plugins["c"].seen == [(0, 0, 0), (0, 1, 1), (0, 2, 2), (1, 0, 3), (1, 1, 4)]
+    assert (first.batch_in_epoch, first.in_epoch) == (2, True)
+    state = first.state_dict()
+    assert (state["iteration"], state["batch_in_epoch"], state["in_epoch"]) == (5, 2, True)
+    resumed = Loop(Noisy(), data, plugins={"c": Counts()}, max_epochs=3, on_empty_batch="ignore")
+    resumed.load_state_dict(state)
+    assert resumed.batch_in_epoch == 2
+    resumed.run()
+    assert resumed.plugins["c"].seen == [(1, 2, 5), (2, 0, 6), (2, 1, 7), (2, 2, 8)]
+    assert (resumed.iteration, resumed.epoch, resumed.batch_in_epoch, resumed.in_epoch) == (9, 3, 3, False)
+
+
 def test_streams_may_be_callables_and_plain_iterables():
     batches = [(np.ones((2, 3)), np.ones(2))] * 3
     loop = Loop(Noisy(), {"train": lambda: iter(batches), "valid": batches}, max_epochs=2)

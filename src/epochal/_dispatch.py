@@ -13,6 +13,12 @@ without triggers, so the feature costs nothing to the plugins that do not use it
 
 When an implementation raises, the exception is annotated with the plugin and hook names
 (``error.add_note`` and the attribute ``epochal_plugin``) and propagates unchanged.
+
+A *timed* implementation (the ``timing`` plugin replaces each implementation by one) is a
+function with an attribute ``epochal_timer = (original, cell)``: calling it calls *original* and
+adds its wall time and one call to ``cell = [seconds, calls]``. A compiled caller does the same
+inline, around *original*, without the wrapper's own call (a frame per implementation per batch);
+pluggy's own calls still go through the wrapper.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import functools
 import inspect
 import time
 from collections.abc import Callable, Iterator
+from types import CodeType
 from typing import TYPE_CHECKING, Any
 
 import pluggy
@@ -115,20 +122,47 @@ def compile_hook(
     lines = [f"def {hook}({', '.join(args)}):"]
     if tracer is not None:
         lines.append("    _t = _clock()")
+    #: whether _e holds the clock read just after the previous implementation (a timed one):
+    #: the next timed implementation starts from it, one clock read instead of two.
+    chained = False
     for k, impl in enumerate(impls):
-        namespace[f"f{k}"] = impl.function
+        function = impl.function
+        timer = getattr(function, "epochal_timer", None)
+        if timer is not None:  # timed inline: see the module's docstring
+            function, namespace[f"_c{k}"] = timer
+        namespace[f"f{k}"] = function
         call = f"f{k}({', '.join(impl.argnames)})"
-        if k in gates:
+        gated = k in gates
+        if timer is not None:
+            # the timing wrapper's operations, in a try/finally of its own
+            body = [
+                "_s = _e" if chained and not gated else "_s = _clock()",
+                "try:",
+                f"    {call}",
+                "finally:",
+                "    _e = _clock()",
+                f"    _c{k}[0] += _e - _s",
+                f"    _c{k}[1] += 1",
+            ]
+        else:
+            body = [call]
+        if gated:
             namespace[f"_g{k}"] = gates[k]
-            call = f"_g{k}(loop) and {call}"
+            if timer is not None:
+                body = [f"if _g{k}(loop):", *("    " + line for line in body)]
+            else:
+                body = [f"_g{k}(loop) and {call}"]
+        chained = timer is not None and not gated and tracer is None
         # A try block costs nothing in CPython 3.11+ until something is raised.
         lines += [
             "    try:",
-            f"        {call}",
+            *("        " + line for line in body),
             "    except BaseException as e:",
             f"        if not _failed(e, {k}):",
             "            raise",
         ]
+        if chained:  # the failure's handling is not the next implementation's time
+            lines.append("        _e = _clock()")
         if tracer is not None:
             lines.append(f"    _t{k} = _clock()")
     if tracer is not None:
@@ -137,9 +171,16 @@ def compile_hook(
         )
         loop = "loop" if "loop" in args else "None"
         lines.append(f"    _trace({hook!r}, {loop}, ({spans},))")
-    exec("\n".join(lines), namespace)
-    function: Callable[..., Any] = namespace[hook]
-    return function
+    exec(_compiled("\n".join(lines)), namespace)
+    caller: Callable[..., Any] = namespace[hook]
+    return caller
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled(source: str) -> CodeType:
+    """*source* compiled once: the hooks are recompiled at every rebuild (a plugin set, the timing
+    plugin wrapping and unwrapping them), and compiling is ~100x the cost of running the code."""
+    return compile(source, "<epochal hook caller>", "exec")
 
 
 def each_implementation(

@@ -199,8 +199,12 @@ class Loop:
         #: the metrics of the last evaluation of each stream.
         self.last_metrics: dict[str, dict[str, float]] = {}
         self._in_epoch = False
-        self._batch_in_epoch = 0
-        self._stop_reason: str | None = None
+        #: the iteration at which the current epoch started (``batch_in_epoch`` is counted from it).
+        self._epoch_start = 0
+        #: why training stops (None: it goes on); set through the ``_stop_reason`` property.
+        self._stop: str | None = None
+        #: the batch loop ends once ``iteration >= _halt``: the iteration limit, or -1 once stopping.
+        self._halt = sys.maxsize
         #: the first stop asked for on this process (on several processes: not yet agreed).
         self._requested: str | None = None
         self._finish_epoch = False
@@ -306,7 +310,19 @@ class Loop:
     @property
     def batch_in_epoch(self) -> int:
         """Training batches completed in the current epoch."""
-        return self._batch_in_epoch
+        return self.iteration - self._epoch_start
+
+    @property
+    def _stop_reason(self) -> str | None:
+        """Why training stops (None: it goes on); setting a reason ends the batch loop after
+        the current batch (``_halt``)."""
+        return self._stop
+
+    @_stop_reason.setter
+    def _stop_reason(self, reason: str | None) -> None:
+        self._stop = reason
+        if reason is not None:
+            self._halt = -1
 
     def request_stop(self, reason: str, *, agreed: bool = False) -> None:
         """End training cleanly at the next batch boundary, then call ``after_training``.
@@ -517,7 +533,7 @@ class Loop:
         """Run (the rest of) one epoch; return whether it completed."""
         hooks = self.hooks
         if not self._in_epoch:
-            self._in_epoch, self._batch_in_epoch = True, 0
+            self._in_epoch, self._epoch_start = True, self.iteration
             if hooks.before_epoch is not None:
                 hooks.before_epoch(self)
         # An int limit: comparing ints is cheaper than comparing an int with float("inf").
@@ -525,10 +541,14 @@ class Loop:
         if self.iteration >= limit:
             self._stop_reason = f"max_iterations={self.max_iterations} reached"
             return False
+        # One comparison per batch for both ends of the epoch's batch loop: the iteration limit,
+        # and a stop request (which sets _halt to -1, see the _stop_reason property).
+        self._halt = limit if self._stop is None else -1
         train_step = self.model.train_step
-        started = self._batch_in_epoch
+        started = self.batch_in_epoch
         # The hot path: per batch, only what a batch needs (measured by bench/loop_overhead.py).
         # The empty-batch check is chosen once per batch type, not dispatched per batch.
+        mapping_empty, sequence_empty, ndarray, no_item = _mapping_empty, _sequence_empty, _ndarray, _NO_ITEM
         kind: type | None = None
         empty: Any = None
         for batch in self._train_batches():
@@ -538,38 +558,37 @@ class Loop:
             if empty is not None:
                 # Inlined for arrays and tuples, lists and dicts of arrays (a call costs as much
                 # as the check): the array's length, as batch_size counts it; else the rule.
-                if empty is _sequence_empty:
-                    first = batch[0] if batch else _NO_ITEM
-                elif empty is _mapping_empty:
-                    first = _NO_ITEM
+                if empty is mapping_empty:
+                    first = no_item
                     for key in batch:
                         first = batch[key]
                         break
+                elif empty is sequence_empty:
+                    first = batch[0] if batch else no_item
                 else:
                     first = batch
-                if type(first) is _ndarray:
+                if type(first) is ndarray:
                     try:
                         skip = len(first) == 0
                     except TypeError:  # 0-d: one example
                         skip = False
                 else:
-                    skip = first is _NO_ITEM or empty(batch)
+                    skip = first is no_item or empty(batch)
                 if skip and self._empty_batch("train"):
                     continue
             before = hooks.before_batch  # read per batch: a hook may rebuild the hooks
             if before is not None:
                 before(self, batch)
             outputs = train_step(batch)
-            self.iteration += 1
-            self._batch_in_epoch += 1
+            self.iteration += 1  # batch_in_epoch follows: it is iteration - _epoch_start
             after = hooks.after_batch
             if after is not None:
                 after(self, batch, outputs)
-            if self._stop_reason is not None or self.iteration >= limit:
-                if self._stop_reason is None:
+            if self.iteration >= self._halt:
+                if self._stop is None:
                     self._stop_reason = f"max_iterations={self.max_iterations} reached"
                 return False
-        if self._batch_in_epoch == 0 and started == 0:
+        if self.batch_in_epoch == 0 and started == 0:
             self._empty_stream("train")
         self.epoch += 1
         self._in_epoch = False
@@ -580,7 +599,7 @@ class Loop:
                 self.evaluate(stream)
         if hooks.after_epoch is not None:
             hooks.after_epoch(self)
-        if self._batch_in_epoch == 0 and self.max_epochs is None:
+        if self.batch_in_epoch == 0 and self.max_epochs is None:
             self._stop_reason = "the train stream is empty"
             return False
         return True
@@ -624,8 +643,8 @@ class Loop:
     def _train_batches(self) -> Iterator[Any]:
         """The rest of this epoch's training batches."""
         if self.epoch_size is None:
-            return self._iterate("train", skip=self._batch_in_epoch)
-        return self._sized_epoch(self.epoch_size - self._batch_in_epoch)
+            return self._iterate("train", skip=self.batch_in_epoch)
+        return self._sized_epoch(self.epoch_size - self.batch_in_epoch)
 
     def _sized_epoch(self, remaining: int) -> Iterator[Any]:
         """*remaining* batches of the train stream, continuing where the last epoch stopped."""
@@ -633,7 +652,7 @@ class Loop:
         while remaining > 0:
             created = self._train_iterator is None
             if self._train_iterator is None:
-                skip = 0 if fresh else self._batch_in_epoch
+                skip = 0 if fresh else self.batch_in_epoch
                 self._train_iterator = self._iterate("train", skip=skip)
                 fresh = True
             yielded = False
@@ -749,7 +768,7 @@ class Loop:
             "epoch": self.epoch,
             "iteration": self.iteration,
             "in_epoch": self._in_epoch,
-            "batch_in_epoch": self._batch_in_epoch,
+            "batch_in_epoch": self.batch_in_epoch,
             "log": self.log.state_dict(rows=log_rows),
             "model": self.model.state_dict(),
             "rng": rng,
@@ -778,7 +797,8 @@ class Loop:
         self.model.load_state_dict(state["model"])
         self.log.load_state_dict(state["log"])
         self.epoch, self.iteration = int(state["epoch"]), int(state["iteration"])
-        self._in_epoch, self._batch_in_epoch = bool(state["in_epoch"]), int(state["batch_in_epoch"])
+        self._in_epoch = bool(state["in_epoch"])
+        self._epoch_start = self.iteration - int(state["batch_in_epoch"])
         own_plugins = own.get("plugins", {})
         elsewhere = self._plugin_set.elsewhere  # rank-0 plugins, on the other ranks
         for name, stream_state in own.get("data", state["data"]).items():

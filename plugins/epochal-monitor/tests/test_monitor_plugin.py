@@ -234,3 +234,44 @@ def test_order_monitor_runs_before_early_stopping(epochal_cli: EpochalCli) -> No
     for later in ("early_stopping", "checkpoint", "sqlite_log"):
         if later in after_epoch:
             assert after_epoch.index("monitor") < after_epoch.index(later)
+
+
+class Scripted:
+    """A model whose train steps return the given outputs, one per batch, in turn."""
+
+    def __init__(self, outputs: list[dict[str, Any]]) -> None:
+        self.outputs = outputs
+        self.step = 0
+
+    def train_step(self, batch: Any) -> dict[str, Any]:
+        self.step += 1
+        return self.outputs[(self.step - 1) % len(self.outputs)]
+
+    def eval_step(self, batch: Any) -> dict[str, Any]:
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: Any) -> None:
+        pass
+
+
+def test_a_running_record_every_batch_skips_a_metric_once_it_is_not_a_number() -> None:
+    import numpy as np
+
+    outputs = [
+        {"loss": 1.0, "note": 2.0},
+        {"loss": 2.0, "note": "text"},  # not a number: note is no longer aggregated, from here on
+        {"loss": np.float32(3.5), "note": 4.0},
+    ]
+    batches = [np.zeros((2, 1)), np.zeros((3, 1)), np.zeros((1, 1))]
+    plugins = load_plugins(order=["monitor"], autoload=False, options={"monitor": {"every_n_batches": 1}})
+    loop = Loop(Scripted(outputs), {"train": batches}, plugins=plugins, max_epochs=2, handle_signals=False)
+    loop.run()
+    running = [1.0, 2.0, 3.5] * 2
+    assert loop.log.history("train.loss.running") == list(enumerate(running, start=1))
+    assert loop.log.history("train.note.running") == [(1, 2.0)]
+    mean = (1.0 * 2 + 2.0 * 3 + 3.5) / 6
+    assert loop.log.history("train.loss") == [(3, mean), (6, mean)]
+    assert loop.log.history("train.note") == [(3, 2.0)]  # the epoch before it was skipped

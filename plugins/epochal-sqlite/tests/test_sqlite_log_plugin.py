@@ -292,6 +292,35 @@ def test_flushes_by_rows_and_at_epoch_end(tmp_path: Path) -> None:
     assert rows_of(db, loop.run_id)[14]["train.m0"] == 14
 
 
+@pytest.mark.parametrize("seconds", [0.0, 0.01])
+def test_flushes_by_time_only_when_flush_seconds_is_set(tmp_path: Path, seconds: float) -> None:
+    import time
+
+    class Slow(CountingModel):
+        def train_step(self, batch: Any) -> Mapping[str, Any]:
+            time.sleep(0.006)  # two batches are more than 0.01 s
+            return super().train_step(batch)
+
+    log = SQLiteLog(path=str(tmp_path / "log.sqlite"), flush_every=10**6, flush_seconds=seconds)
+    flushed: list[int] = []
+    flush = log.flush
+
+    def counting(loop: Any, *args: Any, **kwargs: Any) -> int:
+        flushed.append(loop.iteration)
+        return flush(loop, *args, **kwargs)
+
+    log.flush = counting  # type: ignore[method-assign]
+    plugins = {"recorder": Recorder(), "sqlite_log": log}
+    loop = Loop(Slow(), data(8, valid=False), plugins=plugins, max_epochs=1)
+    loop.run()
+    by_time = [i for i in flushed if i < 8]
+    if seconds:
+        assert by_time and all(b - a <= 2 for a, b in zip([0, *by_time], by_time))
+    else:
+        assert by_time == [] and flushed == [8, 8]  # the epoch's end, the end of training
+    assert rows_of(tmp_path / "log.sqlite", loop.run_id)[8]["train.m0"] == 8
+
+
 def test_failed_run_is_recorded_with_its_error_and_rows(tmp_path: Path) -> None:
     db = tmp_path / "log.sqlite"
     loop = Loop(

@@ -200,3 +200,53 @@ def test_bad_options(tmp_path: Path, epochal_cli: EpochalCli, setting: str, culp
     assert result.returncode == 2
     assert culprit in result.stderr and "timing" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+class Counter:
+    """A test plugin counting its after_batch calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    @hookimpl
+    def after_batch(self) -> None:
+        self.calls += 1
+
+
+def test_a_gated_plugin_is_timed_when_its_trigger_lets_it_run() -> None:
+    counter = Counter()
+    loop = make_loop(
+        ["timing", "monitor"],
+        {"timing": {"table": False}, "counter": {"every_n_batches": 3}},
+        extra={"counter": counter},
+    )
+    loop.run()
+    summary = loop.log.status["timing"]
+    assert counter.calls == loop.iteration // 3 > 0
+    assert summary["plugin.counter.after_batch"]["calls"] == counter.calls
+    assert summary["plugin.monitor.after_batch"]["calls"] == loop.iteration
+    assert summary["hook.after_batch"]["calls"] == loop.iteration + counter.calls
+
+
+class Sleepy:
+    """A test plugin sleeping 1 ms in every after_batch."""
+
+    @hookimpl
+    def after_batch(self) -> None:
+        time.sleep(0.001)
+
+
+def test_an_isolated_failure_between_timed_plugins_leaves_their_counts_whole() -> None:
+    loop = make_loop(
+        ["timing", "monitor"],
+        {"timing": {"table": False}, "boom": {"on_failure": "isolate"}},
+        extra={"boom": Boom(), "sleepy": Sleepy()},
+        max_epochs=1,
+    )
+    with pytest.warns(RuntimeWarning, match="boom"):
+        loop.run()
+    summary = loop.log.status["timing"]
+    assert summary["plugin.boom.after_batch"]["calls"] == 5  # then isolated: never called again
+    for plugin in ("monitor", "sleepy"):
+        assert summary[f"plugin.{plugin}.after_batch"]["calls"] == loop.iteration
+    assert summary["plugin.sleepy.after_batch"]["seconds"] >= 0.001 * loop.iteration

@@ -117,10 +117,12 @@ class Monitor:
         self._running_due = _every_n_batches(self.every_n_batches)
         #: metric → [kind, a, b] for the epoch in progress (see _update).
         self._epoch: dict[str, list[Any]] = {}
+        #: metric → (its accumulator in _epoch, its running record's name), for the metrics not
+        #: skipped: what the hot path of a running record every batch looks up. Reset with _epoch.
+        self._hot: dict[str, tuple[list[Any], str]] = {}
         #: the same since the last running record (only with every_n_batches).
         self._window: dict[str, list[Any]] = {}
         self._skip: set[str] = set()
-        self._running_names: dict[str, str] = {}
         self._batch_size: Any = None
         self._warned: set[str] = set()
         #: the run's world when it has several processes (records are reduced across them).
@@ -233,36 +235,84 @@ class Monitor:
     @hookimpl
     def before_epoch(self) -> None:
         """Start the epoch's accumulators afresh."""
-        self._epoch = {}
+        self._epoch, self._hot = {}, {}
 
     @hookimpl
     def after_batch(self, loop: Any, batch: Any, outputs: Mapping[str, Any]) -> None:
         """Add the batch's metrics to the accumulators (and write running records when due)."""
-        if self.every_n_batches == 1 and self._world is None:
-            self._after_batch_each(loop, batch, outputs)
+        if self.every_n_batches != 1 or self._world is not None:
+            self._after_batch(loop, batch, outputs)
             return
+        # A running record every batch on one process (the per-step hot path, inline): the
+        # window is this batch alone, so its record is computed from the value directly (the
+        # same float operations as _update then _result on a fresh accumulator), with no window
+        # kept. A metric seen already this epoch whose value is a float costs one lookup (_hot:
+        # its accumulator and record name) before its arithmetic.
+        hot = self._hot
+        size = -1
+        row = None
+        for key, raw in outputs.items():
+            entry = hot.get(key)
+            if entry is not None and type(raw) is float:
+                value = raw
+            else:
+                if key in self._skip:
+                    continue
+                try:
+                    value = float(raw)
+                except (TypeError, ValueError):
+                    self._skip.add(key)  # not a number: not aggregated
+                    hot.pop(key, None)
+                    continue
+            if value - value != 0.0:  # NaN or infinite
+                self._non_finite(f"{self.prefix}.{key}", value, loop)
+            if size < 0:
+                size = self._batch_size(batch)
+            if entry is None:  # the metric's first value this epoch (in the order of before)
+                acc = self._epoch.get(key)
+                if acc is None:
+                    acc = self._epoch[key] = self._start(self._kind(key))
+                entry = hot[key] = (acc, f"{self.prefix}.{key}.running")
+            acc, name = entry
+            kind = acc[0]
+            if kind == _MEAN:
+                acc[1] += value * size
+                acc[2] += size
+                running = (0.0 + value * size) / size if size else _NAN
+            else:
+                self._update(acc, value, size)
+                running = 0.0 + value if kind == _SUM else value
+            if row is None:
+                row = loop.log.current_row
+            row[name] = running
+
+    def _after_batch(self, loop: Any, batch: Any, outputs: Mapping[str, Any]) -> None:
+        """``after_batch`` in general: device scalars kept lazily, a window of running records."""
         size = -1
         epoch, window = self._epoch, self._window
         running = self.every_n_batches
         for key, raw in outputs.items():
             if key in self._skip:
                 continue
-            if _on_device(raw) and self._kind(key) in _LAZY:
-                # Kept as it is: reading it now would make the host wait for the device. The
-                # epoch's device scalars are read together, in one copy, when a record is due.
-                if size < 0:
-                    size = self._batch_size(batch)
-                for accs in (epoch, window) if running else (epoch,):
-                    acc = accs.get(key)
-                    if acc is None:
-                        acc = accs[key] = self._start(self._kind(key))
-                    acc.append((raw, size))
-                continue
-            try:
-                value = float(raw)
-            except (TypeError, ValueError):
-                self._skip.add(key)  # not a number: not aggregated
-                continue
+            if type(raw) is float:  # the usual case: a host number, read as it is
+                value = raw
+            else:
+                if _on_device(raw) and self._kind(key) in _LAZY:
+                    # Kept as it is: reading it now would make the host wait for the device. The
+                    # epoch's device scalars are read together, in one copy, when a record is due.
+                    if size < 0:
+                        size = self._batch_size(batch)
+                    for accs in (epoch, window) if running else (epoch,):
+                        acc = accs.get(key)
+                        if acc is None:
+                            acc = accs[key] = self._start(self._kind(key))
+                        acc.append((raw, size))
+                    continue
+                try:
+                    value = float(raw)
+                except (TypeError, ValueError):
+                    self._skip.add(key)  # not a number: not aggregated
+                    continue
             if value - value != 0.0:  # NaN or infinite
                 self._non_finite(f"{self.prefix}.{key}", value, loop)
             if size < 0:
@@ -270,7 +320,11 @@ class Monitor:
             acc = epoch.get(key)
             if acc is None:
                 acc = epoch[key] = self._start(self._kind(key))
-            self._update(acc, value, size)
+            if acc[0] == _MEAN:  # _update's first case, without its call
+                acc[1] += value * size
+                acc[2] += size
+            else:
+                self._update(acc, value, size)
             if running:
                 acc = window.get(key)
                 if acc is None:
@@ -282,44 +336,6 @@ class Monitor:
             for key, value in self._results(window).items():
                 row[f"{prefix}.{key}.running"] = value
             self._window = {}
-
-    def _after_batch_each(self, loop: Any, batch: Any, outputs: Mapping[str, Any]) -> None:
-        """``after_batch`` with a running record every batch: the window is this batch alone,
-        so its record is computed from the value directly (the same float operations as
-        :meth:`_update` then :meth:`_result` on a fresh accumulator), with no window kept."""
-        size = -1
-        epoch = self._epoch
-        names = self._running_names
-        row = None
-        for key, raw in outputs.items():
-            if key in self._skip:
-                continue
-            try:
-                value = float(raw)
-            except (TypeError, ValueError):
-                self._skip.add(key)  # not a number: not aggregated
-                continue
-            if value - value != 0.0:  # NaN or infinite
-                self._non_finite(f"{self.prefix}.{key}", value, loop)
-            if size < 0:
-                size = self._batch_size(batch)
-            acc = epoch.get(key)
-            if acc is None:
-                acc = epoch[key] = self._start(self._kind(key))
-            kind = acc[0]
-            if kind == _MEAN:
-                acc[1] += value * size
-                acc[2] += size
-                running = (0.0 + value * size) / size if size else _NAN
-            else:
-                self._update(acc, value, size)
-                running = 0.0 + value if kind == _SUM else value
-            name = names.get(key)
-            if name is None:
-                name = names[key] = f"{self.prefix}.{key}.running"
-            if row is None:
-                row = loop.log.current_row
-            row[name] = running
 
     @hookimpl
     def after_evaluation(self, loop: Any, stream: str, metrics: Mapping[str, float]) -> None:
@@ -340,7 +356,7 @@ class Monitor:
             row[f"{prefix}.{key}"] = value
             if value - value != 0.0 and key not in self._skip:  # NaN or infinite, summed lazily
                 self._non_finite(f"{prefix}.{key}", value, loop)
-        self._epoch = {}
+        self._epoch, self._hot = {}, {}
 
     def _non_finite(self, record: str, value: float, loop: Any) -> None:
         if record in self._warned:
@@ -377,6 +393,6 @@ class Monitor:
                 for key, (kind, a, b) in accs.items()
             }
 
-        self._epoch = load(state.get("epoch", {}))
+        self._epoch, self._hot = load(state.get("epoch", {})), {}
         self._window = load(state.get("window", {}))
         self._warned = set(state.get("warned", []))

@@ -17,6 +17,7 @@ Records written later into a row *before* the cursor row (a plugin writing into
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sqlite3
@@ -163,7 +164,9 @@ class SQLiteLog:
     @hookimpl
     def after_batch(self, loop: Loop) -> None:
         """Flush when ``flush_every`` rows are buffered or ``flush_seconds`` have passed."""
-        if loop.iteration - self._cursor >= self.flush_every or time.monotonic() >= self._deadline:
+        if loop.iteration - self._cursor >= self.flush_every or (
+            self.flush_seconds and time.monotonic() >= self._deadline  # no clock read when 0
+        ):
             self.flush(loop)
 
     @hookimpl
@@ -372,7 +375,9 @@ def _hostname() -> str:
     return socket.gethostname()
 
 
+@functools.lru_cache(maxsize=1)
 def _epochal_version() -> str | None:
+    """epochal's installed version, looked up once per process (a metadata scan: ~1 ms per run)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
