@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 from epochal_checkpoint import (
+    CheckpointWriteError,
     CorruptCheckpointError,
     list_checkpoints,
     load_latest,
@@ -203,3 +205,31 @@ def test_no_fsync_thread_outlives_a_save_into_a_fork(tmp_path: Path) -> None:
     assert fsync_threads() == []  # shut down in the parent before the fork
     path = save(tmp_path, {"w": np.ones(10)}, "ckpt-e0001-i000002")
     assert read_checkpoint(path)[0]["w"].tolist() == [1.0] * 10
+
+
+def test_a_failed_fsync_of_one_file_is_one_clear_error_and_the_earlier_checkpoint_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The files are fsynced concurrently: one that fails (EIO on data.bin) fails the save after
+    every other fsync ended, names the checkpoint, leaves no temporary directory, and keeps the
+    earlier checkpoint and ``latest``."""
+    earlier = save(tmp_path, {"w": np.zeros(10)}, "ckpt-e0000-i000001")
+    real_fsync = os.fsync
+    ended: list[str] = []
+
+    def fsync(fd: int) -> None:
+        name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
+        if name == "data.bin":
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real_fsync(fd)
+        ended.append(name.split(".epochal-tmp-")[0])
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(
+        CheckpointWriteError, match=r"cannot write checkpoint .*ckpt-e0001-i000002.*Input/output error"
+    ):
+        write_checkpoint(tmp_path, "ckpt-e0001-i000002", flatten({"w": np.ones(10)}), {"sequence": 2})
+    assert sorted(ended) == ["ckpt-e0001-i000002", "manifest.json"]  # the others ran to their end
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-e0000-i000001", "latest"]
+    assert read_pointer(tmp_path) == earlier.name
+    assert read_checkpoint(earlier)[0]["w"].tolist() == [0.0] * 10
