@@ -233,3 +233,25 @@ def test_a_failed_fsync_of_one_file_is_one_clear_error_and_the_earlier_checkpoin
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-e0000-i000001", "latest"]
     assert read_pointer(tmp_path) == earlier.name
     assert read_checkpoint(earlier)[0]["w"].tolist() == [0.0] * 10
+
+
+def test_a_save_when_no_thread_pool_takes_work_fsyncs_in_the_calling_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At interpreter exit a thread pool refuses work: the fsyncs then run in the saving thread."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    refusing = ThreadPoolExecutor(max_workers=1)
+    refusing.shutdown()
+    monkeypatch.setattr(storage, "_sync_pool", refusing)
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append(threading.current_thread().name)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    path = save(tmp_path, {"w": np.ones(10)})
+    assert read_checkpoint(path)[0]["w"].tolist() == [1.0] * 10
+    assert synced and set(synced) == {threading.current_thread().name}

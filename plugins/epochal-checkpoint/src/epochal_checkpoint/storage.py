@@ -403,11 +403,21 @@ def _pool() -> Any:
 
 
 def _submit(function: Callable[..., Any], *args: Any) -> Any:
-    """``function(*args)`` on the fsync pool; a future."""
+    """``function(*args)`` on the fsync pool; a future. Where no pool takes work (the
+    interpreter is exiting), it runs here, and the future is already done."""
+    for _ in range(2):
+        try:
+            return _pool().submit(function, *args)
+        except RuntimeError:  # that pool was shut down before a fork (below): a new one
+            continue
+    from concurrent.futures import Future
+
+    done: Future[Any] = Future()
     try:
-        return _pool().submit(function, *args)
-    except RuntimeError:  # that pool was shut down before a fork (below): a new one
-        return _pool().submit(function, *args)
+        done.set_result(function(*args))
+    except OSError as error:
+        done.set_exception(error)
+    return done
 
 
 def _before_fork() -> None:
