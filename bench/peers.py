@@ -19,7 +19,10 @@ setup). Objects are built, and temp folders made, before the clock starts. The c
   - early stopping on the validation loss, never triggering: ``early_stopping`` (patience=1e9);
     Ignite ``EarlyStopping`` on the evaluator; Lightning ``EarlyStopping(val_loss, patience=1e9)``.
   - a checkpoint every epoch: ``checkpoint`` (every_n_epochs=1); Ignite ``ModelCheckpoint`` on
-    EPOCH_COMPLETED; Lightning ``ModelCheckpoint(every_n_epochs=1)``.
+    EPOCH_COMPLETED; Lightning ``ModelCheckpoint(every_n_epochs=1)``. epochal's save is durable
+    (its files and directories fsynced); Ignite's and Lightning's fsync nothing. ``ignite +
+    features[...], durable checkpoint`` is Ignite's ``Checkpoint`` + ``DiskSaver`` (what
+    ``ModelCheckpoint`` is) with the file fsynced before its rename and the directory after.
   - a SQLite log of every step's loss and the epoch's records, one transaction per epoch:
     ``sqlite_log`` (flush_every=1e9, flush_seconds=0); a handler / a Callback (``SQLiteSink``).
   - timing: ``timing`` (per-plugin hook timers); Ignite ``HandlersTimeProfiler`` (per handler);
@@ -243,7 +246,7 @@ def ignite_bare(tmp: Path) -> Callable[[], Any]:
     return lambda: trainer.run(batches, max_epochs=EPOCHS)
 
 
-def make_ignite_features(bar: str, step_records: bool = True) -> Setup:
+def make_ignite_features(bar: str, step_records: bool = True, durable: bool = False) -> Setup:
     """Ignite's Engine with handlers equivalent to epochal's six plugins, and an evaluator.
 
     Ignite's ProgressBar redraws on every event it is attached to (``set_description`` and
@@ -257,7 +260,7 @@ def make_ignite_features(bar: str, step_records: bool = True) -> Setup:
     """
 
     def setup(tmp: Path) -> Callable[[], Any]:
-        return ignite_features(tmp, bar, step_records)
+        return ignite_features(tmp, bar, step_records, durable)
 
     return setup
 
@@ -281,12 +284,34 @@ def every_seconds(seconds: float) -> tuple[Callable[[Any], None], Callable[[Any,
     return start, event_filter
 
 
-def ignite_features(tmp: Path, bar: str, step_records: bool) -> Callable[[], Any]:
+def durable_disk_saver(dirname: Path) -> Any:
+    """Ignite's ``DiskSaver`` (temp file, then rename) made as durable as epochal's checkpoint:
+    the file fsynced before its rename, the directory fsynced after it."""
+    from ignite.handlers import DiskSaver
+
+    class DurableDiskSaver(DiskSaver):
+        def _save_func(self, checkpoint: Any, path: Any, func: Callable[..., Any]) -> None:
+            def save_and_sync(obj: Any, file: Any, **kwargs: Any) -> None:
+                func(obj, file, **kwargs)
+                file.flush()
+                os.fsync(file.fileno())
+
+            super()._save_func(checkpoint, path, save_and_sync)
+            fd = os.open(os.path.dirname(path), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    return DurableDiskSaver(str(dirname), require_empty=False)
+
+
+def ignite_features(tmp: Path, bar: str, step_records: bool, durable: bool = False) -> Callable[[], Any]:
     """See :func:`make_ignite_features`."""
     import torch
     from ignite.contrib.handlers import ProgressBar
     from ignite.engine import Engine, Events
-    from ignite.handlers import EarlyStopping, HandlersTimeProfiler, ModelCheckpoint
+    from ignite.handlers import Checkpoint, EarlyStopping, HandlersTimeProfiler, ModelCheckpoint
     from ignite.metrics import Average, RunningAverage
 
     model = torch.nn.Linear(1, 1)
@@ -317,8 +342,14 @@ def ignite_features(tmp: Path, bar: str, step_records: bool) -> Callable[[], Any
     )
     evaluator.add_event_handler(Events.COMPLETED, stopper)
     # a checkpoint every epoch
-    saver = ModelCheckpoint(tmp / "checkpoints", filename_prefix="bench", n_saved=3, require_empty=False)
-    trainer.add_event_handler(Events.EPOCH_COMPLETED, saver, {"model": model})
+    if durable:  # what ModelCheckpoint is (Checkpoint + DiskSaver), with fsyncs
+        durable_saver = Checkpoint(
+            {"model": model}, durable_disk_saver(tmp / "checkpoints"), "bench", n_saved=3
+        )
+        trainer.add_event_handler(Events.EPOCH_COMPLETED, durable_saver)
+    else:
+        saver = ModelCheckpoint(tmp / "checkpoints", filename_prefix="bench", n_saved=3, require_empty=False)
+        trainer.add_event_handler(Events.EPOCH_COMPLETED, saver, {"model": model})
     # SQLite log: every step's running loss, the epoch's records, one transaction per epoch
     sink = SQLiteSink(tmp / "log.sqlite")
     trainer.add_event_handler(Events.STARTED, lambda engine: sink.open())
@@ -491,6 +522,11 @@ def cases() -> dict[str, tuple[str, Setup]]:
         "ignite bare": ("ignite", ignite_bare),
         "ignite + features": ("ignite", make_ignite_features("0.1s")),
         "ignite + features (epoch records)": ("ignite", make_ignite_features("0.1s", step_records=False)),
+        "ignite + features, durable checkpoint": ("ignite", make_ignite_features("0.1s", durable=True)),
+        "ignite + features (epoch records), durable checkpoint": (
+            "ignite",
+            make_ignite_features("0.1s", step_records=False, durable=True),
+        ),
         "ignite + features, bar every 100 iterations": ("ignite", make_ignite_features("every100")),
         "ignite + features, bar redrawn every step": ("ignite", make_ignite_features("every")),
         "lightning bare": ("lightning", lightning_bare),
@@ -538,6 +574,11 @@ def level_table(median: dict[str, float]) -> None:
         ("with features", " + features"),
         ("with features, epoch records only", " + features (epoch records)"),
         ("with features, epochal's checkpoint async", " + features, async checkpoint"),
+        ("with features, Ignite's checkpoint fsynced as epochal's", " + features, durable checkpoint"),
+        (
+            "with features, epoch records only, Ignite's checkpoint fsynced",
+            " + features (epoch records), durable checkpoint",
+        ),
     ):
         over = {
             fw: median[f"{fw}{suffix}"] - floor
@@ -552,6 +593,10 @@ def level_table(median: dict[str, float]) -> None:
                     if f"{fw} + features" in median
                 }
             )
+        if suffix.endswith("durable checkpoint"):  # epochal's row is its usual (durable) one
+            plain = suffix.removesuffix(", durable checkpoint")
+            if f"epochal{plain}" in median:
+                over["epochal"] = median[f"epochal{plain}"] - floor
         if "epochal" not in over:
             continue
         base = over["epochal"]
