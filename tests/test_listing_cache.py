@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,8 +64,9 @@ class Site:
     """A folder on PYTHONPATH that plugin distributions are pip-installed into, and the runs of
     ``python -m epochal`` that see it (with their own cache folder)."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, pip_install: Callable[[Path, Path], None]):
         self.root = root
+        self._pip_install = pip_install
         self.site = root / "site"
         self.site.mkdir()
         self.cache = root / "cache"
@@ -85,14 +87,7 @@ class Site:
         return source
 
     def install(self, name: str, version: str = "1.0") -> None:
-        subprocess.run(
-            [
-                *pip(), "install", "-q", "--no-deps", "--no-build-isolation", "--disable-pip-version-check",
-                "--target", str(self.site), str(self.source(name, version)),
-            ],
-            check=True,
-            capture_output=True,
-        )  # fmt: skip
+        self._pip_install(self.source(name, version), self.site)
 
     def uninstall(self, name: str) -> None:
         """What ``pip uninstall`` does (it refuses a --target folder): remove every file the
@@ -125,13 +120,9 @@ class Site:
         return sorted((self.cache / "epochal").glob("plugins-*.json"))
 
 
-def pip() -> list[str]:
-    return [sys.executable, "-m", "pip"]
-
-
 @pytest.fixture
-def site(tmp_path: Path) -> Site:
-    found = Site(tmp_path)
+def site(tmp_path: Path, pip_install_target: Callable[[Path, Path], None]) -> Site:
+    found = Site(tmp_path, pip_install_target)
     found.install("cachealpha")
     return found
 
