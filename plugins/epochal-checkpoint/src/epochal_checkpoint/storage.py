@@ -380,7 +380,7 @@ def _write_file(path: Path, pieces: Sequence[memoryview | bytes], sync: bool = T
 
 
 def fsync_dir(path: Path) -> None:
-    """Make a rename or deletion inside directory *path* durable."""
+    """fsync *path*, a directory (to make a rename or deletion inside it durable) or a file."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
