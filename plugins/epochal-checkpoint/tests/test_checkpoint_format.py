@@ -29,6 +29,8 @@ from epochal_checkpoint.storage import (
     resign,
     write_checkpoint,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 class Color(enum.IntEnum):
@@ -82,6 +84,28 @@ def test_round_trip_is_exact_tuples_become_lists(tmp_path: Path) -> None:
     for want, got in zip(state["scalars"], loaded["scalars"], strict=True):
         assert type(got) is type(want) and got == want
     assert loaded["list_of_arrays"][1]["deep"].dtype == np.int8
+
+
+_NUMBER = st.one_of(
+    st.integers(min_value=-(2**4001), max_value=2**4001),
+    st.sampled_from([2**4000, -(2**4000), 2**4000 - 1]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(items=st.lists(_NUMBER, min_size=0, max_size=40), as_tuple=st.booleans())
+def test_lists_of_numbers_flatten_as_their_items_one_by_one(items: list[Any], as_tuple: bool) -> None:
+    # Long lists of plain numbers take a fast path (a generator's 625 ints): the same result as
+    # each item flattened on its own, big ints (above 4000 bits) kept as hex by their index.
+    snapshot = flatten(tuple(items) if as_tuple else items)
+    one_by_one = [flatten(item) for item in items]
+    assert [repr(x) for x in snapshot.tree] == [repr(s.tree) for s in one_by_one]
+    assert [type(x) for x in snapshot.tree] == [type(s.tree) for s in one_by_one]
+    assert snapshot.ints == [
+        {"path": [i], "hex": entry["hex"]} for i, s in enumerate(one_by_one) for entry in s.ints
+    ]
 
 
 def test_data_file_starts_with_a_sequence_of_npy_records(tmp_path: Path) -> None:
