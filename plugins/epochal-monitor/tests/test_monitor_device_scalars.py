@@ -81,3 +81,29 @@ def test_a_run_resumed_mid_epoch_writes_the_same_bits(at: int) -> None:
     resumed.run()
     for key in ("train.loss", "train.acc"):
         assert resumed.log.history(key) == straight.log.history(key)
+
+
+class Mixed(Model):
+    """Device scalars, host floats and numpy floats for the same metrics, in a fixed pattern."""
+
+    def train_step(self, batch: Any) -> dict[str, Any]:
+        self.step += 1
+        value = 1.0 / self.step
+        kind = self.step % 3
+        loss = DeviceScalar(value) if kind == 0 else value if kind == 1 else np.float32(value)
+        return {"loss": loss, "acc": 0.1 * (self.step % 7), "nan": float("nan") if self.step == 4 else 1.0}
+
+
+def test_epoch_records_alone_equal_the_general_path_bit_for_bit() -> None:
+    # every_n_batches=0 (the default) has an inline path for host floats; every_n_batches=4 goes
+    # through the general one for every batch: the epochs' records must be the same bits
+    records = {}
+    for every in (0, 4):
+        model = Mixed()
+        loop = Loop(model, data(), plugins={"monitor": Monitor(every_n_batches=every)}, max_epochs=3)
+        loop.run()
+        assert model.step == 18
+        keys = ("train.loss", "train.acc", "train.nan")
+        records[every] = [(key, [(i, repr(v)) for i, v in loop.log.history(key)]) for key in keys]
+    assert records[0] == records[4]
+    assert all(len(history) == 3 for _, history in records[0])

@@ -257,7 +257,9 @@ class Scripted:
         pass
 
 
-def test_a_running_record_every_batch_skips_a_metric_once_it_is_not_a_number() -> None:
+@pytest.mark.parametrize("every", [0, 1])
+def test_a_metric_is_skipped_once_it_is_not_a_number(every: int) -> None:
+    # every_n_batches 0 and 1 take after_batch's inline paths; both must drop the metric
     import numpy as np
 
     outputs = [
@@ -266,12 +268,13 @@ def test_a_running_record_every_batch_skips_a_metric_once_it_is_not_a_number() -
         {"loss": np.float32(3.5), "note": 4.0},
     ]
     batches = [np.zeros((2, 1)), np.zeros((3, 1)), np.zeros((1, 1))]
-    plugins = load_plugins(order=["monitor"], autoload=False, options={"monitor": {"every_n_batches": 1}})
+    options = {"monitor": {"every_n_batches": every}}
+    plugins = load_plugins(order=["monitor"], autoload=False, options=options)
     loop = Loop(Scripted(outputs), {"train": batches}, plugins=plugins, max_epochs=2, handle_signals=False)
     loop.run()
     running = [1.0, 2.0, 3.5] * 2
-    assert loop.log.history("train.loss.running") == list(enumerate(running, start=1))
-    assert loop.log.history("train.note.running") == [(1, 2.0)]
+    assert loop.log.history("train.loss.running") == (list(enumerate(running, start=1)) if every else [])
+    assert loop.log.history("train.note.running") == ([(1, 2.0)] if every else [])
     mean = (1.0 * 2 + 2.0 * 3 + 3.5) / 6
     assert loop.log.history("train.loss") == [(3, mean), (6, mean)]
     assert loop.log.history("train.note") == [(3, 2.0)]  # the epoch before it was skipped

@@ -117,9 +117,10 @@ class Monitor:
         self._running_due = _every_n_batches(self.every_n_batches)
         #: metric → [kind, a, b] for the epoch in progress (see _update).
         self._epoch: dict[str, list[Any]] = {}
-        #: metric → (its accumulator in _epoch, its running record's name), for the metrics not
-        #: skipped: what the hot path of a running record every batch looks up. Reset with _epoch.
-        self._hot: dict[str, tuple[list[Any], str]] = {}
+        #: metric → (its accumulator in _epoch, its running record's name, or None without
+        #: running records), for the metrics not skipped: what the hot paths of after_batch look
+        #: up. Reset with _epoch.
+        self._hot: dict[str, tuple[list[Any], str | None]] = {}
         #: the same since the last running record (only with every_n_batches).
         self._window: dict[str, list[Any]] = {}
         self._skip: set[str] = set()
@@ -240,8 +241,33 @@ class Monitor:
     @hookimpl
     def after_batch(self, loop: Any, batch: Any, outputs: Mapping[str, Any]) -> None:
         """Add the batch's metrics to the accumulators (and write running records when due)."""
-        if self.every_n_batches != 1 or self._world is not None:
+        every = self.every_n_batches
+        if every > 1 or self._world is not None:
             self._after_batch(loop, batch, outputs)
+            return
+        if every == 0:
+            # Epoch records only, on one process (the default), inline: a metric seen already this
+            # epoch whose value is a float costs one lookup before its arithmetic; any other goes
+            # through _after_batch alone (device scalars kept lazily, a first value, a non-number).
+            hot = self._hot
+            size = -1
+            for key, raw in outputs.items():
+                entry = hot.get(key)
+                if entry is None or type(raw) is not float:
+                    self._after_batch(loop, batch, {key: raw})
+                    if entry is None and key not in self._skip and key in self._epoch:
+                        hot[key] = (self._epoch[key], None)
+                    continue
+                if raw - raw != 0.0:  # NaN or infinite
+                    self._non_finite(f"{self.prefix}.{key}", raw, loop)
+                if size < 0:
+                    size = self._batch_size(batch)
+                mean = entry[0]
+                if mean[0] == _MEAN:
+                    mean[1] += raw * size
+                    mean[2] += size
+                else:
+                    self._update(mean, raw, size)
             return
         # A running record every batch on one process (the per-step hot path, inline): the
         # window is this batch alone, so its record is computed from the value directly (the
@@ -312,6 +338,7 @@ class Monitor:
                     value = float(raw)
                 except (TypeError, ValueError):
                     self._skip.add(key)  # not a number: not aggregated
+                    self._hot.pop(key, None)
                     continue
             if value - value != 0.0:  # NaN or infinite
                 self._non_finite(f"{self.prefix}.{key}", value, loop)
