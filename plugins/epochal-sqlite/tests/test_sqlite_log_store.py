@@ -56,6 +56,33 @@ def test_new_file_has_current_schema_wal_and_our_application_id(tmp_path: Path) 
     conn.close()
 
 
+def schema_of(conn: sqlite3.Connection) -> dict[str, Any]:
+    """Every table, view and index of *conn*: columns (types, defaults, keys), indexes, view SQL."""
+    out: dict[str, Any] = {}
+    for kind, name, sql in conn.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name"):
+        if kind == "index":
+            out[name] = (kind, conn.execute(f"PRAGMA index_xinfo({name})").fetchall())
+        else:
+            columns = conn.execute(f"PRAGMA table_xinfo({name})").fetchall()
+            indexes = [row[1:] for row in conn.execute(f"PRAGMA index_list({name})")]
+            out[name] = (kind, columns, indexes, sql if kind == "view" else None)
+    out["#meta"] = sorted(conn.execute("SELECT key FROM meta"))
+    out["#pragmas"] = [conn.execute(f"PRAGMA {p}").fetchone() for p in ("user_version", "application_id")]
+    return out
+
+
+def test_a_new_file_has_the_schema_the_migration_steps_make_one_by_one(tmp_path: Path) -> None:
+    """A new file's schema is made at once (cheaper); it must be what every step from an empty
+    file makes, so that files made either way read and migrate alike."""
+    run_once(tmp_path / "new.sqlite")
+    stepped = sqlite3.connect(tmp_path / "stepped.sqlite", isolation_level=None)
+    for target in range(1, store.SCHEMA_VERSION + 1):  # one version at a time: no shortcut
+        store.migrate(stepped, tmp_path / "stepped.sqlite", target=target)
+    new = sqlite3.connect(tmp_path / "new.sqlite")
+    assert schema_of(new) == schema_of(stepped)
+    assert "runs_num" in schema_of(new) and schema_of(new)["log"][0] == "view"
+
+
 def test_migration_steps_upgrade_an_older_file_in_place(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
