@@ -19,7 +19,8 @@ def capture() -> dict[str, Any]:
     version, internal, gauss = random.getstate()
     kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
     state: dict[str, Any] = {
-        "python": {"version": version, "state": list(internal), "gauss": gauss},
+        # 625 words as one uint32 array: a checkpoint stores it as bytes, not as 6 KB of JSON
+        "python": {"version": version, "state": np.array(internal, dtype=np.uint32), "gauss": gauss},
         "numpy": {
             "kind": kind,
             "keys": np.array(keys, copy=True),
@@ -40,7 +41,9 @@ def restore(state: dict[str, Any]) -> None:
     import numpy as np
 
     py = state["python"]
-    random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
+    # a list of ints in states saved before the array (version 0.1 checkpoints)
+    words = np.asarray(py["state"], dtype=np.uint32).tolist()
+    random.setstate((py["version"], tuple(words), py["gauss"]))
     n = state["numpy"]
     np.random.set_state(
         (n["kind"], np.asarray(n["keys"], dtype=np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])

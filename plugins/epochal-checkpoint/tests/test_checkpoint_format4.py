@@ -61,6 +61,23 @@ def rows_text(rows: dict[str, Any]) -> str:
     return json.dumps({str(k): v for k, v in rows.items()}, sort_keys=True, default=repr)
 
 
+def test_a_python_generator_state_saved_as_a_list_restores_and_is_saved_as_an_array(tmp_path: Path) -> None:
+    # format 3 (and 4 before 0.2) saved random's 625 words as a JSON list; now a uint32 array
+    import random
+
+    from epochal import _rng
+
+    shutil.copytree(FIXTURE, tmp_path / "checkpoints")
+    state, _ = load_latest(tmp_path / "checkpoints")
+    saved = state["rng"]["python"]
+    assert isinstance(saved["state"], list) and len(saved["state"]) == 625
+    random.seed(99)
+    _rng.restore(state["rng"])
+    assert random.getstate() == (saved["version"], tuple(saved["state"]), saved["gauss"])
+    words = _rng.capture()["python"]["state"]
+    assert words.dtype == np.uint32 and words.tolist() == saved["state"]
+
+
 def test_a_format_3_directory_written_by_the_previous_plugin_is_read_and_resumed(tmp_path: Path) -> None:
     directory = tmp_path / "checkpoints"
     shutil.copytree(FIXTURE, directory)
