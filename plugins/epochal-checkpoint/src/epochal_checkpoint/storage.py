@@ -507,6 +507,19 @@ def encode(snapshot: Snapshot) -> tuple[list[memoryview | bytes], dict[str, Any]
     return pieces, {"size": offset + len(state), "crc32": f"{crc32(state):08x}", "state": offset}
 
 
+def manifest_text(document: Mapping[str, Any]) -> bytes:
+    """*document* as a manifest's JSON: a top-level key per line, each value on its line.
+
+    Each value goes through the C encoder (``indent`` would switch every level to the pure-Python
+    one, ~3x slower on a save's critical path); any JSON reader parses it alike.
+    """
+    items = [f" {_dumps(key)}: {_dumps(value)}" for key, value in document.items()]
+    return ("{\n" + ",\n".join(items) + "\n}").encode("ascii")
+
+
+_dumps = json.JSONEncoder(separators=(", ", ": ")).encode
+
+
 def seal(manifest: bytes) -> bytes:
     """*manifest* (a JSON object's bytes) with its commit record as the last key: the CRC-32 of
     every byte before the record's digits. An existing record is replaced."""
@@ -645,7 +658,7 @@ def write_checkpoint(
             "files": {DATA: data, **{s.name: {"size": s.size, "crc32": s.crc32} for s in written}},
         }
         current = tmp / MANIFEST  # its commit record is its last key: written last
-        _write_file(current, [seal(json.dumps(document, indent=1).encode("ascii"))], sync=False)
+        _write_file(current, [seal(manifest_text(document))], sync=False)
         flushes.start(current)
         current = tmp
         flushes.start(tmp)
