@@ -134,7 +134,7 @@ _INT_LIMIT = 1 << BIG_INT_BITS
 PathKey = str | int
 
 
-def _plain_numbers(items: list[Any] | tuple[Any, ...]) -> bool:
+def _plain_numbers(items: Any) -> bool:
     """Whether *items* holds only ints (none above :data:`BIG_INT_BITS` bits), floats and bools:
     a list saved as it is (a random generator's 625 ints), checked without a call per item."""
     if len(items) < 8 or not set(map(type, items)) <= _NUMBERS:
