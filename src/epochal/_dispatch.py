@@ -65,6 +65,8 @@ FailureHandler = Callable[[BaseException, str, str], bool]
 Tracer = Callable[[str, Any, tuple[tuple[str, float], ...]], None]
 #: Called with (plugin, hook): True (always call), False (never) or a condition on the loop.
 Gate = Callable[[str, str], Any]
+#: Called with (plugin, hook): True when the plugin declares the hook idle (a no-op this run).
+Idle = Callable[[str, str], bool]
 
 
 def compile_hook(
@@ -73,15 +75,20 @@ def compile_hook(
     on_failure: FailureHandler | None = None,
     tracer: Tracer | None = None,
     gate: Gate | None = None,
+    idle: Idle | None = None,
 ) -> Callable[..., Any] | None:
     """A function taking the hook's arguments positionally and calling every implementation.
 
     Returns None when the hook has no implementation. An exception from an implementation is
     annotated with the plugin and hook; then *on_failure* may swallow it (the remaining
     implementations still run) or it propagates. With a *tracer*, every call is timed. *gate*
-    says, per plugin, whether and when its implementation is called (the trigger keys).
+    says, per plugin, whether and when its implementation is called (the trigger keys). *idle*
+    says which implementations their plugin declares no-ops for this run: they are left out
+    (through pluggy, where a hook has wrappers, they are called as usual).
     """
     impls = implementations(pm, hook)
+    if idle is not None:
+        impls = [i for i in impls if i.hookwrapper or i.wrapper or not idle(i.plugin_name, hook)]
     args = HOOK_ARGS.get(hook, ())
     gates: dict[int, Any] = {}
     gated = False
@@ -199,18 +206,24 @@ class Hooks:
     """
 
     def __init__(
-        self, pm: pluggy.PluginManager, on_failure: FailureHandler | None = None, gate: Gate | None = None
+        self,
+        pm: pluggy.PluginManager,
+        on_failure: FailureHandler | None = None,
+        gate: Gate | None = None,
+        idle: Idle | None = None,
     ) -> None:
         self._pm = pm
         self._on_failure = on_failure
         self._gate = gate
+        self._idle = idle
         self.tracer: Tracer | None = None
         self.rebuild()
 
     def rebuild(self) -> None:
         """Recompile every hook from the implementations currently registered."""
         for hook in HOOK_ARGS:
-            setattr(self, hook, compile_hook(self._pm, hook, self._on_failure, self.tracer, self._gate))
+            caller = compile_hook(self._pm, hook, self._on_failure, self.tracer, self._gate, self._idle)
+            setattr(self, hook, caller)
 
     def trace(self, tracer: Tracer | None) -> None:
         """Time every hook call and report it to *tracer* (None: stop tracing)."""

@@ -186,6 +186,28 @@ def plugin_rank(name: str, plugin: object, parent: object = None) -> str:
     return str(rank)
 
 
+def idle_hooks(name: str, plugin: object) -> frozenset[str]:
+    """The hooks *plugin* declares no-ops for this run: its ``idle_hooks`` attribute (a
+    collection of hook names, read whenever the hook callers are built), empty by default.
+
+    A plugin whose options make a per-batch hook do nothing (a checkpoint saved only at epoch
+    ends has nothing to do after a batch) says so once, and the loop does not call it: a call
+    that does nothing still costs ~0.1 µs per batch, and ~0.3 under ``timing``.
+    """
+    declared = getattr(plugin, "idle_hooks", None)
+    if declared is None:
+        return frozenset()
+    try:
+        hooks = frozenset(declared) if not isinstance(declared, (str, bytes)) else None
+    except TypeError:
+        hooks = None
+    if hooks is None or not all(isinstance(hook, str) for hook in hooks):
+        raise PluginError(
+            f"plugin {name!r} declares idle_hooks = {declared!r}; it must be a set of hook names"
+        )
+    return hooks
+
+
 def failure_policy(name: str, plugin: object, options: Mapping[str, Any]) -> str:
     """A plugin's ``on_failure`` policy: its ``[plugins.NAME]`` option, else its class's, else fatal."""
     policy = options.get("on_failure", getattr(plugin, "on_failure", "fatal"))
@@ -219,7 +241,7 @@ class PluginSet:
         #: name → the trigger keys of its table (plugins without any are absent: no cost).
         self.triggers: dict[str, Triggers] = dict(triggers or {})
         #: compiled callers of every hook (None where nothing implements a hook).
-        self.hooks = Hooks(pm, self._on_failure, self._gate)
+        self.hooks = Hooks(pm, self._on_failure, self._gate, self._idle)
         self.units: list[_Unit] = []
         #: plugins of the run that run on rank 0 only, left out on this process (another rank).
         self.elsewhere: set[str] = set()
@@ -252,6 +274,17 @@ class PluginSet:
         """The trigger gate on *plugin*'s *hook*: True (none), False (never) or a condition."""
         triggers = self.triggers.get(plugin)
         return True if triggers is None else triggers.gate(hook)
+
+    def _idle(self, plugin: str, hook: str) -> bool:
+        """Whether *plugin* declares *hook* a no-op for this run (its ``idle_hooks``)."""
+        declared = idle_hooks(plugin, self.plugins.get(plugin))
+        unknown = sorted(name for name in declared if not hasattr(self.pm.hook, name))
+        if unknown:
+            raise PluginError(
+                f"plugin {plugin!r} declares idle_hooks {unknown} that are not hooks"
+                f"{did_you_mean(unknown[0], [h for h in vars(self.pm.hook) if not h.startswith('_')])}"
+            )
+        return hook in declared
 
     def call_order(self, hook: str) -> list[str]:
         """The names of the plugins implementing *hook*, in the order they are called."""

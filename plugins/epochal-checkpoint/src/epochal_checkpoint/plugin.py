@@ -135,6 +135,12 @@ class Checkpoint:
         self.keep_last, self.keep_best, self.monitor, self.mode = keep_last, keep_best, monitor, mode
         self.async_save = async_save
         self.export = export
+        #: hooks the loop need not call (see epochal's writing-plugins guide): without a batch or
+        #: time trigger, and with synchronous saves (nothing deferred), no save comes due after a
+        #: batch.
+        self.idle_hooks = (
+            frozenset() if every_n_batches or every_n_seconds or async_save else frozenset({"after_batch"})
+        )
         #: the best ``monitor`` value exported to best.safetensors so far (None: none yet).
         self._best_exported: float | None = None
         #: run ids of this run and the runs it resumed from (from the resumed checkpoint's
