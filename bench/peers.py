@@ -24,7 +24,8 @@ setup). Objects are built, and temp folders made, before the clock starts. The c
     features[...], durable checkpoint`` is Ignite's ``Checkpoint`` + ``DiskSaver`` (what
     ``ModelCheckpoint`` is) with the file fsynced before its rename and the directory after.
   - a SQLite log of every step's loss and the epoch's records, one transaction per epoch:
-    ``sqlite_log`` (flush_every=1e9, flush_seconds=0); a handler / a Callback (``SQLiteSink``).
+    ``sqlite_log`` (flush_every=0, flush_seconds=0: never by count or time); a handler / a
+    Callback (``SQLiteSink``).
   - timing: ``timing`` (per-plugin hook timers); Ignite ``HandlersTimeProfiler`` (per handler);
     Lightning ``Timer`` callback.
   - progress bars (train and validation): ``progress`` (force, mininterval=0.1); Ignite
@@ -190,7 +191,7 @@ def epochal_options(step_records: bool) -> dict[str, dict[str, Any]]:
         "early_stopping": {"patience": 10**9},
         "checkpoint": {"every_n_epochs": 1},
         # one transaction per epoch, as for the peers: no flush by row count or by time
-        "sqlite_log": {"flush_every": 10**9, "flush_seconds": 0.0},
+        "sqlite_log": {"flush_every": 0, "flush_seconds": 0.0},
         "timing": {"table": False},
         "progress": {"force": True, "mininterval": 0.1},
     }

@@ -292,8 +292,9 @@ def test_flushes_by_rows_and_at_epoch_end(tmp_path: Path) -> None:
     assert rows_of(db, loop.run_id)[14]["train.m0"] == 14
 
 
+@pytest.mark.parametrize("every", [10**6, 0])  # 0: never by count
 @pytest.mark.parametrize("seconds", [0.0, 0.01])
-def test_flushes_by_time_only_when_flush_seconds_is_set(tmp_path: Path, seconds: float) -> None:
+def test_flushes_by_time_only_when_flush_seconds_is_set(tmp_path: Path, seconds: float, every: int) -> None:
     import time
 
     class Slow(CountingModel):
@@ -301,7 +302,9 @@ def test_flushes_by_time_only_when_flush_seconds_is_set(tmp_path: Path, seconds:
             time.sleep(0.006)  # two batches are more than 0.01 s
             return super().train_step(batch)
 
-    log = SQLiteLog(path=str(tmp_path / "log.sqlite"), flush_every=10**6, flush_seconds=seconds)
+    log = SQLiteLog(path=str(tmp_path / "log.sqlite"), flush_every=every, flush_seconds=seconds)
+    # with neither a count nor a time, after_batch has nothing to do: the loop need not call it
+    assert log.idle_hooks == (set() if every or seconds else {"after_batch"})
     flushed: list[int] = []
     flush = log.flush
 
@@ -319,6 +322,11 @@ def test_flushes_by_time_only_when_flush_seconds_is_set(tmp_path: Path, seconds:
     else:
         assert by_time == [] and flushed == [8, 8]  # the epoch's end, the end of training
     assert rows_of(tmp_path / "log.sqlite", loop.run_id)[8]["train.m0"] == 8
+
+
+def test_a_negative_flush_every_is_one_clear_error() -> None:
+    with pytest.raises(ValueError, match=r"flush_every must be >= 0 \(0: never by count\), not -1"):
+        SQLiteLog(flush_every=-1)
 
 
 def test_failed_run_is_recorded_with_its_error_and_rows(tmp_path: Path) -> None:

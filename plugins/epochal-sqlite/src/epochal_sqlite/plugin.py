@@ -21,6 +21,7 @@ import functools
 import json
 import os
 import sqlite3
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -53,7 +54,8 @@ class SQLiteLog:
         beside the run directory (``runs/epochal.sqlite`` for ``runs/<config>``: one log per
         project, shared by the runs of all its configs), else ``epochal.sqlite`` in the working
         directory when the loop has no run directory. Many runs share one file.
-    :param flush_every: write the buffered rows after this many training iterations (rows).
+    :param flush_every: write the buffered rows after this many training iterations (rows);
+        0: never by count.
     :param flush_seconds: ... or when this many seconds passed since the last write (0: never
         by time). Rows are also written at every epoch end and when training ends.
     :param keys: glob patterns of the keys to record (``["valid.*", "train.loss"]``); None or
@@ -72,13 +74,16 @@ class SQLiteLog:
         flush_seconds: float = 5.0,
         keys: list[str] | None = None,
     ) -> None:
-        if flush_every < 1:
-            raise ValueError(f"flush_every must be at least 1, not {flush_every!r}")
+        if flush_every < 0:
+            raise ValueError(f"flush_every must be >= 0 (0: never by count), not {flush_every!r}")
         if flush_seconds < 0:
             raise ValueError(f"flush_seconds must be >= 0, not {flush_seconds!r}")
         self.path = path
         self.flush_every = flush_every
         self.flush_seconds = float(flush_seconds)
+        self._rows_due = flush_every or sys.maxsize  # rows buffered before a flush
+        #: flushing only at epoch ends: nothing to do after a batch (see epochal's idle_hooks)
+        self.idle_hooks = frozenset() if flush_every or flush_seconds else frozenset({"after_batch"})
         self.keys = list(keys or [])
         self._conn: sqlite3.Connection | None = None
         self._lock: store.RunLock | None = None
@@ -164,7 +169,7 @@ class SQLiteLog:
     @hookimpl
     def after_batch(self, loop: Loop) -> None:
         """Flush when ``flush_every`` rows are buffered or ``flush_seconds`` have passed."""
-        if loop.iteration - self._cursor >= self.flush_every or (
+        if loop.iteration - self._cursor >= self._rows_due or (
             self.flush_seconds and time.monotonic() >= self._deadline  # no clock read when 0
         ):
             self.flush(loop)
