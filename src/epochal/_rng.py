@@ -41,7 +41,7 @@ def restore(state: dict[str, Any]) -> None:
     import numpy as np
 
     py = state["python"]
-    # a list of ints in states saved before the array (version 0.1 checkpoints)
+    # a list of ints in states saved before it became an array (format 3, early format 4)
     words = np.asarray(py["state"], dtype=np.uint32).tolist()
     random.setstate((py["version"], tuple(words), py["gauss"]))
     n = state["numpy"]

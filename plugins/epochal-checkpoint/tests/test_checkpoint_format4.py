@@ -62,7 +62,7 @@ def rows_text(rows: dict[str, Any]) -> str:
 
 
 def test_a_python_generator_state_saved_as_a_list_restores_and_is_saved_as_an_array(tmp_path: Path) -> None:
-    # format 3 (and 4 before 0.2) saved random's 625 words as a JSON list; now a uint32 array
+    # format 3 (and format 4 until Python's state became an array) saved its 625 words as a list
     import random
 
     from epochal import _rng
