@@ -88,10 +88,8 @@ class UnknownRunError(SQLiteLogError):
 # -- schema and migrations ----------------------------------------------------------------------
 
 
-def _create_v1(conn: sqlite3.Connection) -> None:
-    """Version 0 (an empty file) → 1: create the tables."""
-    conn.execute(
-        """CREATE TABLE runs (
+#: the columns of version 1's ``runs`` table (later versions add columns after them).
+_RUNS_V1 = """
             run_id TEXT PRIMARY KEY,
             started REAL NOT NULL,
             ended REAL,
@@ -112,8 +110,12 @@ def _create_v1(conn: sqlite3.Connection) -> None:
             host TEXT,
             pid INTEGER,
             epochal_version TEXT
-        )"""
-    )
+"""
+
+
+def _create_v1(conn: sqlite3.Connection) -> None:
+    """Version 0 (an empty file) → 1: create the tables."""
+    conn.execute(f"CREATE TABLE runs ({_RUNS_V1})")
     conn.execute(
         """CREATE TABLE log (
             run_id TEXT NOT NULL,
@@ -267,32 +269,7 @@ def _create_v3(conn: sqlite3.Connection) -> None:
     """Version 0 (an empty file) → 3 at once: the tables, indexes and view that ``_create_v1``,
     ``_compact_v2`` and ``_chunks_v3`` make one after another (columns in the same order), at a
     third of their cost (each schema change re-reads the schema). A test compares the two."""
-    conn.execute(
-        """CREATE TABLE runs (
-            run_id TEXT PRIMARY KEY,
-            started REAL NOT NULL,
-            ended REAL,
-            updated REAL,
-            status TEXT NOT NULL,
-            finish_reason TEXT,
-            error TEXT,
-            error_plugin TEXT,
-            epochs_done INTEGER NOT NULL DEFAULT 0,
-            iterations_done INTEGER NOT NULL DEFAULT 0,
-            start_iteration INTEGER NOT NULL DEFAULT 0,
-            flushed_iteration INTEGER NOT NULL DEFAULT 0,
-            resumed_from TEXT,
-            config TEXT,
-            plugins TEXT,
-            log_status TEXT,
-            run_dir TEXT,
-            host TEXT,
-            pid INTEGER,
-            epochal_version TEXT,
-            num INTEGER,
-            superseded_after INTEGER
-        )"""
-    )
+    conn.execute(f"CREATE TABLE runs ({_RUNS_V1.rstrip()}, num INTEGER, superseded_after INTEGER)")
     conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
     conn.execute("INSERT INTO meta VALUES ('created_by', ?)", (f"epochal-sqlite {_version()}",))
     conn.execute("CREATE UNIQUE INDEX runs_num ON runs (num)")
