@@ -118,3 +118,12 @@ def test_checkpoint_declares_after_batch_idle_only_when_no_save_can_come_due_the
     loop.run()
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith("ckpt-"))
     assert names == ["ckpt-e0000-i000002", "ckpt-e0000-i000004", "ckpt-e0001-i000004"], names
+
+
+def test_a_composite_child_declares_its_own_idle_hooks() -> None:
+    from epochal import CompositePlugin
+
+    idle, busy = Counting(idle={"after_batch"}), Counting()
+    run({"both": CompositePlugin({"idle": idle, "busy": busy})})
+    assert idle.calls == {"after_epoch": 2}
+    assert busy.calls == {"after_batch": 6, "after_epoch": 2}
