@@ -83,6 +83,22 @@ def test_a_new_file_has_the_schema_the_migration_steps_make_one_by_one(tmp_path:
     assert "runs_num" in schema_of(new) and schema_of(new)["log"][0] == "view"
 
 
+def test_a_new_file_also_takes_the_steps_after_the_one_step_schema(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hypothetical version 4 step runs on a new file too, after the schema made at once."""
+
+    def add_note_column(conn: sqlite3.Connection) -> None:
+        conn.execute("ALTER TABLE runs ADD COLUMN note TEXT DEFAULT 'v4'")
+
+    monkeypatch.setattr(store, "MIGRATIONS", [*store.MIGRATIONS, add_note_column])
+    run_id = run_once(tmp_path / "log.sqlite")
+    conn = sqlite3.connect(tmp_path / "log.sqlite")
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 4
+    assert conn.execute("SELECT run_id, note FROM runs").fetchall() == [(run_id, "v4")]
+    conn.close()
+
+
 def test_migration_steps_upgrade_an_older_file_in_place(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
