@@ -507,6 +507,9 @@ def encode(snapshot: Snapshot) -> tuple[list[memoryview | bytes], dict[str, Any]
     return pieces, {"size": offset + len(state), "crc32": f"{crc32(state):08x}", "state": offset}
 
 
+_dumps = json.JSONEncoder(separators=(", ", ": ")).encode
+
+
 def manifest_text(document: Mapping[str, Any]) -> bytes:
     """*document* as a manifest's JSON: a top-level key per line, each value on its line.
 
@@ -515,9 +518,6 @@ def manifest_text(document: Mapping[str, Any]) -> bytes:
     """
     items = [f" {_dumps(key)}: {_dumps(value)}" for key, value in document.items()]
     return ("{\n" + ",\n".join(items) + "\n}").encode("ascii")
-
-
-_dumps = json.JSONEncoder(separators=(", ", ": ")).encode
 
 
 def seal(manifest: bytes) -> bytes:
@@ -708,7 +708,7 @@ def resign(path: Path, manifest: Mapping[str, Any] | None = None) -> None:
                 data = file.read_bytes()
                 fresh[name] = {"size": len(data), "crc32": f"{crc32(data):08x}"}
         document["files"] = fresh
-    data = json.dumps(document, indent=1).encode("ascii")
+    data = manifest_text(document)
     if document.get("version") == 4:
         (path / MANIFEST).write_bytes(seal(data))
         (path / COMMIT).unlink(missing_ok=True)
