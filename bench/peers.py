@@ -207,13 +207,16 @@ def epochal_bare(tmp: Path) -> Callable[[], Any]:
     return loop.run
 
 
-def make_epochal_features(step_records: bool, only: str | None = None, async_save: bool = False) -> Setup:
+def make_epochal_features(
+    step_records: bool, only: str | None = None, async_save: bool = False, without: str | None = None
+) -> Setup:
     """epochal's Loop with the six standard plugins (or only the plugin *only*, or none when
-    *only* is ``""``) and a validation stream; with *async_save* the checkpoint's writes
-    (and their fsyncs, which Ignite's DiskSaver does not do) run in a background thread."""
+    *only* is ``""``, or all but *without*) and a validation stream; with *async_save* the
+    checkpoint's writes (and their fsyncs, which Ignite's DiskSaver does not do) run in a
+    background thread."""
 
     def setup(tmp: Path) -> Callable[[], Any]:
-        order = EPOCHAL_ORDER if only is None else [only] if only else []
+        order = [p for p in EPOCHAL_ORDER if p != without] if only is None else [only] if only else []
         options = {name: opts for name, opts in epochal_options(step_records).items() if name in order}
         if async_save and "checkpoint" in options:
             options["checkpoint"] = {**options["checkpoint"], "async_save": True}
