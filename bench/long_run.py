@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -90,7 +91,12 @@ def child(epochs: int, steps: int, only: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp, open(os.devnull, "w") as null:
         data = {"train": [np.zeros((1, 1), np.float32)] * steps}
         loop = epochal.Loop(
-            probe, data, plugins=plugins, max_epochs=epochs + 1, run_dir=tmp, handle_signals=False
+            probe,
+            data,
+            plugins=plugins,
+            max_epochs=epochs + 1,
+            run_dir=Path(tmp) / "run",
+            handle_signals=False,
         )
         with contextlib.redirect_stderr(null), contextlib.redirect_stdout(null):
             loop.run()

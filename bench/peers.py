@@ -225,8 +225,10 @@ def make_epochal_features(
             "train": [np.zeros((1, 1), np.float32)] * STEPS,
             "valid": [np.zeros((1, 1), np.float32)] * VALID_STEPS,
         }
+        # the run directory inside *tmp*: sqlite_log's default file (beside the run directory) is
+        # then tmp/epochal.sqlite, new for every run and removed with it, as the peers' SQLiteSink
         loop = epochal.Loop(
-            NoOpModel(), data, plugins=plugins, max_epochs=EPOCHS, run_dir=tmp, handle_signals=False
+            NoOpModel(), data, plugins=plugins, max_epochs=EPOCHS, run_dir=tmp / "run", handle_signals=False
         )
         return loop.run
 
