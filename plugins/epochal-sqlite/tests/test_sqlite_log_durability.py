@@ -27,3 +27,18 @@ def test_a_new_database_and_its_directories_are_fsynced(
     store.connect(db, create=True).close()
     assert synced[:3] == [tmp_path, tmp_path / "sub", tmp_path / "sub" / "dir"], synced
     assert any(name.endswith(".new") for name in files), files  # the file, before it is linked
+
+
+def test_a_new_database_appears_whole_in_wal_mode_and_leaves_no_temporary_files(tmp_path: Path) -> None:
+    db = tmp_path / "log.sqlite"
+    store._create_file(db)
+    header = db.read_bytes()[:100]
+    assert header.startswith(b"SQLite format 3\x00")
+    assert header[18:20] == b"\x02\x02"  # write and read versions 2: WAL mode, kept in the file
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.sqlite"]  # no .new, -wal or -shm
+    conn = store.connect(db, create=False)
+    try:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    finally:
+        conn.close()

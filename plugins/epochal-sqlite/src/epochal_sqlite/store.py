@@ -398,11 +398,15 @@ def _create_file(path: Path) -> None:
     try:
         conn = sqlite3.connect(temp, isolation_level=None)
         try:
-            # a private file until the link below: its one fsync (after close() checkpointed the
-            # WAL into it) stands for the schema's commits' own
+            # a private file until the link below, discarded if anything fails: no journal while
+            # the schema is made (no -wal/-shm files made, checkpointed and deleted), and its one
+            # fsync below stands for the schema's commits' own. WAL is switched on last: the mode
+            # is kept in the file's header.
             conn.execute("PRAGMA synchronous=OFF")
-            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA journal_mode=OFF")
             migrate(conn, temp)
+            if conn.execute("PRAGMA journal_mode=WAL").fetchone()[0] != "wal":
+                raise sqlite3.OperationalError(f"cannot switch {temp} to WAL mode")
         finally:
             conn.close()
         with open(temp, "rb") as file:  # its bytes on disk before its name is
