@@ -15,6 +15,9 @@
 3. Per-batch overhead: a no-op loop (train_step returns 10 ready metrics, a plugin copies them
    into the log row) with and without sqlite_log (default options), and the cost of one
    ``after_batch`` call when no flush is due.
+4. Opening a run's log: ``store.connect(path, create=True)`` and ``close()`` on a new file (the
+   schema made, the file and its name fsynced) and on an existing one, beside what the peers'
+   log in ``bench/peers.py`` does (``sqlite3.connect``, WAL, one ``CREATE TABLE``, close).
 
 Medians of alternating repeats, measured side by side in one run. Usage:
 ``python bench/sqlite_log.py [--quick]``.
@@ -239,6 +242,43 @@ def after_batch_ns(folder: Path, calls: int) -> float:
     return elapsed / calls * 1e9
 
 
+def open_times(folder: Path, repeats: int) -> dict[str, float]:
+    """Seconds to open and close a run's log: a new file, an existing file, the peers' minimum."""
+    existing = fresh_db(folder, "existing.sqlite")
+    store.connect(existing, create=True).close()
+    made = iter(range(10**9))
+
+    def new_file() -> float:
+        path = folder / f"new{next(made)}.sqlite"
+        start = time.perf_counter()
+        store.connect(path, create=True).close()
+        return time.perf_counter() - start
+
+    def existing_file() -> float:
+        start = time.perf_counter()
+        store.connect(existing, create=True).close()
+        return time.perf_counter() - start
+
+    def minimal() -> float:
+        path = folder / f"plain{next(made)}.sqlite"
+        start = time.perf_counter()
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("CREATE TABLE log (run_id TEXT, iteration INTEGER, key TEXT, value REAL)")
+        conn.close()
+        return time.perf_counter() - start
+
+    return median_of(
+        repeats,
+        {
+            "store.connect, new file (+ close)": new_file,
+            "store.connect, existing file (+ close)": existing_file,
+            "sqlite3.connect + WAL + CREATE TABLE (+ close)": minimal,
+        },
+    )
+
+
 def median_of(repeats: int, functions: Mapping[str, Callable[[], float]]) -> dict[str, float]:
     samples: dict[str, list[float]] = {name: [] for name in functions}
     for _ in range(repeats):
@@ -274,6 +314,7 @@ def main() -> None:
         hook = median_of(repeats, {"after_batch, no flush due": lambda: after_batch_ns(folder, 200_000)})
         size = bytes_per_row(folder, iterations)
         reads = query_times(folder, max(3, repeats // 2))
+        opens = open_times(folder, 10 * repeats)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -302,6 +343,9 @@ def main() -> None:
         f"  sqlite_log adds          {(with_sqlite - bare) / batches * 1e9:8.0f} ns/batch (writes included)"
     )
     print(f"  after_batch alone        {hook['after_batch, no flush due']:8.0f} ns/call (no flush due)")
+    print("opening a run's log:")
+    for name, seconds in opens.items():
+        print(f"  {name:<48} {seconds * 1e3:6.2f} ms")
 
 
 if __name__ == "__main__":

@@ -347,6 +347,58 @@ def test_failed_run_is_recorded_with_its_error_and_rows(tmp_path: Path) -> None:
     assert sorted(rows_of(db, loop.run_id)) == list(range(1, 9))
 
 
+def test_a_flush_that_fails_loses_no_record_and_no_new_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flush fails inside its transaction, after the keys it saw first were added: the
+    rollback takes those keys back, and the next flush (the failed run's last) writes its
+    records again, every one under its own key."""
+    from epochal_sqlite import store
+
+    class Extra:
+        @hookimpl
+        def after_batch(self, loop: Any) -> None:
+            if loop.iteration >= 3:
+                loop.log.current_row["extra.x"] = loop.iteration * 10
+                loop.log.current_row[f"extra.only{loop.iteration}"] = -loop.iteration
+
+    real_chunk = store.chunk
+    failed: list[int] = []
+
+    def chunk(run: int, key: int, steps: list[int], values: list[Any], kind: int) -> tuple[Any, ...]:
+        if 3 in steps and not failed:
+            failed.append(key)
+            raise sqlite3.OperationalError("disk I/O error")
+        return real_chunk(run, key, steps, values, kind)
+
+    monkeypatch.setattr(store, "chunk", chunk)
+    db = tmp_path / "log.sqlite"
+    loop = Loop(
+        CountingModel(),
+        data(5, valid=False),
+        plugins={
+            "recorder": Recorder(),
+            "extra": Extra(),
+            "sqlite_log": SQLiteLog(path=str(db), flush_every=1),
+        },
+        max_epochs=1,
+        handle_signals=False,
+    )
+    with pytest.raises(sqlite3.OperationalError, match="disk I/O error"):
+        loop.run()
+    assert failed
+    rows = rows_of(db, loop.run_id)
+    assert rows == {i: dict(row) for i, row in loop.log.rows()}
+    assert rows[3]["extra.x"] == 30 and rows[3]["extra.only3"] == -3 and "extra.x" not in rows[2]
+    with Reader(db) as reader:
+        run = reader.resolve("latest")
+        assert run.status == "failed" and "disk I/O error" in (run.error or "")
+    conn = sqlite3.connect(db)
+    names = [name for (name,) in conn.execute("SELECT name FROM keys ORDER BY id")]
+    conn.close()
+    assert len(names) == len(set(names)) and {"extra.x", "extra.only3"} <= set(names)
+
+
 def test_resumed_run_is_a_new_run_and_the_chain_is_one_timeline(tmp_path: Path) -> None:
     """Run A saves its state at epoch 2 and goes on to epoch 3; run B resumes from epoch 2."""
     db = tmp_path / "log.sqlite"

@@ -25,7 +25,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from epochal import hookimpl
 from epochal_sqlite import store
@@ -34,6 +34,10 @@ if TYPE_CHECKING:
     import click
 
     from epochal.loop import Loop
+
+_V = TypeVar("_V")
+#: the records of one flush, per key: ``key -> (iterations, values)``.
+_Series = dict[str, tuple[list[int], list[_V]]]
 
 _INSERT = "INSERT INTO chunks (run, key, first, last, steps, vals, kind) VALUES (?, ?, ?, ?, ?, ?, ?)"
 
@@ -227,12 +231,24 @@ class SQLiteLog:
         conn = self._conn
         if conn is None:
             return 0
-        chunks, count = self._collect(loop)
+        end = loop.iteration
+        numbers, texts, count = self._collect(loop)
         status = loop.log.status
         now = time.time()
         conn.execute("BEGIN IMMEDIATE")
         try:
-            if chunks:
+            # keys seen for the first time join this transaction (not a commit each); their ids
+            # are kept only once it commits
+            new_ids = self._new_key_ids([*numbers, *texts])
+            if numbers or texts:
+                run, known = self._num, self._key_ids
+                ids = {**known, **new_ids} if new_ids else known
+                chunks = [
+                    store.chunk(run, ids[key], steps, values, 0) for key, (steps, values) in numbers.items()
+                ]
+                chunks += [
+                    store.chunk(run, ids[key], steps, values, 1) for key, (steps, values) in texts.items()
+                ]
                 conn.executemany(_INSERT, chunks)
             if final or status != self._status:
                 state = status.get("status", "running")
@@ -251,7 +267,7 @@ class SQLiteLog:
                         loop.error_plugin if error is not None else None,
                         loop.epoch,
                         loop.iteration,
-                        self._cursor,
+                        end,
                         store.dumps(status),
                         self.run_id,
                     ),
@@ -261,28 +277,32 @@ class SQLiteLog:
                 conn.execute(
                     "UPDATE runs SET updated = ?, epochs_done = ?, iterations_done = ?, "
                     "flushed_iteration = ? WHERE run_id = ?",
-                    (now, loop.epoch, loop.iteration, self._cursor, self.run_id),
+                    (now, loop.epoch, loop.iteration, end, self.run_id),
                 )
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
             raise
+        # committed: the records up to this row are in the file, the new keys' ids are real
+        self._cursor = end
+        self._written = dict(loop.log[end]) if end in loop.log else {}
+        self._key_ids.update(new_ids)
         self.records_written += count
         if self.flush_seconds:
             self._deadline = time.monotonic() + self.flush_seconds
         return count
 
-    def _collect(self, loop: Loop) -> tuple[list[tuple[Any, ...]], int]:
-        """The chunks (one per key) of the records from the cursor row to the current row, and
-        their number of records; move the cursor."""
+    def _collect(self, loop: Loop) -> tuple[_Series[float], _Series[str], int]:
+        """The records from the cursor row to the current row, per key: the numbers and the JSON
+        texts (``key -> (iterations, values)``), and their count. The cursor stays: the flush
+        moves it once they are committed."""
         log = loop.log
         end = loop.iteration
         keep = self._keep
-        ids = self._key_ids
         patterns = self.keys
         encode = store.encode
-        numbers: dict[int, tuple[list[int], list[float]]] = {}  # key id -> (iterations, values)
-        texts: dict[int, tuple[list[int], list[str]]] = {}  # key id -> (iterations, JSON texts)
+        numbers: _Series[float] = {}
+        texts: _Series[str] = {}
         written = self._written
         count = 0
         # peek: rows the log evicted already are read back without making them resident again
@@ -295,44 +315,45 @@ class SQLiteLog:
                     kept = keep[key] = _keep(key, patterns)
                 if not kept:
                     continue
-                key_id = ids.get(key)
-                if key_id is None:
-                    key_id = self._intern(key)
                 count += 1
                 if type(value) is float and value - value == 0.0:  # finite: a number in JSON
-                    series = numbers.get(key_id)
+                    series = numbers.get(key)
                     if series is None:
-                        series = numbers[key_id] = ([], [])
+                        series = numbers[key] = ([], [])
                     series[0].append(iteration)
                     series[1].append(value)
                     continue
                 number, text = encode(value)
                 if number is not None and number - number == 0.0:
-                    series = numbers.get(key_id)
+                    series = numbers.get(key)
                     if series is None:
-                        series = numbers[key_id] = ([], [])
+                        series = numbers[key] = ([], [])
                     series[0].append(iteration)
                     series[1].append(number)
                 else:
-                    other = texts.get(key_id)
+                    other = texts.get(key)
                     if other is None:
-                        other = texts[key_id] = ([], [])
+                        other = texts[key] = ([], [])
                     other[0].append(iteration)
                     other[1].append(text if text is not None else json.dumps(number))
-        self._cursor = end
-        self._written = dict(log[end]) if end in log else {}
-        run = self._num
-        chunks = [store.chunk(run, key_id, steps, values, 0) for key_id, (steps, values) in numbers.items()]
-        chunks += [store.chunk(run, key_id, steps, values, 1) for key_id, (steps, values) in texts.items()]
-        return chunks, count
+        return numbers, texts, count
 
-    def _intern(self, key: str) -> int:
-        """The id of *key* in the ``keys`` table, added on first use (once per key and file)."""
+    def _new_key_ids(self, keys: list[str]) -> dict[str, int]:
+        """The ids of the *keys* not yet in the ``keys`` table, added (once per key and file), in
+        the caller's transaction."""
         assert self._conn is not None
-        self._conn.execute("INSERT OR IGNORE INTO keys (name) VALUES (?)", (key,))
-        (key_id,) = self._conn.execute("SELECT id FROM keys WHERE name = ?", (key,)).fetchone()
-        self._key_ids[key] = key_id
-        return int(key_id)
+        known = self._key_ids
+        new = list(dict.fromkeys(key for key in keys if key not in known))
+        if not new:
+            return {}
+        conn = self._conn
+        conn.executemany("INSERT OR IGNORE INTO keys (name) VALUES (?)", [(key,) for key in new])
+        found: dict[str, int] = {}
+        for start in range(0, len(new), 500):  # within SQLite's limit on bound parameters
+            part = new[start : start + 500]
+            marks = ", ".join("?" * len(part))
+            found.update(conn.execute(f"SELECT name, id FROM keys WHERE name IN ({marks})", part))
+        return found
 
     def close(self) -> None:
         """Close the database and release the run's lock (the run stays as last flushed)."""
