@@ -16,8 +16,8 @@
    into the log row) with and without sqlite_log (default options), and the cost of one
    ``after_batch`` call when no flush is due.
 4. Opening a run's log: ``store.connect(path, create=True)`` and ``close()`` on a new file (the
-   schema made, the file and its name fsynced) and on an existing one, beside what the peers'
-   log in ``bench/peers.py`` does (``sqlite3.connect``, WAL, one ``CREATE TABLE``, close).
+   schema made, the file and its name fsynced) and on an existing one, beside the peers' log of
+   ``bench/peers.py`` (``SQLiteSink``: ``sqlite3.connect``, WAL, one ``CREATE TABLE``, close).
 
 Medians of alternating repeats, measured side by side in one run. Usage:
 ``python bench/sqlite_log.py [--quick]``.
@@ -26,6 +26,7 @@ Medians of alternating repeats, measured side by side in one run. Usage:
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import shutil
 import sqlite3
@@ -243,10 +244,12 @@ def after_batch_ns(folder: Path, calls: int) -> float:
 
 
 def open_times(folder: Path, repeats: int) -> dict[str, float]:
-    """Seconds to open and close a run's log: a new file, an existing file, the peers' minimum."""
+    """Seconds to open and close a run's log: a new file, an existing file, the peers' log."""
+    from peers import SQLiteSink  # beside this file
+
     existing = fresh_db(folder, "existing.sqlite")
     store.connect(existing, create=True).close()
-    made = iter(range(10**9))
+    made = itertools.count()
 
     def new_file() -> float:
         path = folder / f"new{next(made)}.sqlite"
@@ -259,14 +262,11 @@ def open_times(folder: Path, repeats: int) -> dict[str, float]:
         store.connect(existing, create=True).close()
         return time.perf_counter() - start
 
-    def minimal() -> float:
-        path = folder / f"plain{next(made)}.sqlite"
+    def peers_log() -> float:
+        sink = SQLiteSink(folder / f"peers{next(made)}.sqlite")
         start = time.perf_counter()
-        conn = sqlite3.connect(path, isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute("CREATE TABLE log (run_id TEXT, iteration INTEGER, key TEXT, value REAL)")
-        conn.close()
+        sink.open()
+        sink.close()
         return time.perf_counter() - start
 
     return median_of(
@@ -274,7 +274,7 @@ def open_times(folder: Path, repeats: int) -> dict[str, float]:
         {
             "store.connect, new file (+ close)": new_file,
             "store.connect, existing file (+ close)": existing_file,
-            "sqlite3.connect + WAL + CREATE TABLE (+ close)": minimal,
+            "bench/peers.py's SQLiteSink, new file (open + close)": peers_log,
         },
     )
 
@@ -345,7 +345,7 @@ def main() -> None:
     print(f"  after_batch alone        {hook['after_batch, no flush due']:8.0f} ns/call (no flush due)")
     print("opening a run's log:")
     for name, seconds in opens.items():
-        print(f"  {name:<48} {seconds * 1e3:6.2f} ms")
+        print(f"  {name:<52} {seconds * 1e3:6.2f} ms")
 
 
 if __name__ == "__main__":
