@@ -2,18 +2,20 @@
 least an atomic, durable save can do: where the fixed cost of a save goes.
 
 A save of a tiny state (``bench/peers.py``'s: a 2-float model, a little JSON) and one log row of
-28 numbers, as a checkpoint per epoch writes it, three ways, interleaved:
+28 numbers, as a checkpoint per epoch writes it, in these ways, interleaved:
 
 * ``write_checkpoint``: epochal-checkpoint's (format 4): a temporary directory holding
   ``data.bin``, the new log segment and the manifest; the three files and the directory fsynced
   concurrently; the directory renamed into place, ``latest`` replaced, the parent fsynced.
 * the same entries, raw: the same directory, files, concurrent fsyncs, renames and parent fsync
-  with bytes already encoded (no encoding, checksums or checks): the floor of this layout.
+  with bytes already encoded (no encoding, checksums or checks): the floor of this layout; and
+  three variants of it: the files fsynced one after another, no ``latest`` pointer, one file in
+  the directory.
 * one file: the same bytes in one file, written, fsynced, renamed into place, the parent
   fsynced: the least a durable atomic save does.
 
-The difference between the first two is the plugin's own work; between the last two, what a
-directory of three files costs over one file. Run: ``python bench/checkpoint_entries.py
+The difference between ``write_checkpoint`` and the same entries raw is the plugin's own work;
+between the raw entries and one file, what a directory of three files costs over one file. Run: ``python bench/checkpoint_entries.py
 [--rounds N]``.
 """
 
@@ -47,24 +49,39 @@ def _blobs() -> list[tuple[str, bytes]]:
     return [("data.bin", data), ("log.json", json.dumps(ROW).encode()), ("manifest.json", b'{"key": 1}' * 40)]
 
 
-def raw_entries(directory: Path, k: int) -> None:
-    name = f"ck-{k:06d}"
-    tmp = directory / f"{name}.tmp"
-    tmp.mkdir()
-    flushes = storage.Flushes()
-    for filename, blob in _blobs():
-        fd = os.open(tmp / filename, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            os.write(fd, blob)
-        finally:
-            os.close(fd)
-        flushes.start(tmp / filename)
-    flushes.start(tmp)
-    flushes.wait()
-    os.rename(tmp, directory / name)
-    os.symlink(name, directory / "latest.tmp")
-    os.replace(directory / "latest.tmp", directory / "latest")
-    storage.fsync_dir(directory)
+def raw_entries(files: int = 3, together: bool = True, pointer: bool = True) -> Callable[[Path, int], None]:
+    """The layout's file operations on bytes already encoded: *files* files (the three pieces, or
+    them joined in one) in a temporary directory, fsynced concurrently (*together*) or one after
+    another, the directory renamed into place, ``latest`` replaced (*pointer*), the parent fsynced."""
+
+    def save(directory: Path, k: int) -> None:
+        name = f"ck-{k:06d}"
+        tmp = directory / f"{name}.tmp"
+        tmp.mkdir()
+        blobs = _blobs() if files == 3 else [("checkpoint", b"".join(blob for _, blob in _blobs()))]
+        flushes = storage.Flushes()
+        for filename, blob in blobs:
+            fd = os.open(tmp / filename, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                os.write(fd, blob)
+                if not together:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            if together:
+                flushes.start(tmp / filename)
+        if together:
+            flushes.start(tmp)
+            flushes.wait()
+        else:
+            storage.fsync_dir(tmp)
+        os.rename(tmp, directory / name)
+        if pointer:
+            os.symlink(name, directory / "latest.tmp")
+            os.replace(directory / "latest.tmp", directory / "latest")
+        storage.fsync_dir(directory)
+
+    return save
 
 
 def one_file(directory: Path, k: int) -> None:
@@ -82,7 +99,10 @@ def one_file(directory: Path, k: int) -> None:
 
 CASES: dict[str, Callable[[Path, int], None]] = {
     "write_checkpoint (data.bin, a log segment, the manifest, `latest`)": plugin_save,
-    "the same entries, raw": raw_entries,
+    "the same entries, raw": raw_entries(),
+    "the same, fsynced one after another": raw_entries(together=False),
+    "the same, without the `latest` pointer": raw_entries(pointer=False),
+    "the same directory holding one file": raw_entries(files=1),
     "one file: write, fsync, rename, parent fsync": one_file,
 }
 
