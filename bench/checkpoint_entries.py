@@ -111,6 +111,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=100)
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     base = Path(tempfile.mkdtemp(prefix="epochal-entries-"))
     try:
         folders = {name: base / str(i) for i, name in enumerate(CASES)}
