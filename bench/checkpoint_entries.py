@@ -15,8 +15,8 @@ A save of a tiny state (``bench/peers.py``'s: a 2-float model, a little JSON) an
   fsynced: the least a durable atomic save does.
 
 The difference between ``write_checkpoint`` and the same entries raw is the plugin's own work;
-between the raw entries and one file, what a directory of three files costs over one file. Run: ``python bench/checkpoint_entries.py
-[--rounds N]``.
+between the raw entries and one file, what a directory of three files costs over one file.
+Run: ``python bench/checkpoint_entries.py [--rounds N]``.
 """
 
 from __future__ import annotations
