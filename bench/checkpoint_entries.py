@@ -44,9 +44,14 @@ def plugin_save(directory: Path, k: int) -> None:
     storage.write_checkpoint(directory, f"ck-{k:06d}", snapshot, {"sequence": k}, segments=[segment])
 
 
-def _blobs() -> list[tuple[str, bytes]]:
+def _encode() -> list[tuple[str, bytes]]:
     data = json.dumps(STATE, default=lambda array: array.tolist()).encode() + bytes(300)
     return [("data.bin", data), ("log.json", json.dumps(ROW).encode()), ("manifest.json", b'{"key": 1}' * 40)]
+
+
+#: the raw cases' files, encoded once, outside the timed saves
+BLOBS = _encode()
+ONE_BLOB = b"".join(blob for _, blob in BLOBS)
 
 
 def raw_entries(files: int = 3, together: bool = True, pointer: bool = True) -> Callable[[Path, int], None]:
@@ -58,7 +63,7 @@ def raw_entries(files: int = 3, together: bool = True, pointer: bool = True) -> 
         name = f"ck-{k:06d}"
         tmp = directory / f"{name}.tmp"
         tmp.mkdir()
-        blobs = _blobs() if files == 3 else [("checkpoint", b"".join(blob for _, blob in _blobs()))]
+        blobs = BLOBS if files == 3 else [("checkpoint", ONE_BLOB)]
         flushes = storage.Flushes()
         for filename, blob in blobs:
             fd = os.open(tmp / filename, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -89,7 +94,7 @@ def one_file(directory: Path, k: int) -> None:
     tmp = directory / f"{name}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        os.write(fd, b"".join(blob for _, blob in _blobs()))
+        os.write(fd, ONE_BLOB)
         os.fsync(fd)
     finally:
         os.close(fd)
