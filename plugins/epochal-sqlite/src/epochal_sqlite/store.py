@@ -40,6 +40,7 @@ Every metric name and value is a bound parameter, never part of the SQL text.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import json
 import math
@@ -445,7 +446,9 @@ def _quote(path: Path) -> str:
     return quote(str(path.absolute()))
 
 
+@functools.lru_cache(maxsize=1)
 def _version() -> str:
+    """epochal-sqlite's installed version, looked up once per process (a metadata scan: ~0.1 ms)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
