@@ -4,7 +4,8 @@ Not a checkpoint format: a stand-in for ``storage.write_checkpoint``, used only 
 writes what a one-file format would have to write and nothing it could skip, so that the
 figures bound what such a format could gain before anyone builds it. Each save writes one file
 holding ``data.bin``'s bytes (encoded as the real save encodes them), the new log rows' segment
-bytes (for a merge, also as many bytes as the merged segments hold, as if copied), and the
+bytes (for a merge, also as many bytes as the merged segments hold, written as if copied but
+not read back: no merge happens in peers.py's five epochs), and the
 manifest with a CRC-32 trailer; the file is fsynced, renamed into place and the directory
 fsynced. Earlier segments are referenced rather than hard-linked (so, unlike format 4, such a
 checkpoint would not be self-contained), and there is no ``latest`` pointer. Everything else
@@ -69,7 +70,8 @@ def one_file(
     temp = directory / f".{name}.tmp"
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        os.writev(fd, pieces)
+        if os.writev(fd, pieces) != sum(memoryview(p).nbytes for p in pieces):  # tiny: one call writes all
+            raise OSError(f"short write to {temp}")
         os.fsync(fd)
     finally:
         os.close(fd)
