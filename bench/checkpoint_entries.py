@@ -26,6 +26,7 @@ import json
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -33,6 +34,10 @@ from pathlib import Path
 
 import numpy as np
 from epochal_checkpoint import storage
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import peers  # beside this file
 
 STATE = {"model": {"w": np.zeros(2, np.float32)}, "rng": {"state": list(range(20))}, "loop": {"epoch": 1}}
 ROW = {f"timing.plugin.p{i}.after_epoch": 0.001 * i for i in range(28)}
@@ -114,10 +119,8 @@ CASES: dict[str, Callable[[Path, int], None]] = {
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=100)
+    parser.add_argument("--rounds", type=peers.rounds, default=100)
     args = parser.parse_args()
-    if args.rounds < 1:
-        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     base = Path(tempfile.mkdtemp(prefix="epochal-entries-"))
     try:
         folders = {name: base / str(i) for i, name in enumerate(CASES)}

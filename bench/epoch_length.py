@@ -59,11 +59,9 @@ LEVELS = [
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=peers.rounds, default=5)
     parser.add_argument("--factor", type=int, default=10, help="the long epoch is this many short ones")
     args = parser.parse_args()
-    if args.rounds < 1:
-        parser.error(f"--rounds must be at least 1, got {args.rounds}")
     if args.factor < 2:
         parser.error(f"--factor must be at least 2, got {args.factor}")
     peers.silence_peers()

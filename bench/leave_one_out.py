@@ -24,7 +24,7 @@ import peers  # beside this file
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=peers.rounds, default=7)
     parser.add_argument("--step-records", action="store_true", help="monitor writes a record every step")
     args = parser.parse_args()
     cases: dict[str, Any] = {"all six": peers.make_epochal_features(args.step_records)}

@@ -122,10 +122,8 @@ for _level, _records in (("", True), (" (epoch records)", False)):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--rounds", type=peers.rounds, default=15)
     args = parser.parse_args()
-    if args.rounds < 1:
-        parser.error(f"--rounds must be at least 1 (got {args.rounds})")
     peers.silence_peers()
     checkpoint_plugin.Checkpoint._prune = lambda self, directory: None
     for setup in CASES.values():  # warm-up

@@ -49,6 +49,7 @@ time (which leaves out fsync waits and a shared machine's other jobs). Run:
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import gc
 import importlib.metadata
@@ -609,6 +610,14 @@ def level_table(median: dict[str, float]) -> None:
         cells = [f"{over[fw]:.2f}" if fw in over else "" for fw in ("epochal", "ignite", "lightning")]
         ratios = [f"{over[fw] / base:.2f}×" if fw in over else "" for fw in ("ignite", "lightning")]
         print(f"| {level} | {' | '.join(cells)} | {' | '.join(ratios)} |")
+
+
+def rounds(text: str) -> int:
+    """The ``--rounds`` option's type in the bench scripts: a whole number, at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def silence_peers() -> None:
