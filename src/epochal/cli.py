@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import click
@@ -220,6 +221,7 @@ def _train(
     import time
 
     from epochal.errors import ConfigError
+    from epochal.run_hooks import refuse_fresh_run
     from epochal.runner import build_loop
     from epochal.summary import RunSummary
 
@@ -229,12 +231,12 @@ def _train(
             "--profile needs the 'timing' plugin, which this run does not load (from a clone of "
             "epochal: pip install plugins/epochal-timing; or name it in --only, or do not disable it)"
         )
+    command = _command(config_file, sys.argv)
     if not resume:
-        _refuse_other_runs_checkpoints(loop.plugins.get("checkpoint"), loop, config_file)
+        refuse_fresh_run(loop.plugin_set.pm, loop.run_dir, command)
     if trace is not None:
         loop.trace_plugins = trace
-    argv = _without_resume(sys.argv[sys.argv.index(config_file) + 1 :]) if config_file in sys.argv else []
-    summary = RunSummary(config_file, [*os.environ.get(_LAUNCH_ARGS_ENV, "").split(), *argv])
+    summary = RunSummary(command)
     if loop.world.is_zero:  # the run's messages come from rank 0 only
         loop.plugin_set.pm.register(summary, name="epochal.summary")
         loop.hooks.rebuild()
@@ -259,6 +261,16 @@ def _train(
 _LAUNCH_ARGS_ENV = "EPOCHAL_LAUNCH_ARGS"
 
 
+def _command(config_file: str, argv: Sequence[str]) -> list[str]:
+    """The command line of this run without ``--resume`` (with the launcher's ``--nproc``).
+
+    :param argv: this process's arguments (a worker's have no ``--nproc``: the launcher passes
+        it in the environment).
+    """
+    after = _without_resume(list(argv[argv.index(config_file) + 1 :])) if config_file in argv else []
+    return ["epochal", "run", config_file, *os.environ.get(_LAUNCH_ARGS_ENV, "").split(), *after]
+
+
 def _launch(
     config: dict[str, Any],
     config_file: str,
@@ -272,35 +284,32 @@ def _launch(
 ) -> int:
     """``epochal run --nproc N``: check what can be checked here, then start N workers."""
     import shlex
-    from pathlib import Path
-    from types import SimpleNamespace
 
-    from epochal.distributed.launch import check_port, last_checkpoint, launch, worker_arguments
+    from epochal.distributed.launch import check_port, launch, worker_arguments
     from epochal.distributed.world import DEFAULT_TIMEOUT, check_backend
+    from epochal.run_hooks import latest_checkpoint, refuse_fresh_run
     from epochal.runner import check_run
 
     section = config.get("distributed", {})
     check_backend(section.get("backend"), where)
     check_port(port)
     checked = check_run(config, _plugin_choice(config, order, only), _split(disable))
-    checkpoint = checked.plugins.get("checkpoint")
-    run = SimpleNamespace(run_dir=config.get("loop", {}).get("run_dir"))
-    if not resume:
-        _refuse_other_runs_checkpoints(checkpoint, run, config_file)
+    run_dir = config.get("loop", {}).get("run_dir")
     argv = worker_arguments(sys.argv[1:])
-    os.environ[_LAUNCH_ARGS_ENV] = f"--nproc {nproc}"  # for the summary's resume command
+    os.environ[_LAUNCH_ARGS_ENV] = f"--nproc {nproc}"  # for the workers' resume commands
+    command = _command(config_file, argv)
+    if not resume:
+        refuse_fresh_run(checked.pm, run_dir, command)
 
     def explain(failure: Any) -> str:
-        from epochal.summary import RunSummary
-
-        directory = RunSummary._checkpoints(SimpleNamespace(plugins=checked.plugins, run_dir=run.run_dir))
-        latest = last_checkpoint(Path(directory) if directory is not None else None)
-        after = argv[argv.index(config_file) + 1 :] if config_file in argv else []
-        again = ["epochal", "run", config_file, "--nproc", str(nproc), *_without_resume(after), "--resume"]
+        try:
+            latest = latest_checkpoint(checked.pm, run_dir)
+        except EpochalError as error:
+            return f"{failure.describe()}, and the other ranks were stopped; {error}"
         if latest is None:
             saved = "no complete checkpoint was written, so a rerun starts afresh"
         else:
-            saved = f"the last complete checkpoint is {latest}; resume: {shlex.join(again)}"
+            saved = f"the last complete checkpoint is {latest}; resume: {shlex.join([*command, '--resume'])}"
         return f"{failure.describe()}, and the other ranks were stopped; {saved}"
 
     timeout = float(section.get("timeout", DEFAULT_TIMEOUT))
@@ -323,32 +332,6 @@ def _without_resume(args: list[str]) -> list[str]:
             continue
         out.append(arg)
     return out
-
-
-def _refuse_other_runs_checkpoints(plugin: Any, loop: Any, config_file: str) -> None:
-    """A fresh run into a checkpoint directory holding an earlier run's checkpoints is an error.
-
-    Mixing two runs' checkpoints in one directory makes ``--resume`` pick whichever is newest;
-    the user says which they want: continue (``--resume``) or another directory.
-    """
-    from pathlib import Path
-
-    from epochal.errors import ConfigError
-
-    if not callable(getattr(plugin, "directory", None)):
-        return
-    try:
-        directory = Path(plugin.directory(loop))
-    except EpochalError:
-        return  # no directory configured: the plugin says so when training starts
-    found = sorted(p.name for p in directory.glob("ckpt-*") if p.is_dir()) if directory.is_dir() else []
-    if found:
-        raise ConfigError(
-            f"checkpoint directory {str(directory)!r} already holds {len(found)} checkpoint(s) of an "
-            f"earlier run (newest: {found[-1]}). To continue that run: epochal run {config_file} --resume. "
-            f"To start afresh: choose another directory (--set loop.run_dir=DIR, or "
-            "--set plugins.checkpoint.dir=DIR when the config sets it) or delete that one."
-        )
 
 
 @cli.command(name="plugins")

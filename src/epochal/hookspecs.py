@@ -15,7 +15,8 @@ running the training; see its documentation for ``loop.epoch``, ``loop.iteration
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from epochal._markers import hookspec
@@ -67,7 +68,9 @@ def resume_state(loop: Loop, resume: bool) -> Mapping[str, Any] | None:
     :param loop: the training loop (nothing has run yet).
     :param resume: true when the user asked to resume (``--resume``).
 
-    Stops at the first non-None result. Return None to start afresh.
+    Stops at the first non-None result. Return None to start afresh. The implementation that
+    returns a state may set ``loop.resumed_source`` to where it came from (e.g. a checkpoint's
+    path): ``epochal run`` names it in the line saying what the run resumed from.
     """
 
 
@@ -233,6 +236,59 @@ def on_error(loop: Loop, error: BaseException) -> None:
     :param error: the exception that ended the run.
 
     The return value is ignored.
+    """
+
+
+# -- the run as a whole: the summary, the launcher, the command line -------------------------
+
+
+@hookspec
+def run_summary(loop: Loop, command: Sequence[str]) -> Sequence[str] | None:
+    """Called once when ``epochal run`` ends (after :func:`after_training`, on rank 0 only), for
+    the lines a plugin adds to the end-of-run summary: where it saved, how to resume or plot.
+
+    Every plugin's implementation is called, each on its own: one that raises or returns
+    something other than strings is reported in one warning naming it, and the other plugins'
+    lines are still printed. The CLI prints each line after ``epochal: ``.
+
+    :param loop: the training loop, after training (``loop.log.status`` says how it ended).
+    :param command: the command line that started this run, without ``--resume`` and its value
+        (``["epochal", "run", "run.toml", "--nproc", "2"]``); append ``--resume`` to say how to
+        continue the run. Empty when the loop was not started by ``epochal run``.
+
+    Return the lines (without a trailing newline), or None for none.
+    """
+
+
+@hookspec
+def latest_checkpoint(run_dir: Path | None) -> str | None:
+    """Called by ``epochal run --nproc N`` after a worker died, to name the checkpoint to
+    resume from in its one-line error.
+
+    Only the launcher's process calls it, with the plugins built from the run's configuration
+    (no loop exists there).
+
+    :param run_dir: the run's ``[loop] run_dir`` (None when the configuration has none).
+
+    Return the path of the newest complete checkpoint of this run, or None when there is none
+    (or none of yours). Two plugins answering with different paths is an error naming both.
+    """
+
+
+@hookspec
+def check_fresh_run(run_dir: Path | None, command: Sequence[str]) -> str | None:
+    """Called by ``epochal run`` before a run that does not resume (no ``--resume``), on one
+    process or in the launcher of several, before the first batch and before anything is written.
+
+    A plugin that keeps files of a run refuses to mix a new run's files with an earlier run's:
+    it returns a message saying what it found and how to go on (``--resume`` to continue,
+    another directory to start afresh).
+
+    :param run_dir: the run's ``[loop] run_dir`` (None when the configuration has none).
+    :param command: the command line of this run, as for :func:`run_summary`.
+
+    Return None to let the run start, or the message refusing it (the run then stops with that
+    message and exit status 2).
     """
 
 

@@ -192,6 +192,8 @@ class Loop:
         #: true once a saved state was loaded; ``resumed_from`` is the run that saved it.
         self.resumed = False
         self.resumed_from: str | None = None
+        #: where the resumed state came from, as the plugin that gave it says (e.g. a path).
+        self.resumed_source: str | None = None
         #: the plugin whose hook raised the error that ended the run (None: model or data).
         self.error_plugin: str | None = None
         #: plugin states found in a loaded state for plugins that are not part of this run.

@@ -1,22 +1,23 @@
-"""What ``epochal run`` tells a person: the line about a resumed checkpoint and the closing summary.
+"""What ``epochal run`` tells a person: the line about a resumed state and the closing summary.
 
 :class:`RunSummary` is registered by the CLI beside the run's plugins (it is not a plugin a
 configuration names). It reads each epoch's log row once, in ``after_epoch``, so it costs nothing
-per batch, and after training :meth:`RunSummary.lines` says, TTY or not: how the run ended, the
-last and best value of every metric, where the checkpoints and the log database are, and the
-commands that resume the run and plot its log.
+per batch, and after training :meth:`RunSummary.lines` says, TTY or not: how the run ended and
+the last and best value of every metric, then the lines every plugin adds through the
+``run_summary`` hook (where the checkpoints and the log are, the commands that resume the run
+and plot its log). The summary knows no plugin: each one speaks for itself.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import math
-import shlex
 import sys
+import warnings
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
+from epochal._dispatch import each_implementation
 from epochal._markers import hookimpl
 
 #: metrics where higher is better (glob patterns on the metric's name); lower wins otherwise.
@@ -51,11 +52,9 @@ def format_metrics(metrics: dict[str, float], epochs: dict[str, int] | None = No
 
 
 def resume_line(loop: Any) -> str:
-    """One line naming what *loop* resumed from: checkpoint, run, epoch and iteration."""
-    source = None
-    for plugin in loop.plugins.values():  # epochal-checkpoint's `checkpoint` and `load` say which
-        source = getattr(plugin, "resumed_path", None) or getattr(plugin, "loaded", None) or source
-    where = f"checkpoint {source}" if source is not None else "a saved state"
+    """One line naming what *loop* resumed from: the source its plugin named, run, counters."""
+    source = loop.resumed_source
+    where = str(source) if source is not None else "a saved state"
     run = f" of run {loop.resumed_from}" if loop.resumed_from else ""
     middle = f", batch {loop.batch_in_epoch} of epoch {loop.epoch + 1}" if loop.in_epoch else ""
     return (
@@ -67,9 +66,9 @@ def resume_line(loop: Any) -> str:
 class RunSummary:
     """Collects the metrics of every epoch and writes the closing summary of ``epochal run``."""
 
-    def __init__(self, config_file: str | None = None, argv: Sequence[str] = ()) -> None:
-        self.config_file = config_file
-        self.argv = list(argv)
+    def __init__(self, command: Sequence[str] = ()) -> None:
+        #: the command that started the run, without ``--resume`` (for the plugins' lines).
+        self.command = list(command)
         #: stream → metric → last value.
         self.last: dict[str, dict[str, float]] = {}
         #: stream → metric → (best value, epoch).
@@ -132,43 +131,36 @@ class RunSummary:
             values = {metric: value for metric, (value, _) in best.items()}
             epochs = {metric: epoch for metric, (_, epoch) in best.items()}
             lines.append(f"epochal: best {stream}: {format_metrics(values, epochs)}")
-        checkpoints = self._checkpoints(loop)
-        if checkpoints is not None:
-            lines.append(f"epochal: checkpoints: {checkpoints}")
-        database = self._database(loop)
-        if database is not None:
-            lines.append(f"epochal: log: {database}")
-        if checkpoints is not None and self.config_file:
-            again = ["epochal", "run", self.config_file, *self.argv, "--resume"]
-            lines.append(f"epochal: resume: {shlex.join(again)}")
-        if database is not None:
-            key = self._plot_key()
-            plot = ["epochal", "log", "plot", loop.run_id[:12], "--db", str(database)]
-            if key:
-                plot += ["--key", key, "-o", f"{key.replace('.', '-')}.png"]
-            lines.append(f"epochal: plot: {shlex.join(plot)}")
+        lines.extend(f"epochal: {line}" for line in plugin_lines(loop, self.command))
         return lines
 
-    def _plot_key(self) -> str | None:
-        for stream in [s for s in self.last if s != "train"] + ["train"]:
-            metrics = self.last.get(stream, {})
-            if metrics:
-                name = "loss" if "loss" in metrics else next(iter(metrics))
-                return f"{stream}.{name}"
-        return None
 
-    @staticmethod
-    def _checkpoints(loop: Any) -> Path | None:
-        plugin = loop.plugins.get("checkpoint")
-        directory = getattr(plugin, "directory", None)
-        if not callable(directory):
-            return None
+def plugin_lines(loop: Any, command: Sequence[str]) -> list[str]:
+    """Every plugin's ``run_summary`` lines, in call order.
+
+    A plugin whose implementation raises or returns anything but strings is left out with one
+    warning naming it; the other plugins' lines are kept.
+    """
+    lines: list[str] = []
+    pm = loop.plugin_set.pm
+    for name, call in each_implementation(pm, "run_summary", loop=loop, command=list(command)):
         try:
-            return Path(directory(loop))
-        except Exception:  # no directory configured: nothing to point at
-            return None
-
-    @staticmethod
-    def _database(loop: Any) -> Path | None:
-        path = getattr(loop.plugins.get("sqlite_log"), "db_path", None)
-        return Path(path) if path is not None else None
+            answer = call()
+        except Exception as error:  # one plugin's failure must not hide the others' lines
+            warnings.warn(
+                f"plugin {name!r} raised in run_summary: {type(error).__name__}: {error}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            continue
+        if answer is None:
+            continue
+        if isinstance(answer, str) or not all(isinstance(line, str) for line in answer):
+            warnings.warn(
+                f"plugin {name!r}: run_summary must return a list of strings, not {answer!r:.80}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            continue
+        lines.extend(answer)
+    return lines

@@ -19,7 +19,6 @@ import sys
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from epochal.errors import ConfigError
@@ -163,18 +162,3 @@ def launch(
             print(f"Error: {on_failure(failure)}", file=sys.stderr, flush=True)
         return failure.exitcode if failure.exitcode > 0 else 1
     return 0
-
-
-def last_checkpoint(directory: Path | None) -> Path | None:
-    """The newest complete checkpoint in *directory* (None: none, or no way to tell)."""
-    if directory is None or not directory.is_dir():
-        return None
-    try:
-        from epochal_checkpoint import storage
-    except ImportError:
-        return None
-    try:
-        infos, _ = storage.list_checkpoints(directory)
-    except Exception:
-        return None
-    return infos[-1].path if infos else None

@@ -10,10 +10,11 @@ The format and the crash-safe write are in :mod:`epochal_checkpoint.storage`.
 
 from __future__ import annotations
 
+import shlex
 import sys
 import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -242,6 +243,7 @@ class Checkpoint:
         self._damaged = {path.name for path, _ in failures if _same_dir(path.parent, directory)}
         self._resumed = (info, state["log"]["rows"])
         self.resumed_path = info.path
+        loop.resumed_source = f"checkpoint {info.path}"
 
     def _claim(self, directory: Path, loop: Loop) -> None:
         if self._lock is None or self._lock.directory != directory:
@@ -361,14 +363,18 @@ class Checkpoint:
 
     def directory(self, loop: Loop) -> Path:
         """The checkpoint directory of *loop*'s run."""
+        return self._directory_for(loop.run_dir)
+
+    def _directory_for(self, run_dir: str | Path | None) -> Path:
+        """The checkpoint directory of a run whose ``[loop] run_dir`` is *run_dir*."""
         if self.dir:
             return Path(self.dir).expanduser()
-        if loop.run_dir is None:
+        if run_dir is None:
             raise ConfigError(
                 "plugin 'checkpoint' has no directory: set [plugins.checkpoint] dir or [loop] run_dir "
                 "(or disable the plugin)"
             )
-        return Path(loop.run_dir) / "checkpoints"
+        return Path(run_dir) / "checkpoints"
 
     def _at_boundary(self, loop: Loop, error: BaseException) -> bool:
         if not isinstance(error, Exception):  # a third Ctrl-C (KeyboardInterrupt) lands anywhere
@@ -492,6 +498,49 @@ class Checkpoint:
         from epochal_checkpoint.commands import export_command
 
         cli.add_command(export_command)
+
+    @hookimpl
+    def run_summary(self, loop: Loop, command: Sequence[str]) -> list[str]:
+        """Where the checkpoints are, and the command that resumes the run."""
+        try:
+            directory = self.directory(loop)
+        except ConfigError:  # no directory configured: nothing to point at
+            return []
+        lines = [f"checkpoints: {directory}"]
+        if command:
+            lines.append(f"resume: {shlex.join([*command, '--resume'])}")
+        return lines
+
+    @hookimpl
+    def latest_checkpoint(self, run_dir: Path | None) -> str | None:
+        """The newest complete checkpoint in this run's directory (for the launcher's message)."""
+        try:
+            infos, _ = storage.list_checkpoints(self._directory_for(run_dir))
+        except Exception:  # no directory, or none readable: nothing to name
+            return None
+        return str(infos[-1].path) if infos else None
+
+    @hookimpl
+    def check_fresh_run(self, run_dir: Path | None, command: Sequence[str]) -> str | None:
+        """Refuse a fresh run into a directory that holds an earlier run's checkpoints.
+
+        Mixing two runs' checkpoints in one directory makes ``--resume`` pick whichever is
+        newest; the user says which they want: continue (``--resume``) or another directory.
+        """
+        try:
+            directory = self._directory_for(run_dir)
+        except ConfigError:
+            return None  # no directory configured: the plugin says so when training starts
+        found = sorted(p.name for p in directory.glob("ckpt-*") if p.is_dir()) if directory.is_dir() else []
+        if not found:
+            return None
+        again = shlex.join([*command, "--resume"]) if command else "--resume"
+        return (
+            f"checkpoint directory {str(directory)!r} already holds {len(found)} checkpoint(s) of an "
+            f"earlier run (newest: {found[-1]}). To continue that run: {again}. To start afresh: "
+            "choose another directory (--set loop.run_dir=DIR, or --set plugins.checkpoint.dir=DIR "
+            "when the config sets it) or delete that one."
+        )
 
     def _background_write(
         self,
@@ -624,6 +673,7 @@ class Load:
         state, where = read_from(Path(self.path).expanduser())
         check_fits(loop, state, where)
         self.loaded = where
+        loop.resumed_source = f"checkpoint {where}"
         return state
 
     @hookimpl

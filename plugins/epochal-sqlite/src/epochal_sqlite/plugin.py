@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shlex
 import sqlite3
 import sys
 import time
@@ -220,6 +221,17 @@ class SQLiteLog:
 
         cli.add_command(log_group)
 
+    @hookimpl
+    def run_summary(self, loop: Loop) -> list[str]:
+        """Where the log database is, and the command that plots this run's main metric."""
+        if self.db_path is None:
+            return []
+        plot = ["epochal", "log", "plot", loop.run_id[:12], "--db", str(self.db_path)]
+        key = _plot_key(loop)
+        if key:
+            plot += ["--key", key, "-o", f"{key.replace('.', '-')}.png"]
+        return [f"log: {self.db_path}", f"plot: {shlex.join(plot)}"]
+
     # -- writing ------------------------------------------------------------------------------
 
     def flush(self, loop: Loop, final: bool = False, error: BaseException | None = None) -> int:
@@ -366,6 +378,15 @@ class SQLiteLog:
 
 
 _MISSING = object()
+
+
+def _plot_key(loop: Loop) -> str | None:
+    """The metric a person plots first: an evaluation loss (else its first metric), else the
+    training loss."""
+    for stream, metrics in loop.last_metrics.items():
+        if metrics:
+            return f"{stream}.{'loss' if 'loss' in metrics else next(iter(metrics))}"
+    return "train.loss" if loop.log.last("train.loss") is not None else None
 
 
 def _same(written: Any, value: Any) -> bool:
