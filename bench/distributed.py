@@ -68,15 +68,17 @@ class Blocking:
 
     @hookimpl(trylast=True)
     def after_batch(self, loop: Any) -> None:
-        values = self.world.all_reduce([loop._requested is not None, 0, 0, 0, 0, 0, 0], "max")
+        stopping = loop.stopping
+        values = self.world.all_reduce([stopping.requested is not None, 0, 0, 0, 0, 0, 0], "max")
         if values[0]:
-            loop._stop_reason = "stop"
+            stopping.decide("stop")
 
 
 def one_run(world: Any, variant: str, batches: int, grad: int) -> float:
     from dataclasses import replace
 
     from epochal import Loop
+    from epochal.stopping import Stop
 
     if variant == "every 8":
         world = replace(world, agree_every_n_batches=8)
@@ -85,7 +87,7 @@ def one_run(world: Any, variant: str, batches: int, grad: int) -> float:
     pm = loop.plugin_set.pm
     if variant not in ("async", "every 8"):
         pm.unregister(name="epochal.agreement")
-        loop._agreement = None
+        loop.stopping = Stop()  # one process's: stops are not agreed
         if variant == "blocking":
             pm.register(Blocking(world), name="bench.blocking")
         loop.hooks.rebuild()

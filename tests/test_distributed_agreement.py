@@ -20,6 +20,7 @@ from epochal.distributed import World
 from epochal.distributed.agreement import RanksOutOfStepError
 from epochal.distributed.state import WorldSizeError
 from epochal.plugins import compose
+from epochal.stopping import Stop
 from epochal.testing import TinyModel, tiny_data
 
 # -- one process ------------------------------------------------------------------------------
@@ -37,7 +38,7 @@ def test_one_process_world_is_the_identity():
 
 def test_one_process_registers_nothing_and_keeps_the_state_as_it_was():
     loop = Loop(TinyModel(), tiny_data(), max_epochs=1, handle_signals=False)
-    assert loop._agreement is None
+    assert type(loop.stopping) is Stop
     assert "epochal.agreement" not in dict(loop.plugin_set.pm.list_name_plugin())
     loop.run()
     state = loop.state_dict()

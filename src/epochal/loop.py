@@ -19,11 +19,11 @@ from typing import Any, Literal, Protocol
 from epochal import _rng
 from epochal._dispatch import blame, each_implementation
 from epochal.data import _empty_rule, _mapping_empty, _ndarray, _sequence_empty, batch_size
-from epochal.distributed.agreement import Agreement
 from epochal.distributed.world import World, current_world
 from epochal.errors import ConfigError, EpochalError
 from epochal.log import TrainingLog
 from epochal.plugins import PluginSet, compose
+from epochal.strategy import strategy_for
 from epochal.tracing import HookTracer, trace_target_from_env
 
 Policy = Literal["error", "warn", "ignore"]
@@ -159,9 +159,10 @@ class Loop:
         self.world = world if world is not None else current_world()
         self.model = model
         self._source: str | None = getattr(config, "source", None)
-        self.data = {name: _wrap_stream(stream, seed) for name, stream in data.items()}
-        if self.world.distributed:
-            self.data = self._shard_data(uneven_shards, seed)
+        #: what differs on several processes (sharding, reductions, agreed stops).
+        self.strategy = strategy_for(self.world)
+        wrapped = {name: _wrap_stream(stream, seed) for name, stream in data.items()}
+        self.data = self.strategy.shard_data(wrapped, uneven_shards, seed, self._source or "")
         self._plugin_set = plugins if isinstance(plugins, PluginSet) else compose(plugins or {})
         self._plugin_set.check_dependencies()
         #: plugin instances by name, in call order.
@@ -203,56 +204,18 @@ class Loop:
         self._in_epoch = False
         #: the iteration at which the current epoch started (``batch_in_epoch`` is counted from it).
         self._epoch_start = 0
-        #: why training stops (None: it goes on); set through the ``_stop_reason`` property.
-        self._stop: str | None = None
-        #: the batch loop ends once ``iteration >= _halt``: the iteration limit, or -1 once stopping.
-        self._halt = sys.maxsize
-        #: the first stop asked for on this process (on several processes: not yet agreed).
-        self._requested: str | None = None
-        self._finish_epoch = False
-        #: every rank agreed to finish the epoch (several processes only).
-        self._finish_agreed = False
-        self._signum: int | None = None
-        self._interrupts = 0
         self._warned: set[str] = set()
-        self._eval_names: dict[str, list[str]] = {}
-        #: the agreed decisions of several processes (None on one process: nothing to agree).
-        self._agreement: Agreement | None = None
-        if self.world.distributed:
-            self._agreement = Agreement(self.world)
-            self._plugin_set.pm.register(self._agreement, name="epochal.agreement")
+        #: when training stops, and why (on several processes: as every rank agreed).
+        self.stopping = self.strategy.make_stop()
+        added = self.strategy.hook_objects(self.stopping)
+        for name, hooks in added.items():
+            self._plugin_set.pm.register(hooks, name=name)
+        if added:
             self._plugin_set.hooks.rebuild()
-            self._distribute_model()
+        self.strategy.distribute(model)
         attach = getattr(model, "attach", None)
         if callable(attach):
             attach(self)
-
-    def _shard_data(self, uneven: str, seed: int | None) -> dict[str, Any]:
-        """This rank's shard of every stream."""
-        from epochal.distributed.sharding import UNEVEN_SHARDS, shard_stream
-
-        where = f"{self._source}: [loop] uneven_shards" if self._source else "uneven_shards"
-        if uneven not in UNEVEN_SHARDS:
-            raise ConfigError(f"{where} must be one of {', '.join(UNEVEN_SHARDS)}, not {uneven!r}")
-        world = self.world
-        return {
-            name: shard_stream(name, stream, world.rank, world.size, uneven, seed, self._source or "")
-            for name, stream in self.data.items()
-        }
-
-    def _distribute_model(self) -> None:
-        """The model's ``distribute(world)``: its steps agree across the ranks."""
-        model = self.model
-        distribute = getattr(model, "distribute", None)
-        if not callable(distribute):
-            kind = type(model)
-            raise ConfigError(
-                f"the model ({kind.__module__}.{kind.__qualname__}) has no distribute(world) method, "
-                f"so it cannot train on {self.world.size} processes: each would train its own copy. "
-                "Give it one that averages the gradients across the ranks (see the Model protocol; "
-                "epochal.torch.TorchModel has one), or run on one process"
-            )
-        distribute(self.world)
 
     def _schedule(self, every: int | Mapping[str, int]) -> dict[str, int]:
         """``[loop] eval_every_n_epochs`` as ``stream → n`` (0: never)."""
@@ -314,18 +277,6 @@ class Loop:
         """Training batches completed in the current epoch."""
         return self.iteration - self._epoch_start
 
-    @property
-    def _stop_reason(self) -> str | None:
-        """Why training stops (None: it goes on); setting a reason ends the batch loop after
-        the current batch (``_halt``)."""
-        return self._stop
-
-    @_stop_reason.setter
-    def _stop_reason(self, reason: str | None) -> None:
-        self._stop = reason
-        if reason is not None:
-            self._halt = -1
-
     def request_stop(self, reason: str, *, agreed: bool = False) -> None:
         """End training cleanly at the next batch boundary, then call ``after_training``.
 
@@ -335,10 +286,7 @@ class Loop:
         depends only on the loop's counters or on values reduced across ranks): the run then
         stops here, as on one process.
         """
-        if self._requested is None:
-            self._requested = reason
-        if self._stop_reason is None and (agreed or self._agreement is None):
-            self._stop_reason = reason
+        self.stopping.request(reason, agreed)
 
     @property
     def signal_received(self) -> int | None:
@@ -347,9 +295,7 @@ class Loop:
         On several processes, once training ended: the signal every rank agreed ended it (a
         signal to any rank counts).
         """
-        if self._agreement is not None and self._agreement.signum is not None:
-            return self._agreement.signum
-        return self._signum
+        return self.stopping.signal_received
 
     @property
     def stop_requested(self) -> str | None:
@@ -358,7 +304,7 @@ class Loop:
         On several processes: the agreed reason once every rank agreed to stop, else this
         process's own request.
         """
-        return self._stop_reason or self._requested
+        return self.stopping.reason or self.stopping.requested
 
     def evaluate(self, stream: str) -> dict[str, float]:
         """Run the evaluation stream *stream*; log and return its metrics.
@@ -405,8 +351,7 @@ class Loop:
             seen += size
             if hooks.after_eval_batch is not None:
                 hooks.after_eval_batch(self, stream, batch, outputs)
-        if self._agreement is not None:
-            seen, totals = self._reduce_eval(stream, seen, totals)
+        seen, totals = self.strategy.reduce_evaluation(stream, seen, totals)
         if seen == 0:
             self._empty_stream(stream)
         metrics: dict[str, Any] = {}
@@ -425,34 +370,6 @@ class Loop:
         if hooks.after_evaluation is not None:
             hooks.after_evaluation(self, stream, metrics)
         return metrics
-
-    def _reduce_eval(self, stream: str, seen: int, totals: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        """The example count and the batch-size-weighted sums of every rank (one all-reduce)."""
-        values: dict[str, float] = {}
-        for name in sorted(totals):
-            try:  # a device scalar is read here, once per stream
-                values[name] = float(totals[name])
-            except (TypeError, ValueError):  # e.g. an array of several values: not reduced
-                continue
-        names = list(values)
-        expected = self._eval_names.get(stream)
-        if expected is None:  # the first evaluation of the stream: the ranks agree on the names
-            every = self.world.all_gather_object(names)
-            if any(other != names for other in every):
-                found = "; ".join(f"rank {r}: {', '.join(n) or 'none'}" for r, n in enumerate(every))
-                raise EpochalError(
-                    f"evaluation stream {stream!r}: the ranks' eval_step returned different metrics "
-                    f"({found}); every rank must return the same names to reduce them"
-                )
-            expected = self._eval_names[stream] = names
-        elif expected != names:
-            raise EpochalError(
-                f"evaluation stream {stream!r}: eval_step returned {', '.join(names) or 'no metric'} "
-                f"on rank {self.world.rank}, {', '.join(expected)} before; every rank must return the "
-                "same names at every evaluation to reduce them"
-            )
-        sums = self.world.all_reduce([seen, *values.values()], "sum")
-        return int(sums[0]), dict(zip(names, sums[1:]))
 
     @property
     def eval_streams(self) -> list[str]:
@@ -501,12 +418,7 @@ class Loop:
         return state
 
     def _start(self) -> None:
-        if self.world.distributed:
-            from epochal.distributed.state import agreed_resume_state
-
-            state = agreed_resume_state(self)
-        else:
-            state = self._resume_state()
+        state = self.strategy.resume_state(self._resume_state)
         if state is not None:
             self.load_state_dict(state)
         elif self.seed is not None and not self.resumed:
@@ -522,13 +434,14 @@ class Loop:
                 self.evaluate(stream)
 
     def _train(self) -> None:
-        while self._stop_reason is None:
+        stopping = self.stopping
+        while not stopping.done:
             if self.max_epochs is not None and self.epoch >= self.max_epochs:
-                self._stop_reason = f"max_epochs={self.max_epochs} reached"
+                stopping.decide(f"max_epochs={self.max_epochs} reached")
                 break
             if not self._run_epoch():
                 break
-            if self._finish_agreed if self._agreement is not None else self._finish_epoch:
+            if stopping.finish_epoch:
                 break
 
     def _run_epoch(self) -> bool:
@@ -540,12 +453,13 @@ class Loop:
                 hooks.before_epoch(self)
         # An int limit: comparing ints is cheaper than comparing an int with float("inf").
         limit = self.max_iterations if self.max_iterations is not None else sys.maxsize
+        stopping = self.stopping
         if self.iteration >= limit:
-            self._stop_reason = f"max_iterations={self.max_iterations} reached"
+            stopping.decide(f"max_iterations={self.max_iterations} reached")
             return False
         # One comparison per batch for both ends of the epoch's batch loop: the iteration limit,
-        # and a stop request (which sets _halt to -1, see the _stop_reason property).
-        self._halt = limit if self._stop is None else -1
+        # and a decided stop (which sets halt to -1).
+        stopping.arm(limit)
         train_step = self.model.train_step
         started = self.batch_in_epoch
         # The hot path: per batch, only what a batch needs (measured by bench/loop_overhead.py).
@@ -586,9 +500,9 @@ class Loop:
             after = hooks.after_batch
             if after is not None:
                 after(self, batch, outputs)
-            if self.iteration >= self._halt:
-                if self._stop is None:
-                    self._stop_reason = f"max_iterations={self.max_iterations} reached"
+            if self.iteration >= stopping.halt:
+                if stopping.reason is None:
+                    stopping.decide(f"max_iterations={self.max_iterations} reached")
                 return False
         if self.batch_in_epoch == 0 and started == 0:
             self._empty_stream("train")
@@ -602,7 +516,7 @@ class Loop:
         if hooks.after_epoch is not None:
             hooks.after_epoch(self)
         if self.batch_in_epoch == 0 and self.max_epochs is None:
-            self._stop_reason = "the train stream is empty"
+            stopping.decide("the train stream is empty")
             return False
         return True
 
@@ -612,14 +526,15 @@ class Loop:
         status.update(epochs_done=self.epoch, iterations_done=self.iteration)
         if self._plugin_set.isolated:
             status["isolated_plugins"] = dict(self._plugin_set.isolated)
-        signum = self._signum if self._agreement is None else self._agreement.settle(self)
+        reason = self.stopping.reason
+        signum = self.stopping.settle(self)
         if signum is not None:
             name = signal.Signals(signum).name
-            status.update(status="interrupted", finish_reason=self._stop_reason or name)
+            status.update(status="interrupted", finish_reason=reason or name)
             if hooks.on_interrupt is not None:
                 hooks.on_interrupt(self, signum)
         else:
-            status.update(status="finished", finish_reason=self._stop_reason or "completed")
+            status.update(status="finished", finish_reason=reason or "completed")
         if hooks.after_training is not None:
             hooks.after_training(self)
 
@@ -712,28 +627,9 @@ class Loop:
             signal.signal(signum, handler)
 
     def _on_signal(self, signum: int, frame: object) -> None:
-        self._signum = signum
-        self._interrupts += signum == signal.SIGINT
-        name = signal.Signals(signum).name
-        quiet = not self.world.is_zero  # the other ranks' messages would repeat rank 0's
-        if signum == signal.SIGINT and self._interrupts == 1:
-            self._finish_epoch = True
-            if not quiet:
-                print(
-                    "epochal: SIGINT received, finishing the current epoch "
-                    "(Ctrl-C again to stop after the current batch)",
-                    file=sys.stderr,
-                    flush=True,
-                )
-        elif signum == signal.SIGINT and self._interrupts > 2:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-            raise KeyboardInterrupt
-        else:
-            self.request_stop(f"{name} received")
-            if not quiet:
-                print(
-                    f"epochal: {name} received, stopping after the current batch", file=sys.stderr, flush=True
-                )
+        message = self.stopping.interrupt(signum)
+        if message is not None and self.world.is_zero:  # the other ranks' would repeat rank 0's
+            print(message, file=sys.stderr, flush=True)
 
     # -- state --------------------------------------------------------------------------------
 
@@ -777,12 +673,8 @@ class Loop:
             "data": data,
             "plugins": plugins,
         }
-        if self.world.distributed:  # a collective: every rank calls it at the same point
-            from epochal.distributed.state import gather_rank_parts
-
-            own = {n: e["state"] for n, e in plugins.items() if n not in self.orphan_plugin_states}
-            state["world_size"] = self.world.size
-            state["ranks"] = gather_rank_parts(self.world, {"rng": rng, "data": data, "plugins": own})
+        own = {n: e["state"] for n, e in plugins.items() if n not in self.orphan_plugin_states}
+        self.strategy.add_rank_parts(state, {"rng": rng, "data": data, "plugins": own})
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -791,11 +683,7 @@ class Loop:
             raise EpochalError(
                 f"unsupported loop state format {state.get('format')!r} (expected {STATE_FORMAT})"
             )
-        own: dict[str, Any] = {}
-        if "ranks" in state or self.world.distributed:
-            from epochal.distributed.state import own_parts
-
-            own = own_parts(state, self.world) or {}
+        own = self.strategy.own_parts(state)
         self.model.load_state_dict(state["model"])
         self.log.load_state_dict(state["log"])
         self.epoch, self.iteration = int(state["epoch"]), int(state["iteration"])

@@ -58,7 +58,7 @@ class InterruptAt:
             # What Loop._on_signal does for SIGTERM, minus its "SIGTERM received" notice: the
             # user sent no signal, and check-resume says what it is doing in its own words. On
             # several processes every rank does it after the same batch: an agreed stop.
-            loop._signum = signal.SIGTERM
+            loop.stopping.signum = signal.SIGTERM
             loop.request_stop(f"check-resume: stopped after batch {self.at} as SIGTERM would", agreed=True)
 
 

@@ -14,8 +14,10 @@ that is gone. So on several processes the loop acts only on what the ranks agree
 * the reason is agreed once, when a stop is decided (every rank's own reason is gathered and the
   lowest rank's wins), and the signal that ends the run is agreed when training ends.
 
-:class:`Agreement` is registered by the loop only when ``loop.world.distributed``; one process
-pays nothing for it.
+:class:`AgreedStop` is the loop's stop object on several processes (one process uses
+:class:`epochal.stopping.Stop`, and pays nothing for the agreement). It takes part in
+``after_batch`` and ``after_epoch`` as the last implementation (registered as
+``epochal.agreement``), and reads only the loop's public counters.
 """
 
 from __future__ import annotations
@@ -24,10 +26,13 @@ from typing import TYPE_CHECKING, Any
 
 from epochal._markers import hookimpl
 from epochal.errors import EpochalError
+from epochal.stopping import Stop
 
 if TYPE_CHECKING:
     from epochal.distributed.world import World
-    from epochal.loop import Loop
+
+#: the loop, as the agreement reads it (its public counters only).
+Loop = Any
 
 #: what a reduction is for: a rank that reduces for another purpose is out of step.
 _BATCH, _EPOCH_END, _END = 0, 1, 2
@@ -38,23 +43,44 @@ class RanksOutOfStepError(EpochalError):
     """The ranks ran different numbers of batches (their streams are not sharded evenly)."""
 
 
-class Agreement:
-    """The loop's agreed decisions on several processes (registered as ``epochal.agreement``)."""
+class AgreedStop(Stop):
+    """The stop decision of one rank among several: it acts only on what every rank agreed."""
 
     def __init__(self, world: World) -> None:
+        super().__init__()
         self.world = world
         self.every = max(1, int(getattr(world, "agree_every_n_batches", 1)))
         self._pending: Any = None
         self._pending_kind = _BATCH
+        #: every rank agreed to finish the epoch.
+        self._finish_agreed = False
         #: the signal that ended training, agreed by every rank (None: none).
-        self.signum: int | None = None
+        self.agreed_signum: int | None = None
+
+    @property
+    def finish_epoch(self) -> bool:
+        """Training ends after the current epoch: some rank got a first SIGINT, all agreed."""
+        return self._finish_agreed
+
+    @property
+    def signal_received(self) -> int | None:
+        """The agreed signal once training ended (a signal to any rank counts), else this rank's."""
+        return self.agreed_signum if self.agreed_signum is not None else self.signum
+
+    def request(self, reason: str, agreed: bool = False) -> None:
+        """A local request waits for the agreement; *agreed* (every rank asks at this same
+        point, e.g. from the counters) stops here, as on one process."""
+        if self.requested is None:
+            self.requested = reason
+        if agreed:
+            self.decide(reason)
 
     def _flags(self, loop: Loop, kind: int) -> list[float]:
         count = loop.batch_in_epoch
         return [
-            loop._requested is not None,
-            loop._finish_epoch,
-            loop._signum or 0,
+            self.requested is not None,
+            self.finish_asked,
+            self.signum or 0,
             kind,
             -kind,
             count,
@@ -81,18 +107,18 @@ class Agreement:
 
     def _decide(self, loop: Loop, values: list[float]) -> None:
         """Adopt the agreed flags: a stop (with its agreed reason), finishing the epoch."""
-        if values[0] and loop._stop_reason is None:
-            reasons = self.world.all_gather_object(loop._requested)
+        if values[0] and self.reason is None:
+            reasons = self.world.all_gather_object(self.requested)
             asked = [(rank, reason) for rank, reason in enumerate(reasons) if reason is not None]
             reason = asked[0][1]
             if len(asked) < len(reasons):  # a local event: say where it happened
                 ranks = ", ".join(str(r) for r, _ in asked)
                 reason = f"{reason} (on rank{'s' if len(asked) > 1 else ''} {ranks})"
-            loop._stop_reason = reason
+            self.decide(reason)
         if values[1]:
-            loop._finish_agreed = True
+            self._finish_agreed = True
         if values[2]:
-            self.signum = int(values[2])
+            self.agreed_signum = int(values[2])
 
     def _settle_pending(self, loop: Loop) -> None:
         pending, self._pending = self._pending, None
@@ -115,7 +141,7 @@ class Agreement:
             self._check(loop, values, _BATCH)
             if values[0]:
                 self._decide(loop, values)
-        if loop._stop_reason is None:
+        if self.reason is None:
             self._pending = self.world.all_reduce_async(self._flags(loop, _BATCH), "max")
             self._pending_kind = _BATCH
 
@@ -133,5 +159,5 @@ class Agreement:
         values = self.world.all_reduce(self._flags(loop, _END), "max")
         self._check(loop, values, _END)
         if values[2]:
-            self.signum = int(values[2])
-        return self.signum
+            self.agreed_signum = int(values[2])
+        return self.agreed_signum

@@ -11,28 +11,29 @@ from the same state or fails with the same message.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from epochal.errors import EpochalError
 
 if TYPE_CHECKING:
     from epochal.distributed.world import World
-    from epochal.loop import Loop
 
 
 class WorldSizeError(EpochalError):
     """A checkpoint saved mid-epoch by N processes cannot continue on another number of them."""
 
 
-def agreed_resume_state(loop: Loop) -> Mapping[str, Any] | None:
-    """Rank 0 asks the plugins for the state to resume from; every rank gets it (or its error)."""
-    world = loop.world
+def agreed_resume_state(
+    world: World, ask: Callable[[], Mapping[str, Any] | None]
+) -> Mapping[str, Any] | None:
+    """Rank 0 asks the plugins (*ask*) for the state to resume from; every rank gets it (or its
+    error)."""
     outcome: tuple[str, Any] = ("state", None)
     error: BaseException | None = None
     if world.is_zero:
         try:
-            outcome = ("state", loop._resume_state())
+            outcome = ("state", ask())
         except Exception as raised:
             error = raised
             outcome = ("error", _portable(raised))

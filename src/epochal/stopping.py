@@ -1,0 +1,90 @@
+"""When training stops, and why: one object the loop owns and asks.
+
+Every way a run ends early lands here: a plugin's ``loop.request_stop``, a signal (the first
+SIGINT finishes the epoch, a second one or a SIGTERM finishes the batch, a third raises
+``KeyboardInterrupt``), the iteration limit. The loop reads three things, and nothing else:
+:attr:`Stop.halt` in its batch loop (one integer comparison per batch), :attr:`Stop.done`
+between epochs ("stop now?", as Lightning's ``_FitLoop.done`` or Blocks'
+``_check_finish_training``) and :attr:`Stop.finish_epoch` after one.
+
+On several processes :class:`epochal.distributed.agreement.AgreedStop` is used instead: the
+same questions, answered only with what every rank agreed on.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from typing import Any
+
+
+class Stop:
+    """The stop decision of a run on one process."""
+
+    def __init__(self) -> None:
+        #: why training stops (None: it goes on). Set by :meth:`decide`.
+        self.reason: str | None = None
+        #: the first stop asked for on this process (on several processes: maybe not agreed yet).
+        self.requested: str | None = None
+        #: the batch loop ends once ``loop.iteration >= halt``: the iteration limit, -1 once stopping.
+        self.halt = sys.maxsize
+        #: the number of the last SIGINT/SIGTERM received on this process (None: none).
+        self.signum: int | None = None
+        #: a first SIGINT asked to finish the current epoch.
+        self.finish_asked = False
+        self._interrupts = 0
+
+    @property
+    def done(self) -> bool:
+        """Stop now: a reason was decided (agreed, on several processes)."""
+        return self.reason is not None
+
+    @property
+    def finish_epoch(self) -> bool:
+        """Training ends after the current epoch (a first SIGINT)."""
+        return self.finish_asked
+
+    @property
+    def signal_received(self) -> int | None:
+        """The signal that ends training (None: none)."""
+        return self.signum
+
+    def arm(self, limit: int) -> None:
+        """At an epoch's start: the batch loop runs to *limit* unless a stop is decided."""
+        self.halt = limit if self.reason is None else -1
+
+    def decide(self, reason: str) -> None:
+        """Training stops after the current batch, for *reason* (the first reason stays)."""
+        if self.reason is None:
+            self.reason = reason
+        self.halt = -1
+
+    def request(self, reason: str, agreed: bool = False) -> None:
+        """A stop asked for by a plugin or a signal; on one process it is decided at once."""
+        if self.requested is None:
+            self.requested = reason
+        self.decide(reason)
+
+    def interrupt(self, signum: int) -> str | None:
+        """Take signal *signum*; return the message to print (None: none).
+
+        :raises KeyboardInterrupt: at the third SIGINT (stop at once, nothing saved).
+        """
+        self.signum = signum
+        self._interrupts += signum == signal.SIGINT
+        name = signal.Signals(signum).name
+        if signum == signal.SIGINT and self._interrupts == 1:
+            self.finish_asked = True
+            return (
+                "epochal: SIGINT received, finishing the current epoch "
+                "(Ctrl-C again to stop after the current batch)"
+            )
+        if signum == signal.SIGINT and self._interrupts > 2:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt
+        self.request(f"{name} received")
+        return f"epochal: {name} received, stopping after the current batch"
+
+    def settle(self, loop: Any) -> int | None:
+        """At the end of *loop*'s training: the signal that ended it (None: none)."""
+        return self.signum
