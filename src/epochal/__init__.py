@@ -13,7 +13,8 @@ if TYPE_CHECKING:
     from epochal.composite import CompositePlugin
     from epochal.errors import ConfigError, EpochalError, OrderError, PluginError
     from epochal.log import TrainingLog
-    from epochal.loop import EmptyDataError, Loop, Model
+    from epochal.loop import EmptyDataError, Loop
+    from epochal.model import Model
     from epochal.plugins import PluginSet, compose, load_plugins
 
     __version__: str
@@ -32,7 +33,7 @@ _LAZY = {
     "TrainingLog": "epochal.log",
     "EmptyDataError": "epochal.loop",
     "Loop": "epochal.loop",
-    "Model": "epochal.loop",
+    "Model": "epochal.model",
     "PluginSet": "epochal.plugins",
     "compose": "epochal.plugins",
     "load_plugins": "epochal.plugins",

@@ -9,68 +9,29 @@ from __future__ import annotations
 
 import signal
 import sys
-import threading
 import uuid
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
-from epochal import _rng
+from epochal import _rng, plugin_state
 from epochal._dispatch import blame, each_implementation
-from epochal.data import _empty_rule, _mapping_empty, _ndarray, _sequence_empty, batch_size
+from epochal.data import _empty_rule, _mapping_empty, _ndarray, _sequence_empty, adapt_stream, batch_size
 from epochal.distributed.world import World, current_world
 from epochal.errors import ConfigError, EpochalError
+from epochal.evaluation import MetricSums, means
 from epochal.log import TrainingLog
+from epochal.model import Model
 from epochal.plugins import PluginSet, compose
+from epochal.stopping import install_handlers, restore_handlers
 from epochal.strategy import strategy_for
 from epochal.tracing import HookTracer, trace_target_from_env
+from epochal.triggers import check_condition_streams
 
 Policy = Literal["error", "warn", "ignore"]
 POLICIES = ("error", "warn", "ignore")
 STATE_FORMAT = 1
-
-
-class Model(Protocol):
-    """What the loop needs from a model: framework-agnostic steps and state.
-
-    Step results are numbers, or scalars the loop need not read at once (0-d tensors left on
-    their device: ``float(value)`` reads one). A model may also have these methods, which the
-    loop calls when present: ``attach(loop)`` once when the loop is made (so that the model can
-    call hooks of its own, such as ``before_optimizer_step``), ``begin_evaluation(stream)``
-    before an evaluation stream, and ``end_evaluation(stream) -> Mapping[str, Any]`` after it,
-    whose values (metrics over the whole stream) replace the batch means of the same name.
-
-    On several processes (``torchrun``, ``epochal run --nproc``) the loop calls the model's
-    ``distribute(world)`` once, before ``attach``: the model makes its training steps agree
-    across the ranks of *world* (an :class:`epochal.distributed.World`), e.g. by averaging its
-    gradients (:class:`epochal.torch.TorchModel` wraps its module in ``DistributedDataParallel``).
-    A model without it cannot train on several processes (a ``ConfigError`` says so). Each rank
-    trains on its own shard of the data; ``end_evaluation`` values must be those of the whole
-    stream (sync metric objects across the ranks, as torchmetrics does by itself).
-    """
-
-    def train_step(self, batch: Any) -> Mapping[str, Any]:
-        """Train on one batch; return metrics (``{"loss": 0.3}``)."""
-
-    def eval_step(self, batch: Any) -> Mapping[str, Any]:
-        """Evaluate one batch without training; return metrics."""
-
-    def state_dict(self) -> dict[str, Any]:
-        """The model's state: arrays, numbers, strings, lists and dicts."""
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore a state returned by :meth:`state_dict`."""
-
-
-def _wrap_stream(stream: Any, seed: int | None) -> Any:
-    """A torch DataLoader as a resumable :class:`epochal.torch.LoaderStream`; others as given."""
-    if type(stream).__module__.startswith("torch.utils.data"):
-        from epochal.torch.data import LoaderStream, is_dataloader
-
-        if is_dataloader(stream):
-            return LoaderStream(stream, seed=seed or 0)
-    return stream
 
 
 #: the first item of an empty tuple, list or dict batch (in the batch loop).
@@ -161,7 +122,7 @@ class Loop:
         self._source: str | None = getattr(config, "source", None)
         #: what differs on several processes (sharding, reductions, agreed stops).
         self.strategy = strategy_for(self.world)
-        wrapped = {name: _wrap_stream(stream, seed) for name, stream in data.items()}
+        wrapped = {name: adapt_stream(stream, seed) for name, stream in data.items()}
         self.data = self.strategy.shard_data(wrapped, uneven_shards, seed, self._source or "")
         self._plugin_set = plugins if isinstance(plugins, PluginSet) else compose(plugins or {})
         self._plugin_set.check_dependencies()
@@ -175,7 +136,7 @@ class Loop:
         self.eval_at_start = eval_at_start
         self.epoch_size = epoch_size or None
         self._train_iterator: Iterator[Any] | None = None
-        self._check_conditions()
+        check_condition_streams(self._plugin_set.triggers, list(self.data), self._source)
         self.on_empty_batch = on_empty_batch
         self.on_empty_stream = on_empty_stream
         self.run_dir = Path(run_dir) if run_dir is not None else None
@@ -233,27 +194,6 @@ class Loop:
             if isinstance(n, bool) or not isinstance(n, int) or n < 0:
                 raise ConfigError(f"{where}: {stream} must be a non-negative integer, not {n!r}")
         return {stream: every.get(stream, 1) for stream in self.eval_streams}
-
-    def _check_conditions(self) -> None:
-        """A ``when`` condition naming ``STREAM.key`` must name a stream of this run."""
-        from epochal.errors import did_you_mean
-        from epochal.triggers import COUNTER_NAMES, LogCondition
-
-        source = self._source
-        for name, triggers in self._plugin_set.triggers.items():
-            condition = triggers.when
-            if not isinstance(condition, LogCondition) or "/" in name:
-                continue
-            for key in condition.names:
-                stream, dot, _ = key.partition(".")
-                if key in COUNTER_NAMES or not dot or stream in self.data:
-                    continue
-                where = f"{source}: " if source else ""
-                raise ConfigError(
-                    f"{where}[plugins.{name}] when: {key!r} names no logged key: there is no stream "
-                    f"{stream!r}{did_you_mean(stream, self.eval_streams)} (keys are KEY for a training "
-                    f"output, STREAM.KEY for an evaluation; streams: {', '.join(self.data)})"
-                )
 
     # -- public API for plugins ---------------------------------------------------------------
 
@@ -321,45 +261,20 @@ class Loop:
         begin = getattr(model, "begin_evaluation", None)
         if callable(begin):
             begin(stream)
-        totals: dict[str, Any] = {}
-        skipped: set[str] = set()
-        seen = 0
+        sums = MetricSums()
         eval_step = model.eval_step
         for batch in self._iterate(stream):
             size = batch_size(batch)
             if size == 0 and self._empty_batch(stream):
                 continue
             outputs = eval_step(batch)
-            for key, value in outputs.items():
-                if key in skipped:
-                    continue
-                if type(value) is not float:
-                    if isinstance(value, (str, bytes)) or not hasattr(value, "__float__"):
-                        skipped.add(key)  # not a number: hooks see it in outputs, not averaged
-                        continue
-                    device = getattr(value, "device", None)
-                    if device is None or getattr(device, "type", "cpu") == "cpu":
-                        try:  # a host number: read now, summed in double precision
-                            value = float(value)
-                        except (TypeError, ValueError):  # e.g. an array of several values
-                            skipped.add(key)
-                            continue
-                try:  # a device scalar (a CUDA tensor) is summed where it is, read at the end
-                    totals[key] = totals.get(key, 0.0) + value * size
-                except TypeError:
-                    skipped.add(key)
-            seen += size
+            sums.add(outputs, size)
             if hooks.after_eval_batch is not None:
                 hooks.after_eval_batch(self, stream, batch, outputs)
-        seen, totals = self.strategy.reduce_evaluation(stream, seen, totals)
+        seen, totals = self.strategy.reduce_evaluation(stream, sums.seen, sums.totals)
         if seen == 0:
             self._empty_stream(stream)
-        metrics: dict[str, Any] = {}
-        for key, total in totals.items() if seen else ():
-            try:
-                metrics[key] = float(total / seen)
-            except (TypeError, ValueError):  # e.g. an array of several values
-                continue
+        metrics: dict[str, Any] = means(totals, seen)
         end = getattr(model, "end_evaluation", None)
         if seen and callable(end):
             metrics.update(end(stream))
@@ -384,7 +299,7 @@ class Loop:
         An exception from the model, the data or a hook calls ``on_error`` on every plugin and
         is re-raised.
         """
-        previous = self._install_signal_handlers()
+        previous = install_handlers(self._on_signal) if self.handle_signals else {}
         tracer = HookTracer(self.trace_plugins) if self.trace_plugins else None
         if tracer is not None:
             self.hooks.trace(tracer)
@@ -396,7 +311,7 @@ class Loop:
             self._fail(error)
             raise
         finally:
-            self._restore_signal_handlers(previous)
+            restore_handlers(previous)
             if tracer is not None:
                 self.hooks.trace(None)
                 tracer.close()
@@ -613,19 +528,6 @@ class Loop:
 
     # -- signals ------------------------------------------------------------------------------
 
-    def _install_signal_handlers(self) -> dict[int, Any]:
-        if not self.handle_signals or threading.current_thread() is not threading.main_thread():
-            return {}
-        previous: dict[int, Any] = {}
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            previous[signum] = signal.signal(signum, self._on_signal)
-        return previous
-
-    @staticmethod
-    def _restore_signal_handlers(previous: Mapping[int, Any]) -> None:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
     def _on_signal(self, signum: int, frame: object) -> None:
         message = self.stopping.interrupt(signum)
         if message is not None and self.world.is_zero:  # the other ranks' would repeat rank 0's
@@ -640,20 +542,7 @@ class Loop:
         ``log_rows=False`` leaves the log's rows out, for a saver that writes them incrementally
         from ``loop.log.row_map``.
         """
-        plugins: dict[str, Any] = {}
-        infos = {info.name: info for info in self._plugin_set.infos}
-        for name, plugin in self.plugins.items():
-            get_state = getattr(plugin, "state_dict", None)
-            if callable(get_state):
-                info = infos.get(name)
-                plugins[name] = {
-                    "class": f"{type(plugin).__module__}.{type(plugin).__qualname__}",
-                    "distribution": info.distribution if info else None,
-                    "version": info.version if info else None,
-                    "state_version": getattr(plugin, "state_version", 1),
-                    "state": get_state(),
-                }
-        plugins.update({k: v for k, v in self.orphan_plugin_states.items() if k not in plugins})
+        plugins = plugin_state.capture(self.plugins, self._plugin_set.infos, self.orphan_plugin_states)
         rng = _rng.capture()
         data = {
             name: stream.state_dict()
@@ -689,36 +578,13 @@ class Loop:
         self.epoch, self.iteration = int(state["epoch"]), int(state["iteration"])
         self._in_epoch = bool(state["in_epoch"])
         self._epoch_start = self.iteration - int(state["batch_in_epoch"])
-        own_plugins = own.get("plugins", {})
-        elsewhere = self._plugin_set.elsewhere  # rank-0 plugins, on the other ranks
         for name, stream_state in own.get("data", state["data"]).items():
             stream = self.data.get(name)
             if stream is not None and callable(getattr(stream, "load_state_dict", None)):
                 stream.load_state_dict(stream_state)
-        self.orphan_plugin_states = {}
-        for name, entry in state["plugins"].items():
-            plugin = self.plugins.get(name)
-            if plugin is None or not callable(getattr(plugin, "load_state_dict", None)):
-                self.orphan_plugin_states[name] = entry
-                continue
-            plugin_state = own_plugins.get(name, entry["state"])
-            version = getattr(plugin, "state_version", 1)
-            if entry.get("state_version", 1) != version:
-                migrate = getattr(plugin, "migrate_state", None)
-                if migrate is None:
-                    raise EpochalError(
-                        f"plugin {name!r} saved state version {entry.get('state_version')} but "
-                        f"this version of it reads state version {version} and has no migrate_state"
-                    )
-                plugin_state = migrate(plugin_state, entry.get("state_version", 1))
-            plugin.load_state_dict(plugin_state)  # type: ignore[attr-defined]
-        if set(self.orphan_plugin_states) - elsewhere:
-            warnings.warn(
-                "the loaded state holds state for plugin(s) not in this run, kept for the next "
-                f"save: {', '.join(sorted(set(self.orphan_plugin_states) - elsewhere))}",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+        self.orphan_plugin_states = plugin_state.restore(
+            self.plugins, state["plugins"], own.get("plugins", {}), self._plugin_set.elsewhere
+        )
         _rng.restore(own.get("rng", state["rng"]))
         self.resumed = True
         self.resumed_from = state.get("run_id")

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import signal
 import sys
+import threading
+from collections.abc import Callable, Mapping
 from typing import Any
 
 
@@ -88,3 +90,17 @@ class Stop:
     def settle(self, loop: Any) -> int | None:
         """At the end of *loop*'s training: the signal that ended it (None: none)."""
         return self.signum
+
+
+def install_handlers(handler: Callable[[int, Any], None]) -> dict[int, Any]:
+    """Route SIGINT and SIGTERM to *handler*; return the handlers it replaced (none off the
+    main thread, where Python allows no handler)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {signum: signal.signal(signum, handler) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+
+def restore_handlers(previous: Mapping[int, Any]) -> None:
+    """Put back the handlers :func:`install_handlers` replaced."""
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)

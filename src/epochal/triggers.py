@@ -328,3 +328,27 @@ def parse_triggers(
             raise error(f"{where} {key}: must be {TRIGGER_KEYS[key]}, not {value!r}")
         setattr(triggers, key, value)
     return triggers
+
+
+def check_condition_streams(triggers: Mapping[str, Triggers], streams: list[str], source: str | None) -> None:
+    """A ``when`` condition naming ``STREAM.key`` must name a stream of the run (*streams*).
+
+    :raises ConfigError: naming the plugin's table and the key, with the run's streams.
+    """
+    from epochal.errors import ConfigError, did_you_mean
+
+    evaluated = [stream for stream in streams if stream != "train"]
+    for name, plugin_triggers in triggers.items():
+        condition = plugin_triggers.when
+        if not isinstance(condition, LogCondition) or "/" in name:
+            continue
+        for key in condition.names:
+            stream, dot, _ = key.partition(".")
+            if key in COUNTER_NAMES or not dot or stream in streams:
+                continue
+            where = f"{source}: " if source else ""
+            raise ConfigError(
+                f"{where}[plugins.{name}] when: {key!r} names no logged key: there is no stream "
+                f"{stream!r}{did_you_mean(stream, evaluated)} (keys are KEY for a training "
+                f"output, STREAM.KEY for an evaluation; streams: {', '.join(streams)})"
+            )
