@@ -135,7 +135,7 @@ def convert_options(factory: Callable[..., Any], options: Mapping[str, Any], whe
         if value == NONE_SPELLING and type(None) in alternatives and not takes_str:
             converted[key] = None
         elif isinstance(value, str) and not takes_str and any(map(_is_callable, alternatives)):
-            from epochal.config import resolve
+            from epochal.imports import resolve
 
             try:
                 converted[key] = resolve(value, f"{where} {key}")

@@ -236,7 +236,8 @@ def _train(
         refuse_fresh_run(loop.plugin_set.pm, loop.run_dir, command)
     if trace is not None:
         loop.trace_plugins = trace
-    summary = RunSummary(command)
+    loop.command = command
+    summary = RunSummary()
     if loop.world.is_zero:  # the run's messages come from rank 0 only
         loop.plugin_set.pm.register(summary, name="epochal.summary")
         loop.hooks.rebuild()

@@ -12,15 +12,14 @@ directory, then the current directory, then ``sys.path`` (no ``PYTHONPATH=.`` ne
 from __future__ import annotations
 
 import copy
-import importlib
 import inspect
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from epochal._options import check_options, describe, matches
 from epochal.errors import ConfigError, PluginError, did_you_mean
+from epochal.imports import add_import_paths, resolve
 from epochal.plugins import PluginSet, load_plugins
 
 SECTIONS = ("loop", "model", "data", "plugins", "distributed")
@@ -60,21 +59,6 @@ class RunConfig(dict[str, Any]):
 def source_of(config: Mapping[str, Any]) -> str:
     """The file a configuration was read from, for error messages."""
     return getattr(config, "source", "<config>")
-
-
-def add_import_paths(*directories: str | Path | None) -> None:
-    """Put *directories* (and the current directory) at the front of ``sys.path``, once each.
-
-    This is what ``python -m`` does for the current directory; a run configuration's
-    directory comes first so that ``factory = "mymodel:make"`` finds ``mymodel.py`` beside it.
-    """
-    wanted = [str(Path(d).resolve()) for d in directories if d is not None]
-    wanted.append(str(Path.cwd()))
-    present = {str(Path(p or ".").resolve()) for p in sys.path}
-    for directory in reversed(list(dict.fromkeys(wanted))):
-        if directory not in present:
-            sys.path.insert(0, directory)
-            present.add(directory)
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
@@ -185,36 +169,6 @@ def _check_table(table: Mapping[str, Any], schema: Mapping[str, Any], where: str
             )
         if not matches(value, schema[key]):
             raise ConfigError(f"{where}: {key} must be {describe(schema[key])}, not {value!r}")
-
-
-def resolve(spec: Any, where: str) -> Callable[..., Any]:
-    """Import ``"module:attr"`` and return the callable it names."""
-    if not isinstance(spec, str) or ":" not in spec:
-        raise ConfigError(f'{where}: factory must be "module:callable", not {spec!r}')
-    module_name, _, attr = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise ConfigError(
-            f"{where}: factory {spec!r}: cannot import {module_name!r}: {error} (modules are "
-            "looked up beside the config file, in the current directory and on sys.path)"
-        ) from None
-    except Exception as error:  # the module itself raised on import
-        raise ConfigError(
-            f"{where}: factory {spec!r}: importing {module_name!r} raised {type(error).__name__}: {error}"
-        ) from None
-    target: Any = module
-    for part in attr.split("."):
-        if not hasattr(target, part):
-            names = [n for n in dir(module) if not n.startswith("_")]
-            raise ConfigError(
-                f"{where}: factory {spec!r}: {module_name!r} has no attribute {attr!r}"
-                f"{did_you_mean(attr, names)}"
-            )
-        target = getattr(target, part)
-    if not callable(target):
-        raise ConfigError(f"{where}: factory {spec!r} is not callable")
-    return target
 
 
 def call_factory(config: Mapping[str, Any], section: str) -> Any:

@@ -421,13 +421,3 @@ _EMPTY_RULES: dict[type, Callable[[Any], bool] | None] = {}
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, Integral) and not isinstance(value, bool)
-
-
-def adapt_stream(stream: Any, seed: int | None) -> Any:
-    """A torch DataLoader as a resumable :class:`epochal.torch.LoaderStream`; others as given."""
-    if type(stream).__module__.startswith("torch.utils.data"):
-        from epochal.torch.data import LoaderStream, is_dataloader
-
-        if is_dataloader(stream):
-            return LoaderStream(stream, seed=seed or 0)
-    return stream

@@ -24,7 +24,10 @@ from epochal._markers import hookspec
 if TYPE_CHECKING:
     import click
 
-    from epochal.loop import Loop
+#: The :class:`epochal.Loop` running the training. Named, not imported: the loop imports the
+#: plugin machinery, which imports these specifications (implementations annotate
+#: ``loop: epochal.Loop``).
+Loop = Any
 
 
 # -- training ---------------------------------------------------------------------------------
@@ -243,7 +246,7 @@ def on_error(loop: Loop, error: BaseException) -> None:
 
 
 @hookspec
-def run_summary(loop: Loop, command: Sequence[str]) -> Sequence[str] | None:
+def run_summary(loop: Loop) -> Sequence[str] | None:
     """Called once when ``epochal run`` ends (after :func:`after_training`, on rank 0 only), for
     the lines a plugin adds to the end-of-run summary: where it saved, how to resume or plot.
 
@@ -251,10 +254,9 @@ def run_summary(loop: Loop, command: Sequence[str]) -> Sequence[str] | None:
     something other than strings is reported in one warning naming it, and the other plugins'
     lines are still printed. The CLI prints each line after ``epochal: ``.
 
-    :param loop: the training loop, after training (``loop.log.status`` says how it ended).
-    :param command: the command line that started this run, without ``--resume`` and its value
-        (``["epochal", "run", "run.toml", "--nproc", "2"]``); append ``--resume`` to say how to
-        continue the run. Empty when the loop was not started by ``epochal run``.
+    :param loop: the training loop, after training (``loop.log.status`` says how it ended;
+        ``loop.command`` is the command line that started the run, without ``--resume``: append
+        ``--resume`` to say how to continue it).
 
     Return the lines (without a trailing newline), or None for none.
     """
@@ -285,7 +287,7 @@ def check_fresh_run(run_dir: Path | None, command: Sequence[str]) -> str | None:
     another directory to start afresh).
 
     :param run_dir: the run's ``[loop] run_dir`` (None when the configuration has none).
-    :param command: the command line of this run, as for :func:`run_summary`.
+    :param command: the command line of this run, without ``--resume`` (as ``loop.command``).
 
     Return None to let the run start, or the message refusing it (the run then stops with that
     message and exit status 2).

@@ -17,7 +17,9 @@ from typing import Any, Literal
 
 from epochal import _rng, plugin_state
 from epochal._dispatch import blame, each_implementation
-from epochal.data import _empty_rule, _mapping_empty, _ndarray, _sequence_empty, adapt_stream, batch_size
+from epochal.adapters import adapt_stream
+from epochal.data import _empty_rule, _mapping_empty, _ndarray, _sequence_empty, batch_size
+from epochal.distributed.strategy import strategy_for
 from epochal.distributed.world import World, current_world
 from epochal.errors import ConfigError, EpochalError
 from epochal.evaluation import MetricSums, means
@@ -25,7 +27,6 @@ from epochal.log import TrainingLog
 from epochal.model import Model
 from epochal.plugins import PluginSet, compose
 from epochal.stopping import install_handlers, restore_handlers
-from epochal.strategy import strategy_for
 from epochal.tracing import HookTracer, trace_target_from_env
 from epochal.triggers import check_condition_streams
 
@@ -144,6 +145,9 @@ class Loop:
         self.config = dict(config or {})
         self.handle_signals = handle_signals
         self.trace_plugins = trace_plugins if trace_plugins is not None else trace_target_from_env()
+        #: the command line that started this run, without ``--resume`` (set by ``epochal run``;
+        #: empty when the loop is run from Python): plugins append ``--resume`` to say how to go on.
+        self.command: list[str] = []
         #: a fresh id for every run, resumed or not.
         self.run_id = uuid.uuid4().hex
         #: training epochs completed.

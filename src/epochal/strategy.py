@@ -62,12 +62,3 @@ class Strategy:
         from epochal.distributed.state import own_parts
 
         return own_parts(state, self.world) or {}
-
-
-def strategy_for(world: World) -> Strategy:
-    """The strategy of a process in *world*."""
-    if world.distributed:
-        from epochal.distributed.strategy import DistributedStrategy
-
-        return DistributedStrategy(world)
-    return Strategy(world)

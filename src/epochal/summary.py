@@ -14,7 +14,6 @@ import fnmatch
 import math
 import sys
 import warnings
-from collections.abc import Sequence
 from typing import Any
 
 from epochal._dispatch import each_implementation
@@ -66,9 +65,7 @@ def resume_line(loop: Any) -> str:
 class RunSummary:
     """Collects the metrics of every epoch and writes the closing summary of ``epochal run``."""
 
-    def __init__(self, command: Sequence[str] = ()) -> None:
-        #: the command that started the run, without ``--resume`` (for the plugins' lines).
-        self.command = list(command)
+    def __init__(self) -> None:
         #: stream → metric → last value.
         self.last: dict[str, dict[str, float]] = {}
         #: stream → metric → (best value, epoch).
@@ -131,11 +128,11 @@ class RunSummary:
             values = {metric: value for metric, (value, _) in best.items()}
             epochs = {metric: epoch for metric, (_, epoch) in best.items()}
             lines.append(f"epochal: best {stream}: {format_metrics(values, epochs)}")
-        lines.extend(f"epochal: {line}" for line in plugin_lines(loop, self.command))
+        lines.extend(f"epochal: {line}" for line in plugin_lines(loop))
         return lines
 
 
-def plugin_lines(loop: Any, command: Sequence[str]) -> list[str]:
+def plugin_lines(loop: Any) -> list[str]:
     """Every plugin's ``run_summary`` lines, in call order.
 
     A plugin whose implementation raises or returns anything but strings is left out with one
@@ -143,7 +140,7 @@ def plugin_lines(loop: Any, command: Sequence[str]) -> list[str]:
     """
     lines: list[str] = []
     pm = loop.plugin_set.pm
-    for name, call in each_implementation(pm, "run_summary", loop=loop, command=list(command)):
+    for name, call in each_implementation(pm, "run_summary", loop=loop):
         try:
             answer = call()
         except Exception as error:  # one plugin's failure must not hide the others' lines

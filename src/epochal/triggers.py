@@ -244,7 +244,7 @@ class LogCondition:
 def parse_condition(spec: str, where: str = "when") -> Condition:
     """A ``when`` value: ``"module:callable"`` (called with the loop) or a :class:`LogCondition`."""
     if re.fullmatch(r"\s*[A-Za-z_][\w.]*:[A-Za-z_][\w.]*\s*", spec):
-        from epochal.config import resolve
+        from epochal.imports import resolve
 
         return resolve(spec.strip(), where)
     return LogCondition(spec)

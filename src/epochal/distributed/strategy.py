@@ -94,3 +94,8 @@ class DistributedStrategy(Strategy):
 
     def own_parts(self, state: Mapping[str, Any]) -> dict[str, Any]:
         return own_parts(state, self.world) or {}
+
+
+def strategy_for(world: Any) -> Strategy:
+    """The strategy of a process in *world*: one process's, or one rank's among several."""
+    return DistributedStrategy(world) if world.distributed else Strategy(world)

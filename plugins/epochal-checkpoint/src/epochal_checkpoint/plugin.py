@@ -500,15 +500,15 @@ class Checkpoint:
         cli.add_command(export_command)
 
     @hookimpl
-    def run_summary(self, loop: Loop, command: Sequence[str]) -> list[str]:
+    def run_summary(self, loop: Loop) -> list[str]:
         """Where the checkpoints are, and the command that resumes the run."""
         try:
             directory = self.directory(loop)
         except ConfigError:  # no directory configured: nothing to point at
             return []
         lines = [f"checkpoints: {directory}"]
-        if command:
-            lines.append(f"resume: {shlex.join([*command, '--resume'])}")
+        if loop.command:
+            lines.append(f"resume: {shlex.join([*loop.command, '--resume'])}")
         return lines
 
     @hookimpl
