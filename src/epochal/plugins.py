@@ -682,7 +682,7 @@ COMMANDS_GROUP = "epochal.commands"
 
 def declared_command(name: str) -> Any | None:
     """The click command *name* as a plugin distribution declares it in the entry-point group
-    ``epochal.commands`` (``log = "epochal_sqlite.commands:log_group"``), importing only that
+    ``epochal.commands`` (``log = "mydist.commands:log_group"``), importing only that
     module; None when no distribution or several declare it, when autoloading is off (then
     only the plugins in ``EPOCHAL_PLUGINS`` may add commands), or when it cannot be loaded (the
     caller then asks every plugin's ``register_commands``, which reports why)."""
