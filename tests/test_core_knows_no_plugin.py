@@ -34,7 +34,9 @@ LEAKS = {
     ),
     "the checkpoint plugin's file names": re.compile(r"""["']ckpt-|glob\(["']ckpt"""),
     "a plugin's attribute": re.compile(r"\.(db_path|resumed_path|loaded|_checkpoints|_database)\b"),
-    "a plugin looked up by name": re.compile(r"""plugins(\.get\(|\[)["'](%s)["']""" % "|".join(PLUGIN_NAMES)),
+    "a plugin looked up by name": re.compile(
+        r"""plugins(\.get\(|\[)["']({})["']""".format("|".join(PLUGIN_NAMES))
+    ),
 }
 #: the scaffold writes a new plugin distribution's files: naming epochal_<name> is its job.
 EXEMPT = {"scaffold.py"}
