@@ -1,0 +1,150 @@
+"""A third party's checkpoint plugin gets everything the standard one gets from the core.
+
+``tests/npycheckpoint`` is a checkpoint plugin over ``numpy.save`` written only from
+docs/writing-plugins.md ("Replacing a standard plugin"), pip-installed as a distribution. Run
+through the ``epochal`` CLI without the standard ``checkpoint`` plugin, it gets the summary's
+lines, the fresh-run refusal, ``--resume``/``--resume auto``/``--resume PATH``,
+``epochal check-resume`` and, on 2 processes, the launcher's message after ``kill -9`` of a rank.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from processes import wait_for, worker_pids
+
+HERE = Path(__file__).parent
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def npy_site(tmp_path_factory: pytest.TempPathFactory, pip_install_target: Any) -> Path:
+    root = tmp_path_factory.mktemp("npycheckpoint")
+    shutil.copytree(HERE / "npycheckpoint", root / "src")
+    pip_install_target(root / "src", root / "site")
+    assert list((root / "site").glob("epochal_npycheckpoint-0.3.0.dist-info/entry_points.txt"))
+    return root / "site"
+
+
+def write_run(tmp_path: Path, *, max_epochs: int = 2, distributed: bool = False) -> Path:
+    shutil.copy(HERE / "ddp_tiny.py", tmp_path / "ddp_tiny.py")
+    config = tmp_path / "run.toml"
+    config.write_text(
+        f"""[loop]
+max_epochs = {max_epochs}
+seed = 0
+run_dir = "run"
+{"[distributed]" + chr(10) + 'backend = "gloo"' + chr(10) + "timeout = 60" if distributed else ""}
+
+[model]
+factory = "ddp_tiny:make_model"
+
+[data]
+factory = "ddp_tiny:make_data"
+
+[plugins]
+order = ["npy_checkpoint"]
+autoload = false
+""",
+        encoding="utf-8",
+    )
+    return config
+
+
+def environment(site: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def epochal(site: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "epochal", *args],
+        cwd=tmp_path,
+        env=environment(site),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def saved(tmp_path: Path) -> list[str]:
+    return sorted(p.name for p in (tmp_path / "run" / "npy").glob("npy-*.npy"))
+
+
+def test_the_summary_has_its_lines_and_a_second_fresh_run_is_refused(npy_site, tmp_path):
+    write_run(tmp_path)
+    first = epochal(npy_site, tmp_path, "run", "run.toml", "--set", "loop.seed=0")
+    assert first.returncode == 0, first.stderr
+    assert "epochal: checkpoints: run/npy" in first.stdout.splitlines()
+    assert "epochal: resume: epochal run run.toml --set loop.seed=0 --resume" in first.stdout
+    assert saved(tmp_path) == ["npy-00000016.npy", "npy-00000032.npy"]
+    again = epochal(npy_site, tmp_path, "run", "run.toml")
+    assert again.returncode == 2
+    assert again.stderr.count("\n") == 1, again.stderr  # one line
+    assert "npy_checkpoint: run/npy holds 2 checkpoint(s)" in again.stderr
+    assert "epochal run run.toml --resume" in again.stderr
+    assert saved(tmp_path) == ["npy-00000016.npy", "npy-00000032.npy"]  # nothing written
+
+
+def test_resume_latest_auto_and_path(npy_site, tmp_path):
+    write_run(tmp_path)
+    missing = epochal(npy_site, tmp_path, "run", "run.toml", "--resume")
+    assert missing.returncode == 2 and "npy_checkpoint: no checkpoint in run/npy" in missing.stderr
+    fresh = epochal(npy_site, tmp_path, "run", "run.toml", "--resume", "auto")
+    assert fresh.returncode == 0, fresh.stderr
+    assert "resumed from" not in fresh.stderr and saved(tmp_path)[-1] == "npy-00000032.npy"
+    longer = epochal(npy_site, tmp_path, "run", "run.toml", "--resume", "--set", "loop.max_epochs=3")
+    assert longer.returncode == 0, longer.stderr
+    assert "epochal: resumed from checkpoint run/npy/npy-00000032.npy of run" in longer.stderr
+    assert "at epoch 2, iteration 32" in longer.stderr and "after 3 epoch(s)" in longer.stdout
+    auto = epochal(npy_site, tmp_path, "run", "run.toml", "--resume", "auto", "--set", "loop.max_epochs=4")
+    assert auto.returncode == 0 and "npy-00000048.npy of run" in auto.stderr
+    path = str(tmp_path / "run" / "npy" / "npy-00000016.npy")
+    chosen = epochal(npy_site, tmp_path, "run", "run.toml", "--resume", path)
+    assert chosen.returncode == 0, chosen.stderr
+    assert f"resumed from checkpoint {path}" in chosen.stderr and "at epoch 1, iteration 16" in chosen.stderr
+
+
+def test_check_resume_passes(npy_site, tmp_path):
+    write_run(tmp_path, max_epochs=2)
+    done = epochal(npy_site, tmp_path, "check-resume", "run.toml")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "check-resume: 3/3" in done.stdout + done.stderr
+
+
+@pytest.mark.distributed
+def test_a_rank_killed_on_two_processes_names_its_last_checkpoint(npy_site, tmp_path):
+    write_run(tmp_path, max_epochs=6, distributed=True)
+    run = subprocess.Popen(
+        [sys.executable, "-m", "epochal", "run", "run.toml", "--nproc", "2", "--set", "model.delay=0.08"],
+        cwd=tmp_path,
+        env=environment(npy_site),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for(lambda: saved(tmp_path), process=run)
+    workers = worker_pids(run.pid)
+    assert sorted(workers) == [0, 1]
+    os.kill(workers[1], signal.SIGKILL)
+    started = time.monotonic()
+    _, err = run.communicate(timeout=120)
+    assert time.monotonic() - started < 90
+    assert run.returncode == 1
+    last = [line for line in err.splitlines() if line.startswith("Error: rank 1")]
+    assert len(last) == 1, err
+    kept = saved(tmp_path)
+    assert f"the last complete checkpoint is run/npy/{kept[-1]}" in last[0], last[0]
+    assert "resume: epochal run run.toml --nproc 2 --set model.delay=0.08 --resume" in last[0]
