@@ -372,10 +372,13 @@ def test_nccl_without_gpus_is_refused(tmp_path):
 @pytest.mark.parametrize(
     ("table", "message"),
     [
-        ('backend = "mpi"', "[distributed]: backend must be Literal['auto', 'gloo', 'nccl'], not 'mpi'"),
-        ("timeout = 0", "[distributed] timeout must be a positive number of seconds, not 0"),
+        ('backend = "mpi"', "[distributed]: backend must be 'auto', 'gloo', 'nccl' or None, not 'mpi'"),
+        ("timeout = 0", "[distributed]: timeout must be greater than 0, not 0"),
         ("retries = 3", "[distributed]: unknown key 'retries'"),
-        ("agree_every_n_batches = 0", "[distributed] agree_every_n_batches must be a positive integer"),
+        (
+            "agree_every_n_batches = 0",
+            "[distributed]: agree_every_n_batches must be greater than or equal to 1",
+        ),
     ],
 )
 def test_a_bad_distributed_section_names_its_key(tmp_path, table, message):

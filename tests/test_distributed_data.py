@@ -172,7 +172,9 @@ def test_uneven_train_data_on_several_processes_names_the_option() -> None:
         Loop(Recorder(), data, world=World(rank=0, size=2), handle_signals=False)
     loop = Loop(Recorder(), data, world=World(rank=0, size=2), uneven_shards="pad", handle_signals=False)
     assert len(loop.data["train"]) == 2
-    with pytest.raises(ConfigError, match="uneven_shards must be one of error, drop, pad"):
+    with pytest.raises(
+        ConfigError, match="Loop\\(\\): uneven_shards must be 'error', 'drop' or 'pad', not 'repeat'"
+    ):
         Loop(Recorder(), data, world=World(rank=0, size=2), uneven_shards="repeat", handle_signals=False)  # type: ignore[arg-type]
 
 

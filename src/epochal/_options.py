@@ -1,11 +1,17 @@
-"""Checking a plugin's options (``[plugins.NAME]``) against its constructor's signature.
+"""The one validator: options checked against the annotations of what they configure.
 
-The annotations of the constructor are the schema. Values TOML cannot spell are converted
-first (:func:`convert_options`): ``"none"`` for an option that accepts ``None`` (and no
-string), ``"module:attr"`` for a callable, a table for a nested structure (a dataclass, a
-``TypedDict`` or a pydantic model, validated by pydantic); then every value is checked against
-its annotation with messages naming ``[plugins.NAME] key``. :func:`options_schema` turns the
-same signature into the JSON Schema of the table (``epochal schema``).
+The annotations of a constructor or function are the schema of its options: a type, a
+``Literal[...]``, a union, ``None``, and constraints as pydantic writes them
+(``Annotated[int, annotated_types.Ge(1)]`` or ``pydantic.Field(ge=1)``, or the aliases below). Every table of
+a run configuration is checked this way: ``[loop]`` against :class:`epochal.Loop`,
+``[distributed]`` against :func:`epochal.distributed.init_from_env`, ``[model]``/``[data]``
+against their factories, ``[plugins.NAME]`` against the plugin's constructor. Values TOML cannot
+spell are converted first (:func:`convert_options`): ``"none"`` for an option that accepts
+``None`` (and no string), ``"module:attr"`` for a callable, a table for a nested structure (a
+dataclass, a ``TypedDict`` or a pydantic model); then pydantic validates each value in strict
+mode (a string is never taken for a number, nor ``true`` for 1), and the first problem is one
+line naming the table and the key. ``epochal schema`` turns the same annotations into JSON
+Schema, so an editor rejects what a run rejects.
 """
 
 from __future__ import annotations
@@ -15,9 +21,17 @@ import inspect
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Annotated, Any
+
+from annotated_types import Ge, Gt
 
 from epochal.errors import PluginError, did_you_mean
+
+#: Annotations for options, with their constraints (the JSON Schema carries them too).
+NonNegativeInt = Annotated[int, Ge(0)]
+PositiveInt = Annotated[int, Ge(1)]
+NonNegativeFloat = Annotated[float, Ge(0)]
+PositiveFloat = Annotated[float, Gt(0)]
 
 
 def option_signature(factory: Callable[..., Any]) -> inspect.Signature | None:
@@ -35,13 +49,16 @@ def check_options(
     where: str | None = None,
     error: type[Exception] = PluginError,
     shared: Sequence[str] = (),
+    keys: Sequence[str] | None = None,
 ) -> None:
     """Raise *error* unless *options* are valid keyword arguments of *factory*.
 
-    Unknown names, missing required options and values whose type does not match the
-    annotation are each reported with the list of valid options. *name* is what the options
-    configure (a plugin name) and *where* the config section (default ``[plugins.NAME]``);
-    *shared* are the keys every table accepts besides (the trigger keys), for "did you mean".
+    Unknown names, missing required options and values that do not fit the annotation (its
+    type or its constraints) are each reported with the list of valid options. *name* is what
+    the options configure (a plugin name) and *where* the config section (default
+    ``[plugins.NAME]``); *shared* are the keys every table accepts besides (the trigger keys),
+    for "did you mean". *keys*: the only parameters a table may set (a table of a callable's
+    options, such as ``[loop]`` of :class:`epochal.Loop`): the messages then say "key".
     """
     signature = option_signature(factory)
     if signature is None:
@@ -49,13 +66,13 @@ def check_options(
     params = {
         p.name: p
         for p in signature.parameters.values()
-        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and (keys is None or p.name in keys)
     }
+    if keys is not None:
+        _check_table(options, params, option_hints(factory), where or name, error)
+        return
     takes_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
-    try:
-        hints = typing.get_type_hints(factory.__init__ if inspect.isclass(factory) else factory)
-    except Exception:  # unresolvable annotations: skip the type check, keep the name check
-        hints = {}
+    hints = option_hints(factory)
     valid = (
         ", ".join(
             f"{p.name}" + (f" (default {p.default!r})" if p.default is not p.empty else " (required)")
@@ -75,9 +92,10 @@ def check_options(
                 f"{did_you_mean(key, [*params, *shared])}; valid options: {valid}{also}"
             )
         hint = hints.get(key)
-        if hint is not None and not matches(value, hint):
+        problem = None if hint is None else invalid(value, hint)
+        if problem is not None:
             raise error(
-                f"{where}: option {key!r} of {what} must be {describe(hint)}, "
+                f"{where}: option {key!r} of {what} {problem}, "
                 f"not {type(value).__name__} {value!r}; valid options: {valid}"
             )
     missing = [p.name for p in params.values() if p.default is p.empty and p.name not in options]
@@ -85,11 +103,30 @@ def check_options(
         raise error(f"{where}: {what} needs option(s) {', '.join(missing)}; valid options: {valid}")
 
 
+def _check_table(
+    table: Mapping[str, Any],
+    params: Mapping[str, inspect.Parameter],
+    hints: Mapping[str, Any],
+    where: str,
+    error: type[Exception],
+) -> None:
+    """A configuration table of a callable's options: ``[loop]``, ``[distributed]``."""
+    for key, value in table.items():
+        if key not in params:
+            raise error(
+                f"{where}: unknown key {key!r}{did_you_mean(key, params)}; valid keys: {', '.join(params)}"
+            )
+        problem = invalid(value, hints.get(key, Any))
+        if problem is not None:
+            raise error(f"{where}: {key} {problem}, not {value!r}")
+
+
 #: The TOML spelling of None, for an option whose annotation accepts None and no string.
 NONE_SPELLING = "none"
 
 
 def _flatten(hint: Any) -> list[Any]:
+    """The alternatives of a union (the hint itself when it is none)."""
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         return [a for arg in typing.get_args(hint) for a in _flatten(arg)]
     return [hint]
@@ -111,9 +148,11 @@ def _is_callable(hint: Any) -> bool:
 
 
 def option_hints(factory: Callable[..., Any]) -> dict[str, Any]:
-    """The resolved annotations of *factory*'s options (empty when they cannot be resolved)."""
+    """The resolved annotations of *factory*'s options, constraints included (empty when they
+    cannot be resolved)."""
     try:
-        return typing.get_type_hints(factory.__init__ if inspect.isclass(factory) else factory)
+        target = factory.__init__ if inspect.isclass(factory) else factory
+        return typing.get_type_hints(target, include_extras=True)
     except Exception:
         return {}
 
@@ -158,36 +197,79 @@ def convert_options(factory: Callable[..., Any], options: Mapping[str, Any], whe
     return converted
 
 
-def matches(value: Any, hint: Any) -> bool:
-    """Whether a TOML value fits a type annotation (simple types, containers, unions, Literal)."""
+#: pydantic's errors that a constraint, not the type, was not met.
+_CONSTRAINTS = ("greater_than", "less_than", "multiple_of", "too_short", "too_long", "string_pattern")
+_ADAPTERS: dict[int, Any] = {}
+
+
+def _adapter(hint: Any) -> Any:
+    """A strict pydantic validator of *hint* (None when pydantic cannot build one)."""
+    key = id(hint)
+    if key not in _ADAPTERS:
+        import pydantic
+
+        config = pydantic.ConfigDict(strict=True, arbitrary_types_allowed=True)
+        try:
+            adapter: Any = pydantic.TypeAdapter(hint, config=config)
+        except pydantic.PydanticUserError:  # a type with its own config (a pydantic model)
+            adapter = pydantic.TypeAdapter(hint)
+        except Exception:  # a hint pydantic cannot check (a Protocol, say): the value passes
+            adapter = None
+        _ADAPTERS[key] = (hint, adapter)  # the hint is kept alive: its id stays its own
+    return _ADAPTERS[key][1]
+
+
+def invalid(value: Any, hint: Any) -> str | None:
+    """What is wrong with *value* for the annotation *hint* (``"must be int ≥ 1"``), or None."""
     if hint is Any or hint is object:
-        return True
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        return any(matches(value, a) for a in args)
-    if origin is typing.Literal:
-        return value in args
-    if hint is type(None):
-        return value is None
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if origin in (list, tuple, cabc.Sequence):
-        if not isinstance(value, (list, tuple)) or isinstance(value, str):
-            return False
-        inner = args[0] if args and (origin is not tuple or args[-1] is Ellipsis) else Any
-        return all(matches(v, inner) for v in value)
-    if origin in (dict, cabc.Mapping):
-        return isinstance(value, dict)
-    if isinstance(hint, type):
-        return isinstance(value, hint)
-    return True  # an annotation this check does not understand
+        return None
+    adapter = _adapter(hint)
+    if adapter is None:
+        return None
+    import pydantic
+
+    try:
+        adapter.validate_python(value)
+    except pydantic.ValidationError as error:
+        for problem in error.errors():
+            if problem["type"].startswith(_CONSTRAINTS):
+                return "must be " + problem["msg"].removeprefix("Input should be ")
+        return f"must be {describe(hint)}"
+    return None
+
+
+def _bounds(metadata: Sequence[Any]) -> str:
+    """``≥ 1``, ``> 0``: the constraints of an ``Annotated`` type, as a person writes them."""
+    words = []
+    for item in metadata:
+        for constraint in getattr(item, "metadata", [item]):
+            for attr, sign in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<")):
+                if getattr(constraint, attr, None) is not None:
+                    words.append(f"{sign} {getattr(constraint, attr)}")
+    return " ".join(words)
 
 
 def describe(hint: Any) -> str:
-    """A readable name for a type annotation."""
-    if isinstance(hint, type) and typing.get_origin(hint) is None:
+    """A readable name for a type annotation (``int ≥ 1 | None``, ``'min' or 'max'``)."""
+    origin = typing.get_origin(hint)
+    if origin is Annotated:
+        base, *metadata = typing.get_args(hint)
+        return f"{describe(base)} {_bounds(metadata)}".strip()
+    if origin is typing.Literal or origin in (typing.Union, types.UnionType):
+        values: list[str] = []  # literal values and None: 'auto', 'gloo', 'nccl' or None
+        kinds: list[str] = []
+        for arg in _flatten(hint):
+            if typing.get_origin(arg) is typing.Literal:
+                values += [repr(v) for v in typing.get_args(arg)]
+            elif arg is type(None):
+                values.append("None")
+            else:
+                kinds.append(describe(arg))
+        if values:
+            kinds.append(values[0] if len(values) == 1 else f"{', '.join(values[:-1])} or {values[-1]}")
+        return " | ".join(kinds)
+    if hint is type(None):
+        return "None"
+    if isinstance(hint, type) and origin is None:
         return hint.__name__
-    return str(hint).replace("typing.", "")
+    return str(hint).replace("typing.", "").replace("collections.abc.", "")

@@ -15,34 +15,25 @@ import copy
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from epochal._options import check_options, describe, matches
+from epochal._options import check_options
 from epochal.errors import ConfigError, PluginError, did_you_mean
 from epochal.imports import add_import_paths, resolve
 from epochal.plugins import PluginSet, load_plugins
 
 SECTIONS = ("loop", "model", "data", "plugins", "distributed")
-#: the keys of ``[loop]`` and their types.
-LOOP_OPTIONS: dict[str, Any] = {
-    "max_epochs": int | None,
-    "max_iterations": int | None,
-    "seed": int | None,
-    "eval_every_n_epochs": int | dict[str, int],
-    "epoch_size": int | None,
-    "eval_at_start": bool,
-    "on_empty_batch": Literal["error", "warn", "ignore"],
-    "on_empty_stream": Literal["error", "warn", "ignore"],
-    "run_dir": str,
-    "uneven_shards": Literal["error", "drop", "pad"],
-}
-PLUGINS_OPTIONS: dict[str, Any] = {"order": list[str], "disable": list[str], "autoload": bool}
-#: the keys of ``[distributed]`` (runs on several processes) and their types.
-DISTRIBUTED_OPTIONS: dict[str, Any] = {
-    "backend": Literal["auto", "gloo", "nccl"],
-    "timeout": float,
-    "agree_every_n_batches": int,
-}
+#: the keys of ``[distributed]``: the options of :func:`epochal.distributed.init_from_env`.
+DISTRIBUTED_KEYS = ("backend", "timeout", "agree_every_n_batches")
+
+
+def plugins_section(order: list[str] = [], disable: list[str] = [], autoload: bool = True) -> None:  # noqa: B006
+    """The keys of ``[plugins]`` besides its ``[plugins.NAME]`` tables (the schema of the table).
+
+    :param order: plugins in call order: these first, as listed; other loaded plugins after.
+    :param disable: plugins not to load this run.
+    :param autoload: load every installed plugin not disabled (false: only those in ``order``).
+    """
 
 
 class RunConfig(dict[str, Any]):
@@ -114,24 +105,22 @@ def check_config(config: Mapping[str, Any], source: str) -> None:
             )
         if not isinstance(config[section], dict):
             raise ConfigError(f"{source}: {section} must be a table ([{section}])")
-    _check_table(config.get("loop", {}), LOOP_OPTIONS, f"{source}: [loop]")
-    _check_table(config.get("distributed", {}), DISTRIBUTED_OPTIONS, f"{source}: [distributed]")
-    every = config.get("distributed", {}).get("agree_every_n_batches")
-    if every is not None and every < 1:
-        raise ConfigError(
-            f"{source}: [distributed] agree_every_n_batches must be a positive integer, not {every!r}"
-        )
-    timeout = config.get("distributed", {}).get("timeout")
-    if timeout is not None and not timeout > 0:
-        raise ConfigError(
-            f"{source}: [distributed] timeout must be a positive number of seconds, not {timeout!r}"
+    from epochal.distributed.world import init_from_env
+    from epochal.loop import OPTIONS as LOOP_OPTIONS
+    from epochal.loop import Loop
+
+    tables: tuple[tuple[str, Callable[..., Any], Sequence[str]], ...] = (
+        ("loop", Loop, LOOP_OPTIONS),
+        ("distributed", init_from_env, DISTRIBUTED_KEYS),
+    )
+    for section, target, keys in tables:
+        check_options(
+            section, target, config.get(section, {}), f"{source}: [{section}]", ConfigError, keys=keys
         )
     plugins = config.get("plugins", {})
-    _check_table(
-        {k: v for k, v in plugins.items() if not isinstance(v, dict)},
-        PLUGINS_OPTIONS,
-        f"{source}: [plugins]",
-    )
+    top = {k: v for k, v in plugins.items() if not isinstance(v, dict)}
+    keys = ("order", "disable", "autoload")
+    check_options("plugins", plugins_section, top, f"{source}: [plugins]", ConfigError, keys=keys)
     for section in ("model", "data"):
         if "factory" not in config.get(section, {}):
             raise ConfigError(f'{source}: [{section}] needs factory = "module:callable"')
@@ -159,16 +148,6 @@ def check_plugin_tables(plugins: Mapping[str, Any], source: str) -> None:
                 f"(e.g. [plugins.my_{name}]) or drop the factory key to configure the installed one"
             )
         resolve(table["factory"], f"{source}: [plugins.{name}]")
-
-
-def _check_table(table: Mapping[str, Any], schema: Mapping[str, Any], where: str) -> None:
-    for key, value in table.items():
-        if key not in schema:
-            raise ConfigError(
-                f"{where}: unknown key {key!r}{did_you_mean(key, schema)}; valid keys: {', '.join(schema)}"
-            )
-        if not matches(value, schema[key]):
-            raise ConfigError(f"{where}: {key} must be {describe(schema[key])}, not {value!r}")
 
 
 def call_factory(config: Mapping[str, Any], section: str) -> Any:

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from epochal import _rng, plugin_state
 from epochal._dispatch import blame, each_implementation
+from epochal._options import NonNegativeInt, check_options
 from epochal.adapters import adapt_stream
 from epochal.data import _empty_rule, _mapping_empty, _ndarray, _sequence_empty, batch_size
 from epochal.distributed.strategy import strategy_for
@@ -31,7 +32,19 @@ from epochal.tracing import HookTracer, trace_target_from_env
 from epochal.triggers import check_condition_streams
 
 Policy = Literal["error", "warn", "ignore"]
-POLICIES = ("error", "warn", "ignore")
+#: the options of a run a configuration's ``[loop]`` sets (their annotations are the schema).
+OPTIONS = (
+    "max_epochs",
+    "max_iterations",
+    "seed",
+    "eval_every_n_epochs",
+    "epoch_size",
+    "eval_at_start",
+    "on_empty_batch",
+    "on_empty_stream",
+    "run_dir",
+    "uneven_shards",
+)
 STATE_FORMAT = 1
 
 
@@ -87,12 +100,12 @@ class Loop:
         data: Mapping[str, Any],
         *,
         plugins: PluginSet | Mapping[str, object] | None = None,
-        max_epochs: int | None = None,
-        max_iterations: int | None = None,
-        seed: int | None = None,
-        eval_every_n_epochs: int | Mapping[str, int] = 1,
+        max_epochs: NonNegativeInt | None = None,
+        max_iterations: NonNegativeInt | None = None,
+        seed: NonNegativeInt | None = None,
+        eval_every_n_epochs: NonNegativeInt | Mapping[str, NonNegativeInt] = 1,
         eval_at_start: bool = False,
-        epoch_size: int | None = None,
+        epoch_size: NonNegativeInt | None = None,
         on_empty_batch: Policy = "error",
         on_empty_stream: Policy = "error",
         run_dir: str | Path | None = None,
@@ -107,20 +120,24 @@ class Loop:
             raise ConfigError(
                 f"the data mapping has no 'train' stream (it has: {', '.join(data) or 'nothing'})"
             )
-        for name, value in (("on_empty_batch", on_empty_batch), ("on_empty_stream", on_empty_stream)):
-            if value not in POLICIES:
-                raise ConfigError(f"{name} must be one of {', '.join(POLICIES)}, not {value!r}")
-        for name, limit in (
-            ("max_epochs", max_epochs),
-            ("max_iterations", max_iterations),
-            ("epoch_size", epoch_size),
-        ):
-            if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-                raise ConfigError(f"{name} must be a non-negative integer, not {limit!r}")
+        self._source: str | None = getattr(config, "source", None)
+        options = {
+            "max_epochs": max_epochs,
+            "max_iterations": max_iterations,
+            "seed": seed,
+            "eval_every_n_epochs": eval_every_n_epochs,
+            "epoch_size": epoch_size,
+            "eval_at_start": eval_at_start,
+            "on_empty_batch": on_empty_batch,
+            "on_empty_stream": on_empty_stream,
+            "run_dir": run_dir,
+            "uneven_shards": uneven_shards,
+        }
+        where = f"{self._source}: [loop]" if self._source else "Loop()"
+        check_options("loop", Loop, options, where, ConfigError, keys=OPTIONS)
         #: rank and size of the run's processes (``World()``: one process).
         self.world = world if world is not None else current_world()
         self.model = model
-        self._source: str | None = getattr(config, "source", None)
         #: what differs on several processes (sharding, reductions, agreed stops).
         self.strategy = strategy_for(self.world)
         wrapped = {name: adapt_stream(stream, seed) for name, stream in data.items()}
@@ -187,7 +204,7 @@ class Loop:
         where = f"{self._source}: [loop] eval_every_n_epochs" if self._source else "eval_every_n_epochs"
         if not isinstance(every, Mapping):
             return dict.fromkeys(self.eval_streams, every)
-        for stream, n in every.items():
+        for stream in every:
             if stream not in self.eval_streams:
                 from epochal.errors import did_you_mean
 
@@ -195,8 +212,6 @@ class Loop:
                     f"{where}: no evaluation stream {stream!r}{did_you_mean(stream, self.eval_streams)}; "
                     f"streams: {', '.join(self.eval_streams) or 'none'}"
                 )
-            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-                raise ConfigError(f"{where}: {stream} must be a non-negative integer, not {n!r}")
         return {stream: every.get(stream, 1) for stream in self.eval_streams}
 
     # -- public API for plugins ---------------------------------------------------------------

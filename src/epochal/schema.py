@@ -12,7 +12,7 @@ import inspect
 import json
 import re
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from epochal._options import NONE_SPELLING, _flatten, option_hints
@@ -116,34 +116,28 @@ def options_schema(factory: Callable[..., Any], local: bool = False) -> dict[str
     return table
 
 
+def properties(target: Callable[..., Any], keys: Sequence[str]) -> dict[str, Any]:
+    """The JSON Schema of *keys*, options of *target*: their annotations and ``:param:`` docs."""
+    docs = param_docs(target)
+    hints = option_hints(target)
+    props: dict[str, Any] = {}
+    for key in keys:
+        schema = type_schema(hints.get(key, Any))
+        if key in docs:
+            schema["description"] = docs[key]
+        props[key] = schema
+    return props
+
+
 def run_schema(config: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The JSON Schema of a whole run configuration, with every installed plugin's table."""
-    from epochal.config import DISTRIBUTED_OPTIONS, LOOP_OPTIONS, local_plugins
-    from epochal.loop import Loop
+    from epochal.config import DISTRIBUTED_KEYS, local_plugins, plugins_section
+    from epochal.distributed.world import init_from_env
+    from epochal.loop import OPTIONS, Loop
     from epochal.plugins import PluginLoadWarning, _import, installed
 
-    loop_docs = param_docs(Loop)
-    loop_props = {}
-    for key, hint in LOOP_OPTIONS.items():
-        schema = type_schema(hint)
-        if key in loop_docs:
-            schema["description"] = loop_docs[key]
-        loop_props[key] = schema
-    distributed_docs = {
-        "backend": "The process group's backend on several processes: auto (nccl on GPUs, else gloo), "
-        "gloo or nccl; `epochal run --backend` overrides it.",
-        "timeout": "Seconds a collective waits for a peer before the run fails (a dead rank must not "
-        "hang the others); default 300.",
-        "agree_every_n_batches": "How often the ranks agree on stop requests and signals: after "
-        "every n-th batch (and at every epoch end); a request is honoured within 2n batches. "
-        "Raise it when training steps are shorter than a network round trip; default 1.",
-    }
-    distributed_props = {
-        key: {**type_schema(hint), "description": distributed_docs[key]}
-        for key, hint in DISTRIBUTED_OPTIONS.items()
-    }
-    distributed_props["timeout"]["exclusiveMinimum"] = 0
-    distributed_props["agree_every_n_batches"]["minimum"] = 1
+    loop_props = properties(Loop, OPTIONS)
+    distributed_props = properties(init_from_env, DISTRIBUTED_KEYS)
     factory = {
         "type": "object",
         "properties": {"factory": {"type": "string", "pattern": r"^[\w.]+:[\w.]+$"}},
@@ -154,11 +148,7 @@ def run_schema(config: Mapping[str, Any] | None = None) -> dict[str, Any]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PluginLoadWarning)
         objects = _import(sorted(available), available, set(), {})
-    plugin_props: dict[str, Any] = {
-        "order": {"type": "array", "items": {"type": "string"}, "description": "Plugins in call order."},
-        "disable": {"type": "array", "items": {"type": "string"}, "description": "Plugins not to load."},
-        "autoload": {"type": "boolean", "description": "Load every installed plugin not disabled."},
-    }
+    plugin_props = properties(plugins_section, ("order", "disable", "autoload"))
     for name, obj in objects.items():
         plugin_props[name] = options_schema(obj)  # type: ignore[arg-type]
     for name, local in (local_plugins(config) if config else {}).items():

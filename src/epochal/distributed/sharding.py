@@ -23,10 +23,7 @@ from typing import Any
 from epochal.data import Remainder, UnevenShardsError, shard_indices
 from epochal.errors import ConfigError
 
-__all__ = ["UNEVEN_SHARDS", "shard_stream"]
-
-#: the values of ``[loop] uneven_shards``.
-UNEVEN_SHARDS = ("error", "drop", "pad")
+__all__ = ["shard_stream"]
 
 
 def shard_stream(

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from epochal.distributed.agreement import AgreedStop
-from epochal.distributed.sharding import UNEVEN_SHARDS, shard_stream
+from epochal.distributed.sharding import shard_stream
 from epochal.distributed.state import agreed_resume_state, gather_rank_parts, own_parts
 from epochal.errors import ConfigError, EpochalError
 from epochal.stopping import Stop
@@ -34,9 +34,6 @@ class DistributedStrategy(Strategy):
         return {"epochal.agreement": stop}
 
     def shard_data(self, data: dict[str, Any], uneven: str, seed: int | None, source: str) -> dict[str, Any]:
-        where = f"{source}: [loop] uneven_shards" if source else "uneven_shards"
-        if uneven not in UNEVEN_SHARDS:
-            raise ConfigError(f"{where} must be one of {', '.join(UNEVEN_SHARDS)}, not {uneven!r}")
         world = self.world
         return {
             name: shard_stream(name, stream, world.rank, world.size, uneven, seed, source)

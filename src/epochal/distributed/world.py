@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
 
+from epochal._options import PositiveFloat, PositiveInt, check_options
 from epochal.errors import ConfigError, EpochalError
 
 ReduceOp = Literal["sum", "max", "min"]
@@ -236,22 +237,27 @@ def check_backend(backend: str | None, where: str = "[distributed] backend") -> 
     return backend
 
 
-def check_timeout(timeout: Any, where: str = "[distributed] timeout") -> float:
-    """*timeout* as seconds (a positive number), else a :class:`ConfigError`."""
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ConfigError(f"{where} must be a positive number of seconds, not {timeout!r}")
-    return float(timeout)
-
-
 def init_from_env(
-    backend: str | None = None, timeout: float = DEFAULT_TIMEOUT, agree_every_n_batches: int = 1
+    backend: Literal["auto", "gloo", "nccl"] | None = None,
+    timeout: PositiveFloat = DEFAULT_TIMEOUT,
+    agree_every_n_batches: PositiveInt = 1,
 ) -> World:
     """Join the process group the launcher's environment describes; return this process's world.
 
     Idempotent: a second call returns the same world. Without a launcher (``WORLD_SIZE`` unset
     or 1) it returns ``World()`` and imports nothing.
+
+    :param backend: the process group's backend on several processes: ``auto`` (nccl on GPUs,
+        else gloo), ``gloo`` or ``nccl``; ``epochal run --backend`` overrides it.
+    :param timeout: seconds a collective waits for a peer before the run fails (a dead rank must
+        not hang the others).
+    :param agree_every_n_batches: how often the ranks agree on stop requests and signals: after
+        every n-th batch (and at every epoch end); a request is honoured within 2n batches. Raise
+        it when training steps are shorter than a network round trip.
     """
     global _current
+    options = {"backend": backend, "timeout": timeout, "agree_every_n_batches": agree_every_n_batches}
+    check_options("distributed", init_from_env, options, "[distributed]", ConfigError, keys=list(options))
     if _current.distributed or not launched():
         return _current
     import torch
@@ -260,20 +266,19 @@ def init_from_env(
     rank = int(os.environ["RANK"])
     size = int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    backend = check_backend(backend)
-    timeout = check_timeout(timeout)
-    if backend == "nccl":
+    chosen = check_backend(backend)
+    if chosen == "nccl":
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout))
+        dist.init_process_group(backend=chosen, timeout=timedelta(seconds=timeout))
     control = None
-    if backend != "gloo":
+    if chosen != "gloo":
         control = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout))
     _current = World(
         rank=rank,
         size=size,
         local_rank=local_rank,
-        backend=backend,
+        backend=chosen,
         agree_every_n_batches=agree_every_n_batches,
         _control=control,
     )

@@ -22,6 +22,7 @@ from typing import Any, Literal
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from epochal._options import PositiveFloat, PositiveInt, check_options
 from epochal.errors import ConfigError
 from epochal.torch.checks import check_module, check_optimizer, compare_keys
 from epochal.torch.device import Precision, move_to, resolve_device
@@ -86,33 +87,17 @@ class TorchModel:
         *,
         device: str | torch.device = "auto",
         precision: str = "32-true",
-        accumulate_grad_batches: int = 1,
-        gradient_clip_val: float | None = None,
+        accumulate_grad_batches: PositiveInt = 1,
+        gradient_clip_val: PositiveFloat | None = None,
         gradient_clip_algorithm: Literal["norm", "value"] = "norm",
         ddp_options: Mapping[str, Any] | None = None,
     ) -> None:
-        if isinstance(accumulate_grad_batches, bool) or not isinstance(accumulate_grad_batches, int):
-            raise ConfigError(
-                "TorchModel accumulate_grad_batches must be a positive integer, "
-                f"not {accumulate_grad_batches!r}"
-            )
-        if accumulate_grad_batches < 1:
-            raise ConfigError(
-                f"TorchModel accumulate_grad_batches must be at least 1, not {accumulate_grad_batches}"
-            )
-        if gradient_clip_val is not None and (
-            isinstance(gradient_clip_val, bool)
-            or not isinstance(gradient_clip_val, (int, float))
-            or not gradient_clip_val > 0
-        ):
-            raise ConfigError(
-                f"TorchModel gradient_clip_val must be a positive number or None, not {gradient_clip_val!r}"
-            )
-        if gradient_clip_algorithm not in ("norm", "value"):
-            raise ConfigError(
-                "TorchModel gradient_clip_algorithm must be 'norm' or 'value', "
-                f"not {gradient_clip_algorithm!r}"
-            )
+        options = {
+            "accumulate_grad_batches": accumulate_grad_batches,
+            "gradient_clip_val": gradient_clip_val,
+            "gradient_clip_algorithm": gradient_clip_algorithm,
+        }
+        check_options("TorchModel", TorchModel, options, "TorchModel", ConfigError, keys=list(options))
         self.device = resolve_device(device)
         self.precision = Precision(precision, self.device)
         self.accumulate_grad_batches = accumulate_grad_batches
