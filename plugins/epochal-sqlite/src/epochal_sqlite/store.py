@@ -86,11 +86,80 @@ class UnknownRunError(SQLiteLogError):
     """No run (or more than one run) matches the run id or prefix given."""
 
 
-# -- schema and migrations ----------------------------------------------------------------------
+class DatabaseAccessError(SQLiteLogError):
+    """Reading or writing the file failed: it is damaged, the disk is full, it is read-only...
+
+    ``code`` is SQLite's primary error code (``sqlite3.SQLITE_FULL``...), or None.
+    """
+
+    def __init__(self, message: str, code: int | None) -> None:
+        super().__init__(message)
+        self.code = code
+
+    @property
+    def damaged(self) -> bool:
+        """The file is damaged: nothing more should be written into it."""
+        return self.code in _DAMAGED
 
 
-#: the columns of version 1's ``runs`` table (later versions add columns after them).
-_RUNS_V1 = """
+#: what a SQLite error means for the user, by primary error code.
+_REASONS = {
+    sqlite3.SQLITE_FULL: "the disk is full",
+    sqlite3.SQLITE_CORRUPT: "the file is damaged",
+    sqlite3.SQLITE_NOTADB: "the file is damaged",
+    sqlite3.SQLITE_READONLY: "the file or its directory is read-only",
+    sqlite3.SQLITE_IOERR: "an I/O error occurred",
+    sqlite3.SQLITE_CANTOPEN: "the file cannot be opened",
+    sqlite3.SQLITE_PERM: "permission denied",
+    sqlite3.SQLITE_BUSY: "another process kept it locked",
+    sqlite3.SQLITE_LOCKED: "another process kept it locked",
+}
+_DAMAGED = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+
+
+def failure(path: str | Path, error: sqlite3.Error, doing: str, kept: str) -> DatabaseAccessError:
+    """One line for a SQLite *error* on *path*: what failed (*doing*), why, and what is *kept*:
+    ``"{doing} {path}: the disk is full (database or disk is full); {kept}"``."""
+    extended = getattr(error, "sqlite_errorcode", None)
+    code = None if extended is None else extended & 0xFF
+    reason = _REASONS.get(code, "SQLite failed") if code is not None else "SQLite failed"
+    if code == sqlite3.SQLITE_IOERR and _no_space(Path(path).parent):
+        reason = _REASONS[sqlite3.SQLITE_FULL]  # a -shm file that could not grow: an I/O error
+    if code == sqlite3.SQLITE_CANTOPEN and not _writable(Path(path).parent):
+        reason = "its directory is read-only"
+    if code in _DAMAGED:  # what it held is what can still be read
+        kept = f"nothing more was written into it (`sqlite3 {path} .recover` saves what can still be read)"
+    return DatabaseAccessError(f"{doing} {path}: {reason} ({error}); {kept}", code)
+
+
+def _no_space(directory: Path) -> bool:
+    try:
+        return os.statvfs(directory).f_bavail == 0
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def failures(path: str | Path, doing: str, kept: str) -> Iterator[None]:
+    """Raise a SQLite error of the block as :func:`failure`'s one line (the error chained)."""
+    try:
+        yield
+    except sqlite3.Error as error:
+        raise failure(path, error, doing, kept) from error
+
+
+# -- schema -------------------------------------------------------------------------------------
+
+
+#: the schema version this code writes and reads (``PRAGMA user_version``); a file of any other
+#: version is refused (versions 1 and 2 were never released: there is no migration).
+SCHEMA_VERSION = 3
+
+
+def _create_schema(conn: sqlite3.Connection) -> None:
+    """An empty file → version :data:`SCHEMA_VERSION`: the tables, indexes and view."""
+    conn.execute(
+        """CREATE TABLE runs (
             run_id TEXT PRIMARY KEY,
             started REAL NOT NULL,
             ended REAL,
@@ -110,113 +179,12 @@ _RUNS_V1 = """
             run_dir TEXT,
             host TEXT,
             pid INTEGER,
-            epochal_version TEXT
-"""
-
-
-def _create_v1(conn: sqlite3.Connection) -> None:
-    """Version 0 (an empty file) → 1: create the tables."""
-    conn.execute(f"CREATE TABLE runs ({_RUNS_V1})")
-    conn.execute(
-        """CREATE TABLE log (
-            run_id TEXT NOT NULL,
-            iteration INTEGER NOT NULL,
-            key TEXT NOT NULL,
-            value REAL,
-            value_json TEXT,
-            superseded INTEGER NOT NULL DEFAULT 0,
-            PRIMARY KEY (run_id, iteration, key)
-        ) WITHOUT ROWID"""
+            epochal_version TEXT, num INTEGER, superseded_after INTEGER)"""
     )
     conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
     conn.execute("INSERT INTO meta VALUES ('created_by', ?)", (f"epochal-sqlite {_version()}",))
-
-
-def _compact_v2(conn: sqlite3.Connection) -> None:
-    """Version 1 → 2: records keyed by integers (run number, iteration, key id), ~25 bytes a row.
-
-    ``runs.num`` numbers the runs; ``keys`` interns the key names; ``records`` holds the rows
-    with the primary key ``(run, key, iteration)`` (``WITHOUT ROWID``), so one key of one run is
-    one range (``log show --keys``, ``log plot``) and a run's rows are one range too. The rows of
-    version 1's ``log`` table are copied over; ``log`` becomes a view with the old columns, so
-    SQL written against version 1 still reads.
-    """
-    conn.execute("ALTER TABLE runs ADD COLUMN num INTEGER")
-    conn.execute("UPDATE runs SET num = rowid")
     conn.execute("CREATE UNIQUE INDEX runs_num ON runs (num)")
     conn.execute("CREATE TABLE keys (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE)")
-    conn.execute(
-        """CREATE TABLE records (
-            run INTEGER NOT NULL,
-            key INTEGER NOT NULL,
-            iteration INTEGER NOT NULL,
-            value REAL,
-            value_json TEXT,
-            superseded INTEGER NOT NULL DEFAULT 0,
-            PRIMARY KEY (run, key, iteration)
-        ) WITHOUT ROWID"""
-    )
-    conn.execute("INSERT INTO keys (name) SELECT DISTINCT key FROM log ORDER BY key")
-    conn.execute(
-        "INSERT INTO records SELECT runs.num, keys.id, log.iteration, log.value, log.value_json, "
-        "log.superseded FROM log JOIN runs ON runs.run_id = log.run_id JOIN keys ON keys.name = log.key"
-    )
-    conn.execute("DROP TABLE log")
-    conn.execute(
-        "CREATE VIEW log AS SELECT runs.run_id AS run_id, records.iteration AS iteration, "
-        "keys.name AS key, records.value AS value, records.value_json AS value_json, "
-        "records.superseded AS superseded FROM records "
-        "JOIN runs ON runs.num = records.run JOIN keys ON keys.id = records.key"
-    )
-
-
-def _chunks_v3(conn: sqlite3.Connection) -> None:
-    """Version 2 → 3: records packed per key and flush into ``chunks``; ``runs.superseded_after``.
-
-    Every record of ``records`` is copied into chunks (consecutive records of one run and key,
-    split by kind and superseded flag, at most :data:`CHUNK_MIGRATE` records a chunk); then
-    ``records`` is dropped and ``log`` recreated over ``chunks``.
-    """
-    conn.execute("ALTER TABLE runs ADD COLUMN superseded_after INTEGER")
-    _create_chunks(conn)
-    rows = conn.execute(
-        "SELECT run, key, superseded, iteration, value, value_json FROM records "
-        "ORDER BY run, key, superseded, iteration"
-    )
-    group: tuple[int, int, int, int] | None = None
-    steps: list[int] = []
-    values: list[Any] = []
-
-    def write() -> None:
-        if group is not None and steps:
-            run, key, superseded, kind = group
-            conn.execute(
-                "INSERT INTO chunks (run, key, first, last, steps, vals, kind, superseded) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (run, key, steps[0], steps[-1], _steps_json(steps), json.dumps(values), kind, superseded),
-            )
-
-    for run, key, superseded, iteration, value, value_json in rows.fetchall():
-        if value_json is None and value is not None and math.isfinite(value):
-            kind, item = 0, value
-        else:
-            kind, item = 1, value_json if value_json is not None else json.dumps(value)
-        if (run, key, superseded, kind) != group or len(steps) >= CHUNK_MIGRATE:
-            write()
-            group, steps, values = (run, key, superseded, kind), [], []
-        steps.append(iteration)
-        values.append(item)
-    write()
-    conn.execute("DROP VIEW log")
-    conn.execute("DROP TABLE records")
-    _create_log_view(conn)
-
-
-#: the most records a chunk made by the migration from version 2 holds.
-CHUNK_MIGRATE = 4096
-
-
-def _create_chunks(conn: sqlite3.Connection) -> None:
     conn.execute(
         """CREATE TABLE chunks (
             run INTEGER NOT NULL,
@@ -231,6 +199,7 @@ def _create_chunks(conn: sqlite3.Connection) -> None:
     )
     # (run, key) then rowid: one key of one run is one range, in the order of writing
     conn.execute("CREATE INDEX chunks_by_key ON chunks (run, key)")
+    _create_log_view(conn)
 
 
 def _create_log_view(conn: sqlite3.Connection) -> None:
@@ -266,70 +235,44 @@ def _steps_json(steps: list[int]) -> str | None:
     return None if steps[-1] - steps[0] + 1 == len(steps) else json.dumps(steps)
 
 
-def _create_v3(conn: sqlite3.Connection) -> None:
-    """Version 0 (an empty file) → 3 at once: the tables, indexes and view that ``_create_v1``,
-    ``_compact_v2`` and ``_chunks_v3`` make one after another (columns in the same order), at a
-    third of their cost (each schema change re-reads the schema). A test compares the two."""
-    conn.execute(f"CREATE TABLE runs ({_RUNS_V1.rstrip()}, num INTEGER, superseded_after INTEGER)")
-    conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-    conn.execute("INSERT INTO meta VALUES ('created_by', ?)", (f"epochal-sqlite {_version()}",))
-    conn.execute("CREATE UNIQUE INDEX runs_num ON runs (num)")
-    conn.execute("CREATE TABLE keys (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE)")
-    _create_chunks(conn)
-    _create_log_view(conn)
+def initialize(conn: sqlite3.Connection, path: str | Path) -> bool:
+    """Check the database of *conn*; when it is empty, create the schema. True: it was created.
 
-
-#: a new file is made at this schema version by :func:`_create_v3`, then migrated by the steps
-#: after it, if any.
-CREATED_VERSION = 3
-
-#: ``MIGRATIONS[v]`` upgrades a file of schema version ``v`` to ``v + 1``, inside the transaction
-#: that also sets ``user_version``. Version 0 is an empty file. A new schema version appends a
-#: step here (e.g. ``ALTER TABLE runs ADD COLUMN ...``); :data:`SCHEMA_VERSION` follows.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_create_v1, _compact_v2, _chunks_v3]
-#: the schema version this code writes (and the newest it reads).
-SCHEMA_VERSION = len(MIGRATIONS)
-
-
-def migrate(conn: sqlite3.Connection, path: str | Path, target: int | None = None) -> int:
-    """Bring the database of *conn* up to schema version *target* (default: the latest).
-
-    Runs every pending step of :data:`MIGRATIONS` in one ``BEGIN IMMEDIATE`` transaction (two
-    processes opening a new file at once do not both create it). Returns the version before.
+    The schema is made in one ``BEGIN IMMEDIATE`` transaction (two processes opening a new
+    file at once do not both create it).
 
     :raises ForeignDatabaseError: the file holds tables but is not marked as ours.
-    :raises SchemaVersionError: the file's version is newer than this code knows.
+    :raises SchemaVersionError: the file's schema version is not :data:`SCHEMA_VERSION`.
     """
-    target = len(MIGRATIONS) if target is None else target
-    version = _check_identity(conn, path)
-    if version >= target:
-        return version
+    if _check_identity(conn, path) == SCHEMA_VERSION:
+        return False
     conn.execute("BEGIN IMMEDIATE")
     try:
-        version = _check_identity(conn, path)  # another process may have migrated meanwhile
-        steps = MIGRATIONS[version:target]
-        if version == 0 and target >= CREATED_VERSION:  # a new file: its schema made at once
-            steps = [_create_v3, *MIGRATIONS[CREATED_VERSION:target]]
-        for step in steps:
-            step(conn)
+        if _check_identity(conn, path) == SCHEMA_VERSION:  # another process created it meanwhile
+            conn.execute("COMMIT")
+            return False
+        _create_schema(conn)
         conn.execute(f"PRAGMA application_id = {APPLICATION_ID:d}")
-        conn.execute(f"PRAGMA user_version = {target:d}")
-        conn.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(target),))
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION:d}")
+        conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
         raise
-    return version
+    return True
 
 
 def _check_identity(conn: sqlite3.Connection, path: str | Path) -> int:
-    """The file's schema version, after checking that it is ours (or empty) and not too new."""
+    """The file's schema version (0: an empty file), after checking that it is ours and current."""
     try:
         app = conn.execute("PRAGMA application_id").fetchone()[0]
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
     except sqlite3.DatabaseError as error:
-        raise NotADatabaseError(f"{path} is not a SQLite database ({error})") from None
+        if getattr(error, "sqlite_errorcode", None) == sqlite3.SQLITE_NOTADB:
+            raise NotADatabaseError(f"{path} is not a SQLite database ({error})") from None
+        raise failure(path, error, "cannot open the training log", "it was left as it is") from error
     if app == 0 and version == 0 and tables == 0:
         return 0  # empty: a new file
     if app != APPLICATION_ID:
@@ -337,16 +280,22 @@ def _check_identity(conn: sqlite3.Connection, path: str | Path) -> int:
             f"{path} is a SQLite database but not an epochal-sqlite log "
             f"(application_id {app:#x}, {tables} schema object(s)); choose another path"
         )
-    if version > len(MIGRATIONS):
+    if version != SCHEMA_VERSION:
+        hint = (
+            "upgrade epochal-sqlite"
+            if version > SCHEMA_VERSION
+            else "it was written by an unreleased development version; start a new log file"
+        )
         raise SchemaVersionError(
-            f"{path} has log schema version {version}, newer than this epochal-sqlite "
-            f"({_version()}) reads (up to {len(MIGRATIONS)}); upgrade epochal-sqlite"
+            f"{path} has log schema version {version}, "
+            f"{'newer than' if version > SCHEMA_VERSION else 'not'} the version {SCHEMA_VERSION} "
+            f"this epochal-sqlite ({_version()}) reads; {hint}"
         )
     return int(version)
 
 
 def connect(path: str | Path, *, create: bool) -> sqlite3.Connection:
-    """Open (and with *create*, create) the database at *path*, checked and migrated.
+    """Open the database at *path* for writing (with *create*, create it first), checked.
 
     The connection is in autocommit mode (``isolation_level=None``): callers open their own
     transactions. WAL journal, ``synchronous=NORMAL``.
@@ -354,35 +303,80 @@ def connect(path: str | Path, *, create: bool) -> sqlite3.Connection:
     :raises DatabaseNotFoundError: *path* does not exist (without *create*) or is a directory.
     :raises NotADatabaseError: *path* is not a SQLite file.
     :raises ForeignDatabaseError: *path* is a SQLite file of something else.
-    :raises SchemaVersionError: *path* was written by a newer version.
+    :raises SchemaVersionError: *path* has another schema version than :data:`SCHEMA_VERSION`.
+    :raises DatabaseAccessError: it cannot be created or opened (disk full, damaged, read-only...).
     """
-    path = Path(path)
-    if path.is_dir():
-        raise DatabaseNotFoundError(f"{path} is a directory, not an epochal-sqlite database file")
-    if not create and not path.exists():
-        raise DatabaseNotFoundError(f"no such database file: {path}")
+    path = _existing(path, create)
     if create and not path.exists():
-        _create_file(path)
-    uri = f"file:{_quote(path)}?mode=rw"
+        try:
+            _create_file(path)
+        except OSError as error:
+            raise DatabaseAccessError(
+                f"cannot create the training log {path}: {error.strerror or error} "
+                f"({error.filename or path}); nothing was written",
+                None,
+            ) from error
+        except sqlite3.Error as error:
+            raise failure(path, error, "cannot create the training log", "nothing was written") from error
+    try:
+        uri = f"file:{_quote(path)}?mode=rw"
+        conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT, isolation_level=None)
+    except sqlite3.Error as error:
+        raise DatabaseNotFoundError(f"cannot open database {path}: {error}") from None
+    try:
+        with failures(path, "cannot open the training log", "it was left as it is"):
+            if not create and _check_identity(conn, path) == 0:
+                raise ForeignDatabaseError(f"{path} is an empty SQLite database, not an epochal-sqlite log")
+            initialize(conn, path)
+            mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+            if mode != "wal":
+                conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def connect_readonly(path: str | Path) -> sqlite3.Connection:
+    """Open the database at *path* for reading only, checked (nothing is written, ever).
+
+    ``mode=ro``; when its directory is not writable (read-only media) and no write-ahead log
+    is beside it, ``immutable=1``: SQLite then needs no ``-shm`` file, which it could not create.
+    With a write-ahead log it must read, a ``-shm`` file must be there already.
+
+    :raises: as :func:`connect`, and :class:`DatabaseAccessError` when it cannot be read.
+    """
+    path = _existing(path, create=False)
+    wal = path.with_name(path.name + "-wal")
+    immutable = not _writable(path.parent) and not (wal.exists() and wal.stat().st_size > 0)
+    uri = f"file:{_quote(path)}?mode=ro" + ("&immutable=1" if immutable else "")
     try:
         conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT, isolation_level=None)
     except sqlite3.Error as error:
         raise DatabaseNotFoundError(f"cannot open database {path}: {error}") from None
     try:
-        if not create and _check_identity(conn, path) == 0:
-            raise ForeignDatabaseError(f"{path} is an empty SQLite database, not an epochal-sqlite log")
-        migrate(conn, path)
-        mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
-        if mode != "wal":
-            conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-    except sqlite3.DatabaseError as error:
-        conn.close()
-        raise NotADatabaseError(f"{path} is not a usable SQLite database ({error})") from None
+        with failures(path, "cannot read the training log", "it was left as it is"):
+            if _check_identity(conn, path) == 0:
+                raise ForeignDatabaseError(f"{path} is an empty SQLite database, not an epochal-sqlite log")
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+def _existing(path: str | Path, create: bool) -> Path:
+    path = Path(path)
+    if path.is_dir():
+        raise DatabaseNotFoundError(f"{path} is a directory, not an epochal-sqlite database file")
+    if not create and not path.exists():
+        raise DatabaseNotFoundError(f"no such database file: {path}")
+    return path
+
+
+def _writable(path: Path) -> bool:
+    """Whether this process may write *path* (False on a read-only mount, for root too)."""
+    return os.access(path, os.W_OK)
 
 
 def _create_file(path: Path) -> None:
@@ -405,7 +399,7 @@ def _create_file(path: Path) -> None:
             # is kept in the file's header.
             conn.execute("PRAGMA synchronous=OFF")
             conn.execute("PRAGMA journal_mode=OFF")
-            migrate(conn, temp)
+            initialize(conn, temp)
             if conn.execute("PRAGMA journal_mode=WAL").fetchone()[0] != "wal":
                 raise sqlite3.OperationalError(f"cannot switch {temp} to WAL mode")
         finally:
@@ -559,7 +553,7 @@ def writer_alive(db: str | Path, run_id: str) -> bool | None:
         return None
     path = lock_path(db, run_id)
     try:
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(path, os.O_RDONLY)  # enough for flock, and possible on read-only media
     except FileNotFoundError:
         return False
     try:
@@ -571,6 +565,19 @@ def writer_alive(db: str | Path, run_id: str) -> bool | None:
     return False
 
 
+def dead_runs(conn: sqlite3.Connection, db: str | Path) -> list[str]:
+    """The ``running`` runs of *conn* whose writer is gone (killed or crashed)."""
+    running = [r for (r,) in conn.execute("SELECT run_id FROM runs WHERE status = 'running'")]
+    return [run_id for run_id in running if writer_alive(db, run_id) is False]
+
+
+def killed_reason(found: float) -> str:
+    """The ``finish_reason`` of a run marked killed at *found* (unix seconds)."""
+    return "the writing process ended without closing the run (killed or crashed); found " + time.strftime(
+        "%Y-%m-%d %H:%M:%S", time.localtime(found)
+    )
+
+
 def mark_killed(conn: sqlite3.Connection, db: str | Path) -> list[str]:
     """Mark every ``running`` run whose writer is gone as ``killed``; return their ids.
 
@@ -578,19 +585,17 @@ def mark_killed(conn: sqlite3.Connection, db: str | Path) -> list[str]:
     run that finished cleanly in the meantime (its final status is committed before its lock
     is released) is never marked. A read-only file is left as it is.
     """
-    running = [r for (r,) in conn.execute("SELECT run_id FROM runs WHERE status = 'running'")]
-    dead = [run_id for run_id in running if writer_alive(db, run_id) is False]
+    dead = dead_runs(conn, db)
     if not dead:
         return []
-    now = time.time()
+    reason = killed_reason(time.time())
     try:
         conn.execute("BEGIN IMMEDIATE")
         for run_id in dead:
             conn.execute(
                 "UPDATE runs SET status = 'killed', ended = coalesce(updated, started), "
-                "finish_reason = 'the writing process ended without closing the run (killed or crashed); "
-                "found ' || ? WHERE run_id = ? AND status = 'running'",
-                (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)), run_id),
+                "finish_reason = ? WHERE run_id = ? AND status = 'running'",
+                (reason, run_id),
             )
         conn.execute("COMMIT")
     except sqlite3.OperationalError:  # read-only file or directory: report, do not persist
@@ -663,12 +668,37 @@ class Reader:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.conn = connect(self.path, create=False)
-        mark_killed(self.conn, self.path)
+        wal = self.path.with_name(self.path.name + "-wal")
+        #: the -wal and -shm files a read-only connection leaves are ours to tidy away
+        self._tidy = not wal.exists()
+        self.conn = connect_readonly(self.path)
+        try:
+            with failures(self.path, "cannot read the training log", "it was left as it is"):
+                #: runs shown as killed; marked so in the file when it is closed, if writable
+                self._killed = set(dead_runs(self.conn, self.path))
+        except BaseException:
+            self.conn.close()
+            raise
+        self._found = time.time()
 
     def close(self) -> None:
-        """Close the connection."""
+        """Close the connection; where the file is writable, mark the killed runs found in it
+        and remove the ``-wal``/``-shm`` files the reading left (a read-only connection
+        cannot), unless another connection uses them."""
         self.conn.close()
+        if not (self._killed or self._tidy) or not (_writable(self.path) and _writable(self.path.parent)):
+            return
+        with contextlib.suppress(sqlite3.Error, OSError):
+            uri = f"file:{_quote(self.path)}?mode=rw"
+            conn = sqlite3.connect(uri, uri=True, timeout=1.0, isolation_level=None)
+            try:
+                if self._killed:
+                    mark_killed(conn, self.path)
+                else:
+                    # a read opens the WAL: the last connection to close removes it
+                    conn.execute("PRAGMA user_version").fetchone()
+            finally:
+                conn.close()
 
     def __enter__(self) -> Reader:
         return self
@@ -676,15 +706,22 @@ class Reader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _run(self, row: Sequence[Any]) -> Run:
+        run = _run(row)
+        if run.status == "running" and run.run_id in self._killed:  # as mark_killed would mark it
+            run.status, run.ended = "killed", run.updated or run.started
+            run.finish_reason = killed_reason(self._found)
+        return run
+
     def runs(self) -> list[Run]:
         """Every run, oldest first."""
         query = f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY started, run_id"
-        return [_run(row) for row in self.conn.execute(query)]
+        return [self._run(row) for row in self.conn.execute(query)]
 
     def get(self, run_id: str) -> Run | None:
         """The run with exactly this id, or None."""
         row = self.conn.execute(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-        return _run(row) if row else None
+        return self._run(row) if row else None
 
     def resolve(self, ref: str) -> Run:
         """The run named by *ref*: a full run id, a unique prefix of one, or ``latest``.
@@ -697,7 +734,7 @@ class Reader:
             ).fetchone()
             if row is None:
                 raise UnknownRunError(f"{self.path} holds no runs yet")
-            return _run(row)
+            return self._run(row)
         exact = self.get(ref)
         if exact is not None:
             return exact
@@ -707,7 +744,7 @@ class Reader:
             (ref, ref + "\uffff"),
         ).fetchall()
         if len(rows) == 1 and ref:
-            return _run(rows[0])
+            return self._run(rows[0])
         count = self.conn.execute("SELECT count(*) FROM runs").fetchone()[0]
         if not rows or not ref:
             raise UnknownRunError(
