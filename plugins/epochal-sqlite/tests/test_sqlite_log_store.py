@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from epochal_sqlite import SQLiteLog, store
+from epochal_sqlite import Reader, SQLiteLog, store
 
 from epochal import EpochalError, Loop
 
@@ -71,7 +71,7 @@ def test_a_file_of_another_schema_version_is_a_clear_error_for_reader_and_writer
     expected = rf"log\.sqlite has log schema version {version}, .*the version {store.SCHEMA_VERSION} "
     hint = "upgrade epochal-sqlite" if version > store.SCHEMA_VERSION else "start a new log file"
     with pytest.raises(store.SchemaVersionError, match=expected + ".*" + hint):
-        store.Reader(db)
+        Reader(db)
     with pytest.raises(store.SchemaVersionError, match=expected):
         run_once(db)
     assert db.read_bytes() == before
@@ -109,14 +109,14 @@ def test_a_running_run_without_a_live_writer_is_marked_killed(tmp_path: Path) ->
     lock = store.RunLock(db, "alive")
     lock.acquire()  # this process is the live writer of 'alive'
     try:
-        with store.Reader(db) as reader:
+        with Reader(db) as reader:
             status = {r.run_id: (r.status, r.ended) for r in reader.runs()}
         assert status["alive"] == ("running", None)
         assert status["gone"] == ("killed", 3.0)
         assert reader.get  # the reader closed cleanly
     finally:
         lock.release()
-    with store.Reader(db) as reader:
+    with Reader(db) as reader:
         killed = reader.get("alive")
     assert (
         killed is not None

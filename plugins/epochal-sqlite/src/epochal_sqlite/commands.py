@@ -25,6 +25,7 @@ from typing import Any
 import click
 
 from epochal.console import print_csv, print_table
+from epochal_sqlite import reader as reading
 from epochal_sqlite import store
 from epochal_sqlite.plugin import default_path
 
@@ -65,13 +66,13 @@ def find_db(db: str | None, config: str | None) -> Path:
 
 
 @contextlib.contextmanager
-def _reading(db: str | None, config: str | None) -> Iterator[store.Reader]:
+def _reading(db: str | None, config: str | None) -> Iterator[reading.Reader]:
     """The database of ``--db``/``--config`` opened for reading; a SQLite error while it is read
     (a damaged page) is one line naming the file."""
     path = find_db(db, config)
     with (
         store.failures(path, "cannot read the training log", "it was left as it is"),
-        store.Reader(path) as reader,
+        reading.Reader(path) as reader,
     ):
         yield reader
 
@@ -302,7 +303,7 @@ def compare_command(
         raise click.UsageError("compare needs at least two runs")
     if as_csv and as_json:
         raise click.UsageError("--csv and --json exclude each other")
-    higher = store.key_matcher(_split(maximize) or DEFAULT_MAXIMIZE)
+    higher = reading.key_matcher(_split(maximize) or DEFAULT_MAXIMIZE)
     with _reading(db, config) as reader:
         targets = [reader.resolve(ref) for ref in runs]
         series = []
@@ -310,7 +311,7 @@ def compare_command(
             values: dict[str, list[float]] = {}
             for _, _, record in reader.timeline(target, _split(keys)):
                 for key, value in record.items():
-                    number = store.finite(value)
+                    number = reading.finite(value)
                     if number is not None:
                         values.setdefault(key, []).append(number)
             series.append(values)
