@@ -126,6 +126,21 @@ def test_a_running_run_without_a_live_writer_is_marked_killed(tmp_path: Path) ->
     assert not (tmp_path / "log.sqlite.locks").exists()
 
 
+def test_a_reader_writes_nothing_and_leaves_no_wal_files(tmp_path: Path) -> None:
+    """Readers open the file read-only: its bytes stay as they were, and the ``-wal``/``-shm``
+    files a read-only connection leaves behind are removed when the reader closes."""
+    db = tmp_path / "log.sqlite"
+    run_id = run_once(db)
+    before = db.read_bytes()
+    with Reader(db) as reader:
+        assert [run.run_id for run in reader.runs()] == [run_id]
+        assert len(list(reader.records(run_id))) == 4
+        with pytest.raises(sqlite3.OperationalError, match="readonly"):
+            reader.conn.execute("DELETE FROM runs")
+    assert db.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log.sqlite"]
+
+
 def test_encode_decode_round_trip() -> None:
     for value in [0.5, -3, 2**60, True, None, "s", [1, "a"], {"k": [1.5]}, float("inf")]:
         assert store.decode(*store.encode(value)) == value

@@ -98,12 +98,14 @@ class Reader:
             raise
         self._found = time.time()
 
-    def close(self) -> None:
-        """Close the connection; where the file is writable, mark the killed runs found in it
-        and remove the ``-wal``/``-shm`` files the reading left (a read-only connection
-        cannot), unless another connection uses them."""
+    def close(self, tidy: bool = True) -> None:
+        """Close the connection. With *tidy*, where the file is writable, a short write
+        connection marks the killed runs found in it and removes the ``-wal``/``-shm`` files
+        the reading left (a read-only connection cannot), unless another connection uses them."""
         self.conn.close()
-        if not (self._killed or self._tidy) or not (_writable(self.path) and _writable(self.path.parent)):
+        if not tidy or not (self._killed or self._tidy):
+            return
+        if not (_writable(self.path) and _writable(self.path.parent)):
             return
         with contextlib.suppress(sqlite3.Error, OSError):
             uri = f"file:{_quote(self.path)}?mode=rw"
@@ -120,8 +122,8 @@ class Reader:
     def __enter__(self) -> Reader:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: object, error: object, traceback: object) -> None:
+        self.close(tidy=error is None)  # after an error (a damaged page): no write at all
 
     def _run(self, row: Sequence[Any]) -> Run:
         run = _run(row)
