@@ -384,7 +384,8 @@ def test_a_flush_that_fails_loses_no_record_and_no_new_key(
         max_epochs=1,
         handle_signals=False,
     )
-    with pytest.raises(sqlite3.OperationalError, match="disk I/O error"):
+    failure = r"log\.sqlite: .*\(disk I/O error\); .*up to iteration 2"  # one line: file, error, kept
+    with pytest.raises(store.DatabaseAccessError, match=failure):
         loop.run()
     assert failed
     rows = rows_of(db, loop.run_id)
