@@ -107,3 +107,17 @@ def test_traceback_flag_shows_the_traceback(throwaway_cli, write_config):
     result = throwaway_cli("--traceback", "run", str(write_config(["tw_typo"])))
     assert result.returncode != 0
     assert "Traceback" in result.stderr and "PluginError" in result.stderr
+
+
+def test_config_file_that_is_not_utf8(tmp_path):
+    from epochal.testing import epochal_command
+
+    config = tmp_path / "latin1.toml"
+    data = "[loop]\nmax_epochs = 1\n# caf\u00e9\n".encode("latin-1")
+    config.write_bytes(data)
+    assert_clean_error(
+        epochal_command("run", str(config), cwd=tmp_path),
+        "latin1.toml",
+        "not UTF-8",
+        f"byte 0xe9 at offset {data.index(0xE9)}",
+    )

@@ -59,6 +59,11 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, An
         text = path.read_text(encoding="utf-8")
     except OSError as error:
         raise ConfigError(f"cannot read config file {str(path)!r}: {error.strerror or error}") from None
+    except UnicodeDecodeError as error:  # TOML is UTF-8
+        raise ConfigError(
+            f"{path}: not UTF-8 text: byte {error.object[error.start]:#04x} at offset {error.start} "
+            "(TOML files are UTF-8; re-save it as UTF-8)"
+        ) from None
     import tomllib  # only where a file is read: not for `epochal plugins`
 
     try:

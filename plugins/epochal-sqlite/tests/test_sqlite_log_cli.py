@@ -210,14 +210,74 @@ def test_ambiguous_prefix_names_the_candidates(tmp_path: Path) -> None:
     assert done.returncode == 0 and "no records" in done.stdout
 
 
+def write_mixed_log(db: Path) -> None:
+    """Two runs into *db*: A (3 epochs of 3 batches, flushing every 2 rows) saves its state after
+    epoch 1; B resumes from it, so A's rows past iteration 3 are superseded. Records of every
+    kind: floats, ints, ints beyond 2**53, booleans, text, lists, NaN and -inf."""
+    import math
+    from typing import Any
+
+    from epochal_sqlite import SQLiteLog
+
+    from epochal import Loop, hookimpl
+    from epochal.testing import ResumeFrom
+
+    class Model:
+        def __init__(self) -> None:
+            self.t = 0
+
+        def train_step(self, batch: Any) -> dict[str, float]:
+            self.t += 1
+            return {"loss": 1.0 / self.t}
+
+        def eval_step(self, batch: Any) -> dict[str, float]:
+            return {"loss": 0.5}
+
+        def state_dict(self) -> dict[str, Any]:
+            return {"t": self.t}
+
+        def load_state_dict(self, state: Any) -> None:
+            self.t = int(state["t"])
+
+    class Extra:
+        @hookimpl
+        def after_batch(self, loop: Loop) -> None:
+            row = loop.log.current_row
+            row["note"] = f"step {loop.iteration}"
+            row["train.loss"] = 1.0 / loop.iteration
+            row["int"] = loop.iteration * 10
+            row["big"] = 2**60 + loop.iteration
+            row["flag"] = loop.iteration % 2 == 0
+            row["vec"] = [loop.iteration, 0.5]
+            if loop.iteration % 3 == 0:
+                row["nan"] = math.nan
+                row["inf"] = -math.inf
+
+    saved: dict[str, Any] = {}
+
+    class Save:
+        @hookimpl
+        def after_epoch(self, loop: Loop) -> None:
+            if loop.epoch == 1:
+                saved["state"] = loop.state_dict()
+
+    data = {"train": [[1], [2], [3]], "valid": [[1]]}
+    plugins: dict[str, Any] = {
+        "extra": Extra(),
+        "save": Save(),
+        "sqlite_log": SQLiteLog(path=str(db), flush_every=2),
+    }
+    Loop(Model(), data, plugins=plugins, max_epochs=3, handle_signals=False).run()
+    plugins = {"resume": ResumeFrom(saved["state"]), "extra": Extra(), "sqlite_log": SQLiteLog(path=str(db))}
+    Loop(Model(), data, plugins=plugins, max_epochs=4, handle_signals=False).run()
+
+
 def test_show_one_key_as_csv_is_the_same_as_through_the_general_path(tmp_path: Path) -> None:
     """``log show --keys KEY --csv`` (one key: read as one series, lines formatted directly)
     prints exactly what the general path (a glob pattern: a timeline of dict rows) prints,
     for a resumed run's chain, without it, and for a key holding text and NaN."""
-    import shutil
-
-    db = tmp_path / "v2.sqlite"
-    shutil.copyfile(Path(__file__).parent / "data" / "v2.sqlite", db)  # a run and a resumed run
+    db = tmp_path / "mixed.sqlite"
+    write_mixed_log(db)  # a run and a resumed run
     done = epochal(tmp_path, "log", "runs", "--db", str(db), "--csv")
     resumed = list(csv.DictReader(io.StringIO(done.stdout)))[-1]["run_id"]
     for key in ("train.loss", "valid.loss", "note", "nan", "big"):

@@ -24,7 +24,7 @@ CHILD = r"""
 import json, os, random, resource, shutil, signal, sqlite3, struct, sys, time
 from pathlib import Path
 from epochal.errors import EpochalError
-from epochal_sqlite.store import Reader
+from epochal_sqlite import Reader
 
 db, work, count = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 with Reader(db) as reader:  # warm up every code path before the limit

@@ -384,7 +384,8 @@ def test_a_flush_that_fails_loses_no_record_and_no_new_key(
         max_epochs=1,
         handle_signals=False,
     )
-    with pytest.raises(sqlite3.OperationalError, match="disk I/O error"):
+    failure = r"log\.sqlite: .*\(disk I/O error\); .*up to iteration 2"  # one line: file, error, kept
+    with pytest.raises(store.DatabaseAccessError, match=failure):
         loop.run()
     assert failed
     rows = rows_of(db, loop.run_id)
@@ -461,3 +462,51 @@ def test_resumed_run_is_a_new_run_and_the_chain_is_one_timeline(tmp_path: Path) 
     assert [i for (i,) in marked] == list(range(11, 16))
     assert [i for i, _, _ in first_alone] == list(range(1, 11))
     assert [i for i, _, _ in everything] == list(range(1, 16))
+
+
+def test_a_full_log_stops_the_run_with_one_error_and_keeps_every_committed_flush(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite's own SQLITE_FULL (here from ``PRAGMA max_page_count``; a real full disk in
+    test_sqlite_log_faults.py): SQLite rolls the transaction back itself, so the plugin must not
+    (that raised "cannot rollback - no transaction is active" over the real error). One error,
+    no warning; every flush committed before it is in the file, and nothing after it."""
+    import warnings
+
+    from epochal_sqlite import store
+
+    real_connect = store.connect
+
+    def connect(path: str | Path, *, create: bool) -> sqlite3.Connection:
+        conn = real_connect(path, create=create)
+        (pages,) = conn.execute("PRAGMA page_count").fetchone()
+        conn.execute(f"PRAGMA max_page_count = {pages + 3}")  # a few flushes' worth
+        return conn
+
+    monkeypatch.setattr(store, "connect", connect)
+    db = tmp_path / "log.sqlite"
+    loop = Loop(
+        CountingModel(k=20),
+        data(200, valid=False),
+        plugins={"recorder": Recorder(), "sqlite_log": SQLiteLog(path=str(db), flush_every=1)},
+        max_epochs=1,
+        handle_signals=False,
+    )
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(store.DatabaseAccessError) as raised:
+        warnings.simplefilter("always")
+        loop.run()
+    message = str(raised.value).splitlines()[0]
+    assert message.startswith(
+        f"cannot write the training log {db}: the disk is full (database or disk is full)"
+    )
+    kept = int(message.rsplit("up to iteration ", 1)[1])
+    assert 0 < kept < loop.iteration
+    assert not [w for w in caught if "sqlite_log" in str(w.message)]
+    rows = rows_of(db, loop.run_id)
+    assert rows == {i: dict(row) for i, row in loop.log.rows() if i <= kept}
+    with Reader(db) as reader:
+        run = reader.get(loop.run_id)
+        assert run is not None and run.status == "killed" and run.iterations_done == kept
+    conn = sqlite3.connect(db)
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    conn.close()

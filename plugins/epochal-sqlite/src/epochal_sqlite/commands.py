@@ -14,16 +14,18 @@ A RUN is a full run id, a unique prefix of one, or ``latest``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import click
 
 from epochal.console import print_csv, print_table
+from epochal_sqlite import reader as reading
 from epochal_sqlite import store
 from epochal_sqlite.plugin import default_path
 
@@ -63,6 +65,18 @@ def find_db(db: str | None, config: str | None) -> Path:
     )
 
 
+@contextlib.contextmanager
+def _reading(db: str | None, config: str | None) -> Iterator[reading.Reader]:
+    """The database of ``--db``/``--config`` opened for reading; a SQLite error while it is read
+    (a damaged page) is one line naming the file."""
+    path = find_db(db, config)
+    with (
+        store.failures(path, "cannot read the training log", "it was left as it is"),
+        reading.Reader(path) as reader,
+    ):
+        yield reader
+
+
 def _db_options(function: Any) -> Any:
     function = click.option(
         "--config",
@@ -97,7 +111,7 @@ def runs_command(db: str | None, config: str | None, as_json: bool, as_csv: bool
     """List the runs: id, status, start, duration, epochs, iterations, resumed from."""
     if as_csv and as_json:
         raise click.UsageError("--csv and --json exclude each other")
-    with store.Reader(find_db(db, config)) as reader:
+    with _reading(db, config) as reader:
         runs = reader.runs()
     if as_json:
         click.echo(json.dumps([run.as_dict() for run in runs], indent=2))
@@ -156,7 +170,7 @@ def show_command(
     if as_csv and as_json:
         raise click.UsageError("--csv and --json exclude each other")
     patterns = _split(keys)
-    with store.Reader(find_db(db, config)) as reader:
+    with _reading(db, config) as reader:
         target = reader.resolve(run)
         runs = reader.chain(target) if chain else [target]
         if as_csv and len(patterns) == 1 and not any(c in patterns[0] for c in "*?["):
@@ -251,7 +265,7 @@ def plot_command(
         ) from None
     from epochal_sqlite import plot
 
-    with store.Reader(find_db(db, config)) as reader:
+    with _reading(db, config) as reader:
         targets = list({r.run_id: r for r in (reader.resolve(ref) for ref in runs)}.values())
         series = plot.read_series(reader, targets, _split(keys), chain)
     plot.write(series, output, smooth)
@@ -289,15 +303,15 @@ def compare_command(
         raise click.UsageError("compare needs at least two runs")
     if as_csv and as_json:
         raise click.UsageError("--csv and --json exclude each other")
-    higher = store.key_matcher(_split(maximize) or DEFAULT_MAXIMIZE)
-    with store.Reader(find_db(db, config)) as reader:
+    higher = reading.key_matcher(_split(maximize) or DEFAULT_MAXIMIZE)
+    with _reading(db, config) as reader:
         targets = [reader.resolve(ref) for ref in runs]
         series = []
         for target in targets:
             values: dict[str, list[float]] = {}
             for _, _, record in reader.timeline(target, _split(keys)):
                 for key, value in record.items():
-                    number = store.finite(value)
+                    number = reading.finite(value)
                     if number is not None:
                         values.setdefault(key, []).append(number)
             series.append(values)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from epochal_sqlite import reader as reading
 from epochal_sqlite import store
 
 #: line styles of the streams within a panel, in order of appearance.
@@ -27,7 +28,7 @@ STYLES = ("-", "--", ":", "-.")
 class Series:
     """One key of one run (its resume chain joined): the points and where resumes happened."""
 
-    run: store.Run
+    run: reading.Run
     key: str
     xs: list[int]
     ys: list[float]
@@ -41,14 +42,14 @@ def split_key(key: str) -> tuple[str, str]:
 
 
 def read_series(
-    reader: store.Reader, runs: Sequence[store.Run], keys: Sequence[str], chain: bool
+    reader: reading.Reader, runs: Sequence[reading.Run], keys: Sequence[str], chain: bool
 ) -> list[Series]:
     """The finite numeric points of every key of every run (patterns allowed in *keys*)."""
     found: list[Series] = []
     for run in runs:
         members = reader.chain(run) if chain else [run]
         available = reader.keys(m.run_id for m in members)
-        match = store.key_matcher(keys)
+        match = reading.key_matcher(keys)
         wanted = [k for k in available if match(k)] if keys else available
         missing = [k for k in keys if not any(ch in k for ch in "*?[") and k not in available]
         if missing:
@@ -56,7 +57,7 @@ def read_series(
                 f"run {run.run_id} has no key {', '.join(map(repr, missing))}; "
                 f"its keys: {', '.join(available) or 'none'}"
             )
-        finite = store.finite
+        finite = reading.finite
         for key in wanted:  # one index range per key and run
             points = [(i, finite(value)) for i, _, value in reader.series(run, key, chain=chain)]
             xs = [i for i, v in points if v is not None]
@@ -150,7 +151,7 @@ def write(series: Sequence[Series], output: str | Path, smoothing: float = 0.0) 
         plt.close(fig)
 
 
-def report(runs: Sequence[store.Run], svg: str) -> str:
+def report(runs: Sequence[reading.Run], svg: str) -> str:
     """One self-contained HTML page: the figure (inline SVG) and each run's status and config."""
     start = svg.find("<svg")
     parts = [

@@ -17,6 +17,7 @@ Records written later into a row *before* the cursor row (a plugin writing into
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -25,6 +26,7 @@ import sqlite3
 import sys
 import time
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -101,6 +103,7 @@ class SQLiteLog:
         self._keep: dict[str, bool] = {}
         self._num = 0  # the run's integer number in the file (runs.num)
         self._key_ids: dict[str, int] = {}  # key name -> keys.id
+        self._failed = False  # a write of this run failed (the error raised names the file)
         #: the number of records written by this run (for tests and benchmarks).
         self.records_written = 0
 
@@ -108,61 +111,24 @@ class SQLiteLog:
 
     @hookimpl
     def before_training(self, loop: Loop) -> None:
-        """Open (create, migrate) the database and insert the run as ``running``."""
+        """Open (create) the database and insert the run as ``running``."""
         self.close()
         db_path = default_path(loop.run_dir) if self.path is None else Path(self.path)
         conn = store.connect(db_path, create=True)
-        conn.execute("PRAGMA cache_size=-256")  # KiB: it only appends; keeps a long run's memory flat
         lock = store.RunLock(db_path, loop.run_id)
+        kept = "nothing of this run was written; the runs it held are kept"
         try:
-            lock.acquire()
-            store.mark_killed(conn, db_path)  # earlier runs of this file that were killed
-            now = time.time()
-            status = dict(loop.log.status)
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute(
-                "INSERT INTO runs (run_id, started, updated, status, epochs_done, iterations_done, "
-                "start_iteration, flushed_iteration, resumed_from, config, plugins, log_status, run_dir, "
-                "host, pid, epochal_version) VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    loop.run_id,
-                    now,
-                    now,
-                    loop.epoch,
-                    loop.iteration,
-                    loop.iteration,
-                    loop.iteration,
-                    loop.resumed_from,
-                    store.dumps(loop.config),
-                    store.dumps(_plugin_versions(loop)),
-                    store.dumps(status),
-                    None if loop.run_dir is None else str(loop.run_dir),
-                    _hostname(),
-                    os.getpid(),
-                    _epochal_version(),
-                ),
-            )
-            conn.execute("UPDATE runs SET num = rowid WHERE run_id = ?", (loop.run_id,))
-            (self._num,) = conn.execute("SELECT num FROM runs WHERE run_id = ?", (loop.run_id,)).fetchone()
-            self._key_ids = dict(conn.execute("SELECT name, id FROM keys"))
-            if loop.resumed_from is not None:
-                # Rows the run that saved the restored state wrote after it are not part of the
-                # history of the model that was restored: mark them, so that every view of that
-                # run (not only the resumed chain) matches what training actually continued from.
-                conn.execute(
-                    "UPDATE runs SET superseded_after = min(coalesce(superseded_after, ?), ?) "
-                    "WHERE run_id = ?",
-                    (loop.iteration, loop.iteration, loop.resumed_from),
-                )
-            conn.execute("COMMIT")
+            with store.failures(db_path, "cannot log this run into", kept):
+                self._start(conn, lock, db_path, loop)
         except BaseException:
             if conn.in_transaction:
-                conn.execute("ROLLBACK")
+                with contextlib.suppress(sqlite3.Error):  # SQLite may have rolled it back itself
+                    conn.execute("ROLLBACK")
             conn.close()
             lock.release()
             raise
         self._conn, self._lock, self.db_path, self.run_id = conn, lock, db_path, loop.run_id
-        self._status = status
+        self._failed = False
         self._keep = {}
         self.records_written = 0
         # A resumed run starts at the restored iteration; the restored row there was written by
@@ -170,6 +136,50 @@ class SQLiteLog:
         self._cursor = loop.iteration
         self._written = dict(loop.log[loop.iteration]) if loop.iteration in loop.log else {}
         self._deadline = time.monotonic() + self.flush_seconds if self.flush_seconds else float("inf")
+
+    def _start(self, conn: sqlite3.Connection, lock: store.RunLock, db_path: Path, loop: Loop) -> None:
+        """Insert the run (``before_training``'s transaction)."""
+        conn.execute("PRAGMA cache_size=-256")  # KiB: it only appends; keeps a long run's memory flat
+        lock.acquire()
+        store.mark_killed(conn, db_path)  # earlier runs of this file that were killed
+        now = time.time()
+        status = dict(loop.log.status)
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute(
+            "INSERT INTO runs (run_id, started, updated, status, epochs_done, iterations_done, "
+            "start_iteration, flushed_iteration, resumed_from, config, plugins, log_status, run_dir, "
+            "host, pid, epochal_version) VALUES (?, ?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                loop.run_id,
+                now,
+                now,
+                loop.epoch,
+                loop.iteration,
+                loop.iteration,
+                loop.iteration,
+                loop.resumed_from,
+                store.dumps(loop.config),
+                store.dumps(_plugin_versions(loop)),
+                store.dumps(status),
+                None if loop.run_dir is None else str(loop.run_dir),
+                _hostname(),
+                os.getpid(),
+                _epochal_version(),
+            ),
+        )
+        conn.execute("UPDATE runs SET num = rowid WHERE run_id = ?", (loop.run_id,))
+        (self._num,) = conn.execute("SELECT num FROM runs WHERE run_id = ?", (loop.run_id,)).fetchone()
+        self._key_ids = dict(conn.execute("SELECT name, id FROM keys"))
+        if loop.resumed_from is not None:
+            # Rows the run that saved the restored state wrote after it are not part of the
+            # history of the model that was restored: mark them, so that every view of that
+            # run (not only the resumed chain) matches what training actually continued from.
+            conn.execute(
+                "UPDATE runs SET superseded_after = min(coalesce(superseded_after, ?), ?) WHERE run_id = ?",
+                (loop.iteration, loop.iteration, loop.resumed_from),
+            )
+        conn.execute("COMMIT")
+        self._status = status
 
     @hookimpl
     def after_batch(self, loop: Loop) -> None:
@@ -203,13 +213,17 @@ class SQLiteLog:
         if self._conn is None:
             return
         try:
-            self.flush(loop, final=True, error=error)
+            # after its own write failed (the error being handled says so), one more try, and
+            # none into a damaged file; a second failure would say the same again
+            if not (self._failed and isinstance(error, store.DatabaseAccessError) and error.damaged):
+                self.flush(loop, final=True, error=error)
         except Exception as secondary:
-            warnings.warn(
-                f"sqlite_log: could not record the failed run in {self.db_path}: {secondary}",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+            if not self._failed:
+                warnings.warn(
+                    f"sqlite_log: could not record the failed run in {self.db_path}: {secondary}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
         finally:
             self.close()
 
@@ -247,6 +261,40 @@ class SQLiteLog:
         numbers, texts, count = self._collect(loop)
         status = loop.log.status
         now = time.time()
+        kept = (
+            f"the runs it held are kept, and this run's records up to iteration {self._cursor}"
+            if self.records_written or self._cursor
+            else "the runs it held are kept"
+        )
+        try:
+            with store.failures(self.db_path or "", "cannot write the training log", kept):
+                new_ids = self._write(conn, loop, final, error, numbers, texts, status, now)
+        except store.DatabaseAccessError:
+            self._failed = True
+            raise
+        # committed: the records up to this row are in the file, the new keys' ids are real
+        self._cursor = end
+        self._written = dict(loop.log[end]) if end in loop.log else {}
+        self._key_ids.update(new_ids)
+        self._status = dict(status)
+        self.records_written += count
+        if self.flush_seconds:
+            self._deadline = time.monotonic() + self.flush_seconds
+        return count
+
+    def _write(
+        self,
+        conn: sqlite3.Connection,
+        loop: Loop,
+        final: bool,
+        error: BaseException | None,
+        numbers: _Series[float],
+        texts: _Series[str],
+        status: Mapping[str, Any],
+        now: float,
+    ) -> dict[str, int]:
+        """The transaction of :meth:`flush`; returns the ids of the keys it added."""
+        end = loop.iteration
         conn.execute("BEGIN IMMEDIATE")
         try:
             # keys seen for the first time join this transaction (not a commit each); their ids
@@ -284,7 +332,6 @@ class SQLiteLog:
                         self.run_id,
                     ),
                 )
-                self._status = dict(status)
             else:
                 conn.execute(
                     "UPDATE runs SET updated = ?, epochs_done = ?, iterations_done = ?, "
@@ -293,16 +340,10 @@ class SQLiteLog:
                 )
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            if conn.in_transaction:  # SQLite rolls back by itself on some errors (a full disk)
+                conn.execute("ROLLBACK")
             raise
-        # committed: the records up to this row are in the file, the new keys' ids are real
-        self._cursor = end
-        self._written = dict(loop.log[end]) if end in loop.log else {}
-        self._key_ids.update(new_ids)
-        self.records_written += count
-        if self.flush_seconds:
-            self._deadline = time.monotonic() + self.flush_seconds
-        return count
+        return new_ids
 
     def _collect(self, loop: Loop) -> tuple[_Series[float], _Series[str], int]:
         """The records from the cursor row to the current row, per key: the numbers and the JSON

@@ -1,7 +1,7 @@
-"""The database: schema, migrations, opening and checking a file, run liveness, queries.
+"""The database: schema, opening and checking a file, its errors as one line, run liveness.
 
-One SQLite file holds many runs. Tables (schema version 3, ``PRAGMA user_version``; the file
-is marked as ours by ``PRAGMA application_id``; version 1 and 2 files are migrated when opened):
+One SQLite file holds many runs. Tables (schema version 3, ``PRAGMA user_version``, the only
+one created and read; the file is marked as ours by ``PRAGMA application_id``):
 
 ``runs``
     one row per run: ``run_id`` (the loop's fresh uuid hex), ``num`` (the run's integer number,
@@ -22,33 +22,31 @@ is marked as ours by ``PRAGMA application_id``; version 1 and 2 files are migrat
     iterations, NULL when they are every iteration from ``first`` to ``last``), ``vals`` (a JSON
     array of the values: numbers when ``kind`` is 0, else the JSON text of each value — strings,
     booleans, lists, NaN, infinities, integers beyond 2**53), ``superseded`` (1: all its
-    records are superseded, from a version 2 file). A flush writes one row per key, so a write
-    costs a fraction of a row-per-record insert and one key of one run is one index range
-    (``chunks_by_key``). A record written again later (a re-assigned record of the row being
-    written) is in a later chunk, which wins: ``rowid`` is the order of writing. About 19 bytes
-    a number.
+    records are superseded; 0 in what this version writes, which sets ``superseded_after``).
+    A flush writes one row per key, so a write costs a fraction of a row-per-record insert and
+    one key of one run is one index range (``chunks_by_key``). A record written again later (a
+    re-assigned record of the row being written) is in a later chunk, which wins: ``rowid`` is
+    the order of writing. About 19 bytes a number.
 ``log`` (a view)
-    one row per record with version 1's columns: ``run_id``, ``iteration``, ``key`` (the name),
-    ``value``, ``value_json``, ``superseded``; for reading with SQL (it unpacks the chunks:
-    slower than :class:`Reader`, which reads only the chunks it needs).
+    one row per record: ``run_id``, ``iteration``, ``key`` (the name), ``value``,
+    ``value_json``, ``superseded``; for reading with SQL (it unpacks the chunks: slower than
+    :class:`epochal_sqlite.reader.Reader`, which reads only the chunks it needs).
 ``meta``
     ``key``/``value`` text pairs: ``created_by``, ``schema_version``.
 
-Every metric name and value is a bound parameter, never part of the SQL text.
+Every metric name and value is a bound parameter, never part of the SQL text. Reading:
+:mod:`epochal_sqlite.reader` (``store.Reader`` and ``store.Run`` name its classes too).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import gc
 import json
-import math
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,11 +84,80 @@ class UnknownRunError(SQLiteLogError):
     """No run (or more than one run) matches the run id or prefix given."""
 
 
-# -- schema and migrations ----------------------------------------------------------------------
+class DatabaseAccessError(SQLiteLogError):
+    """Reading or writing the file failed: it is damaged, the disk is full, it is read-only...
+
+    ``code`` is SQLite's primary error code (``sqlite3.SQLITE_FULL``...), or None.
+    """
+
+    def __init__(self, message: str, code: int | None) -> None:
+        super().__init__(message)
+        self.code = code
+
+    @property
+    def damaged(self) -> bool:
+        """The file is damaged: nothing more should be written into it."""
+        return self.code in _DAMAGED
 
 
-#: the columns of version 1's ``runs`` table (later versions add columns after them).
-_RUNS_V1 = """
+#: what a SQLite error means for the user, by primary error code.
+_REASONS = {
+    sqlite3.SQLITE_FULL: "the disk is full",
+    sqlite3.SQLITE_CORRUPT: "the file is damaged",
+    sqlite3.SQLITE_NOTADB: "the file is damaged",
+    sqlite3.SQLITE_READONLY: "the file or its directory is read-only",
+    sqlite3.SQLITE_IOERR: "an I/O error occurred",
+    sqlite3.SQLITE_CANTOPEN: "the file cannot be opened",
+    sqlite3.SQLITE_PERM: "permission denied",
+    sqlite3.SQLITE_BUSY: "another process kept it locked",
+    sqlite3.SQLITE_LOCKED: "another process kept it locked",
+}
+_DAMAGED = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+
+
+def failure(path: str | Path, error: sqlite3.Error, doing: str, kept: str) -> DatabaseAccessError:
+    """One line for a SQLite *error* on *path*: what failed (*doing*), why, and what is *kept*:
+    ``"{doing} {path}: the disk is full (database or disk is full); {kept}"``."""
+    extended = getattr(error, "sqlite_errorcode", None)
+    code = None if extended is None else extended & 0xFF
+    reason = _REASONS.get(code, "SQLite failed") if code is not None else "SQLite failed"
+    if code == sqlite3.SQLITE_IOERR and _no_space(Path(path).parent):
+        reason = _REASONS[sqlite3.SQLITE_FULL]  # a -shm file that could not grow: an I/O error
+    if code == sqlite3.SQLITE_CANTOPEN and not _writable(Path(path).parent):
+        reason = "its directory is read-only"
+    if code in _DAMAGED:  # what it held is what can still be read
+        kept = f"nothing more was written into it (`sqlite3 {path} .recover` saves what can still be read)"
+    return DatabaseAccessError(f"{doing} {path}: {reason} ({error}); {kept}", code)
+
+
+def _no_space(directory: Path) -> bool:
+    try:
+        return os.statvfs(directory).f_bavail == 0
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def failures(path: str | Path, doing: str, kept: str) -> Iterator[None]:
+    """Raise a SQLite error of the block as :func:`failure`'s one line (the error chained)."""
+    try:
+        yield
+    except sqlite3.Error as error:
+        raise failure(path, error, doing, kept) from error
+
+
+# -- schema -------------------------------------------------------------------------------------
+
+
+#: the schema version this code writes and reads (``PRAGMA user_version``); a file of any other
+#: version is refused (versions 1 and 2 were never released: there is no migration).
+SCHEMA_VERSION = 3
+
+
+def _create_schema(conn: sqlite3.Connection) -> None:
+    """An empty file → version :data:`SCHEMA_VERSION`: the tables, indexes and view."""
+    conn.execute(
+        """CREATE TABLE runs (
             run_id TEXT PRIMARY KEY,
             started REAL NOT NULL,
             ended REAL,
@@ -110,113 +177,12 @@ _RUNS_V1 = """
             run_dir TEXT,
             host TEXT,
             pid INTEGER,
-            epochal_version TEXT
-"""
-
-
-def _create_v1(conn: sqlite3.Connection) -> None:
-    """Version 0 (an empty file) → 1: create the tables."""
-    conn.execute(f"CREATE TABLE runs ({_RUNS_V1})")
-    conn.execute(
-        """CREATE TABLE log (
-            run_id TEXT NOT NULL,
-            iteration INTEGER NOT NULL,
-            key TEXT NOT NULL,
-            value REAL,
-            value_json TEXT,
-            superseded INTEGER NOT NULL DEFAULT 0,
-            PRIMARY KEY (run_id, iteration, key)
-        ) WITHOUT ROWID"""
+            epochal_version TEXT, num INTEGER, superseded_after INTEGER)"""
     )
     conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
     conn.execute("INSERT INTO meta VALUES ('created_by', ?)", (f"epochal-sqlite {_version()}",))
-
-
-def _compact_v2(conn: sqlite3.Connection) -> None:
-    """Version 1 → 2: records keyed by integers (run number, iteration, key id), ~25 bytes a row.
-
-    ``runs.num`` numbers the runs; ``keys`` interns the key names; ``records`` holds the rows
-    with the primary key ``(run, key, iteration)`` (``WITHOUT ROWID``), so one key of one run is
-    one range (``log show --keys``, ``log plot``) and a run's rows are one range too. The rows of
-    version 1's ``log`` table are copied over; ``log`` becomes a view with the old columns, so
-    SQL written against version 1 still reads.
-    """
-    conn.execute("ALTER TABLE runs ADD COLUMN num INTEGER")
-    conn.execute("UPDATE runs SET num = rowid")
     conn.execute("CREATE UNIQUE INDEX runs_num ON runs (num)")
     conn.execute("CREATE TABLE keys (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE)")
-    conn.execute(
-        """CREATE TABLE records (
-            run INTEGER NOT NULL,
-            key INTEGER NOT NULL,
-            iteration INTEGER NOT NULL,
-            value REAL,
-            value_json TEXT,
-            superseded INTEGER NOT NULL DEFAULT 0,
-            PRIMARY KEY (run, key, iteration)
-        ) WITHOUT ROWID"""
-    )
-    conn.execute("INSERT INTO keys (name) SELECT DISTINCT key FROM log ORDER BY key")
-    conn.execute(
-        "INSERT INTO records SELECT runs.num, keys.id, log.iteration, log.value, log.value_json, "
-        "log.superseded FROM log JOIN runs ON runs.run_id = log.run_id JOIN keys ON keys.name = log.key"
-    )
-    conn.execute("DROP TABLE log")
-    conn.execute(
-        "CREATE VIEW log AS SELECT runs.run_id AS run_id, records.iteration AS iteration, "
-        "keys.name AS key, records.value AS value, records.value_json AS value_json, "
-        "records.superseded AS superseded FROM records "
-        "JOIN runs ON runs.num = records.run JOIN keys ON keys.id = records.key"
-    )
-
-
-def _chunks_v3(conn: sqlite3.Connection) -> None:
-    """Version 2 → 3: records packed per key and flush into ``chunks``; ``runs.superseded_after``.
-
-    Every record of ``records`` is copied into chunks (consecutive records of one run and key,
-    split by kind and superseded flag, at most :data:`CHUNK_MIGRATE` records a chunk); then
-    ``records`` is dropped and ``log`` recreated over ``chunks``.
-    """
-    conn.execute("ALTER TABLE runs ADD COLUMN superseded_after INTEGER")
-    _create_chunks(conn)
-    rows = conn.execute(
-        "SELECT run, key, superseded, iteration, value, value_json FROM records "
-        "ORDER BY run, key, superseded, iteration"
-    )
-    group: tuple[int, int, int, int] | None = None
-    steps: list[int] = []
-    values: list[Any] = []
-
-    def write() -> None:
-        if group is not None and steps:
-            run, key, superseded, kind = group
-            conn.execute(
-                "INSERT INTO chunks (run, key, first, last, steps, vals, kind, superseded) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (run, key, steps[0], steps[-1], _steps_json(steps), json.dumps(values), kind, superseded),
-            )
-
-    for run, key, superseded, iteration, value, value_json in rows.fetchall():
-        if value_json is None and value is not None and math.isfinite(value):
-            kind, item = 0, value
-        else:
-            kind, item = 1, value_json if value_json is not None else json.dumps(value)
-        if (run, key, superseded, kind) != group or len(steps) >= CHUNK_MIGRATE:
-            write()
-            group, steps, values = (run, key, superseded, kind), [], []
-        steps.append(iteration)
-        values.append(item)
-    write()
-    conn.execute("DROP VIEW log")
-    conn.execute("DROP TABLE records")
-    _create_log_view(conn)
-
-
-#: the most records a chunk made by the migration from version 2 holds.
-CHUNK_MIGRATE = 4096
-
-
-def _create_chunks(conn: sqlite3.Connection) -> None:
     conn.execute(
         """CREATE TABLE chunks (
             run INTEGER NOT NULL,
@@ -231,6 +197,7 @@ def _create_chunks(conn: sqlite3.Connection) -> None:
     )
     # (run, key) then rowid: one key of one run is one range, in the order of writing
     conn.execute("CREATE INDEX chunks_by_key ON chunks (run, key)")
+    _create_log_view(conn)
 
 
 def _create_log_view(conn: sqlite3.Connection) -> None:
@@ -266,70 +233,44 @@ def _steps_json(steps: list[int]) -> str | None:
     return None if steps[-1] - steps[0] + 1 == len(steps) else json.dumps(steps)
 
 
-def _create_v3(conn: sqlite3.Connection) -> None:
-    """Version 0 (an empty file) → 3 at once: the tables, indexes and view that ``_create_v1``,
-    ``_compact_v2`` and ``_chunks_v3`` make one after another (columns in the same order), at a
-    third of their cost (each schema change re-reads the schema). A test compares the two."""
-    conn.execute(f"CREATE TABLE runs ({_RUNS_V1.rstrip()}, num INTEGER, superseded_after INTEGER)")
-    conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-    conn.execute("INSERT INTO meta VALUES ('created_by', ?)", (f"epochal-sqlite {_version()}",))
-    conn.execute("CREATE UNIQUE INDEX runs_num ON runs (num)")
-    conn.execute("CREATE TABLE keys (id INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE)")
-    _create_chunks(conn)
-    _create_log_view(conn)
+def initialize(conn: sqlite3.Connection, path: str | Path) -> bool:
+    """Check the database of *conn*; when it is empty, create the schema. True: it was created.
 
-
-#: a new file is made at this schema version by :func:`_create_v3`, then migrated by the steps
-#: after it, if any.
-CREATED_VERSION = 3
-
-#: ``MIGRATIONS[v]`` upgrades a file of schema version ``v`` to ``v + 1``, inside the transaction
-#: that also sets ``user_version``. Version 0 is an empty file. A new schema version appends a
-#: step here (e.g. ``ALTER TABLE runs ADD COLUMN ...``); :data:`SCHEMA_VERSION` follows.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_create_v1, _compact_v2, _chunks_v3]
-#: the schema version this code writes (and the newest it reads).
-SCHEMA_VERSION = len(MIGRATIONS)
-
-
-def migrate(conn: sqlite3.Connection, path: str | Path, target: int | None = None) -> int:
-    """Bring the database of *conn* up to schema version *target* (default: the latest).
-
-    Runs every pending step of :data:`MIGRATIONS` in one ``BEGIN IMMEDIATE`` transaction (two
-    processes opening a new file at once do not both create it). Returns the version before.
+    The schema is made in one ``BEGIN IMMEDIATE`` transaction (two processes opening a new
+    file at once do not both create it).
 
     :raises ForeignDatabaseError: the file holds tables but is not marked as ours.
-    :raises SchemaVersionError: the file's version is newer than this code knows.
+    :raises SchemaVersionError: the file's schema version is not :data:`SCHEMA_VERSION`.
     """
-    target = len(MIGRATIONS) if target is None else target
-    version = _check_identity(conn, path)
-    if version >= target:
-        return version
+    if _check_identity(conn, path) == SCHEMA_VERSION:
+        return False
     conn.execute("BEGIN IMMEDIATE")
     try:
-        version = _check_identity(conn, path)  # another process may have migrated meanwhile
-        steps = MIGRATIONS[version:target]
-        if version == 0 and target >= CREATED_VERSION:  # a new file: its schema made at once
-            steps = [_create_v3, *MIGRATIONS[CREATED_VERSION:target]]
-        for step in steps:
-            step(conn)
+        if _check_identity(conn, path) == SCHEMA_VERSION:  # another process created it meanwhile
+            conn.execute("COMMIT")
+            return False
+        _create_schema(conn)
         conn.execute(f"PRAGMA application_id = {APPLICATION_ID:d}")
-        conn.execute(f"PRAGMA user_version = {target:d}")
-        conn.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(target),))
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION:d}")
+        conn.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
         raise
-    return version
+    return True
 
 
 def _check_identity(conn: sqlite3.Connection, path: str | Path) -> int:
-    """The file's schema version, after checking that it is ours (or empty) and not too new."""
+    """The file's schema version (0: an empty file), after checking that it is ours and current."""
     try:
         app = conn.execute("PRAGMA application_id").fetchone()[0]
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         tables = conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
     except sqlite3.DatabaseError as error:
-        raise NotADatabaseError(f"{path} is not a SQLite database ({error})") from None
+        if getattr(error, "sqlite_errorcode", None) == sqlite3.SQLITE_NOTADB:
+            raise NotADatabaseError(f"{path} is not a SQLite database ({error})") from None
+        raise failure(path, error, "cannot open the training log", "it was left as it is") from error
     if app == 0 and version == 0 and tables == 0:
         return 0  # empty: a new file
     if app != APPLICATION_ID:
@@ -337,16 +278,22 @@ def _check_identity(conn: sqlite3.Connection, path: str | Path) -> int:
             f"{path} is a SQLite database but not an epochal-sqlite log "
             f"(application_id {app:#x}, {tables} schema object(s)); choose another path"
         )
-    if version > len(MIGRATIONS):
+    if version != SCHEMA_VERSION:
+        hint = (
+            "upgrade epochal-sqlite"
+            if version > SCHEMA_VERSION
+            else "it was written by an unreleased development version; start a new log file"
+        )
         raise SchemaVersionError(
-            f"{path} has log schema version {version}, newer than this epochal-sqlite "
-            f"({_version()}) reads (up to {len(MIGRATIONS)}); upgrade epochal-sqlite"
+            f"{path} has log schema version {version}, "
+            f"{'newer than' if version > SCHEMA_VERSION else 'not'} the version {SCHEMA_VERSION} "
+            f"this epochal-sqlite ({_version()}) reads; {hint}"
         )
     return int(version)
 
 
 def connect(path: str | Path, *, create: bool) -> sqlite3.Connection:
-    """Open (and with *create*, create) the database at *path*, checked and migrated.
+    """Open the database at *path* for writing (with *create*, create it first), checked.
 
     The connection is in autocommit mode (``isolation_level=None``): callers open their own
     transactions. WAL journal, ``synchronous=NORMAL``.
@@ -354,35 +301,80 @@ def connect(path: str | Path, *, create: bool) -> sqlite3.Connection:
     :raises DatabaseNotFoundError: *path* does not exist (without *create*) or is a directory.
     :raises NotADatabaseError: *path* is not a SQLite file.
     :raises ForeignDatabaseError: *path* is a SQLite file of something else.
-    :raises SchemaVersionError: *path* was written by a newer version.
+    :raises SchemaVersionError: *path* has another schema version than :data:`SCHEMA_VERSION`.
+    :raises DatabaseAccessError: it cannot be created or opened (disk full, damaged, read-only...).
     """
-    path = Path(path)
-    if path.is_dir():
-        raise DatabaseNotFoundError(f"{path} is a directory, not an epochal-sqlite database file")
-    if not create and not path.exists():
-        raise DatabaseNotFoundError(f"no such database file: {path}")
+    path = _existing(path, create)
     if create and not path.exists():
-        _create_file(path)
-    uri = f"file:{_quote(path)}?mode=rw"
+        try:
+            _create_file(path)
+        except OSError as error:
+            raise DatabaseAccessError(
+                f"cannot create the training log {path}: {error.strerror or error} "
+                f"({error.filename or path}); nothing was written",
+                None,
+            ) from error
+        except sqlite3.Error as error:
+            raise failure(path, error, "cannot create the training log", "nothing was written") from error
+    try:
+        uri = f"file:{_quote(path)}?mode=rw"
+        conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT, isolation_level=None)
+    except sqlite3.Error as error:
+        raise DatabaseNotFoundError(f"cannot open database {path}: {error}") from None
+    try:
+        with failures(path, "cannot open the training log", "it was left as it is"):
+            if not create and _check_identity(conn, path) == 0:
+                raise ForeignDatabaseError(f"{path} is an empty SQLite database, not an epochal-sqlite log")
+            initialize(conn, path)
+            mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+            if mode != "wal":
+                conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def connect_readonly(path: str | Path) -> sqlite3.Connection:
+    """Open the database at *path* for reading only, checked (nothing is written, ever).
+
+    ``mode=ro``; when its directory is not writable (read-only media) and no write-ahead log
+    is beside it, ``immutable=1``: SQLite then needs no ``-shm`` file, which it could not create.
+    With a write-ahead log it must read, a ``-shm`` file must be there already.
+
+    :raises: as :func:`connect`, and :class:`DatabaseAccessError` when it cannot be read.
+    """
+    path = _existing(path, create=False)
+    wal = path.with_name(path.name + "-wal")
+    immutable = not _writable(path.parent) and not (wal.exists() and wal.stat().st_size > 0)
+    uri = f"file:{_quote(path)}?mode=ro" + ("&immutable=1" if immutable else "")
     try:
         conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT, isolation_level=None)
     except sqlite3.Error as error:
         raise DatabaseNotFoundError(f"cannot open database {path}: {error}") from None
     try:
-        if not create and _check_identity(conn, path) == 0:
-            raise ForeignDatabaseError(f"{path} is an empty SQLite database, not an epochal-sqlite log")
-        migrate(conn, path)
-        mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
-        if mode != "wal":
-            conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-    except sqlite3.DatabaseError as error:
-        conn.close()
-        raise NotADatabaseError(f"{path} is not a usable SQLite database ({error})") from None
+        with failures(path, "cannot read the training log", "it was left as it is"):
+            if _check_identity(conn, path) == 0:
+                raise ForeignDatabaseError(f"{path} is an empty SQLite database, not an epochal-sqlite log")
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+def _existing(path: str | Path, create: bool) -> Path:
+    path = Path(path)
+    if path.is_dir():
+        raise DatabaseNotFoundError(f"{path} is a directory, not an epochal-sqlite database file")
+    if not create and not path.exists():
+        raise DatabaseNotFoundError(f"no such database file: {path}")
+    return path
+
+
+def _writable(path: Path) -> bool:
+    """Whether this process may write *path* (False on a read-only mount, for root too)."""
+    return os.access(path, os.W_OK)
 
 
 def _create_file(path: Path) -> None:
@@ -405,7 +397,7 @@ def _create_file(path: Path) -> None:
             # is kept in the file's header.
             conn.execute("PRAGMA synchronous=OFF")
             conn.execute("PRAGMA journal_mode=OFF")
-            migrate(conn, temp)
+            initialize(conn, temp)
             if conn.execute("PRAGMA journal_mode=WAL").fetchone()[0] != "wal":
                 raise sqlite3.OperationalError(f"cannot switch {temp} to WAL mode")
         finally:
@@ -559,7 +551,7 @@ def writer_alive(db: str | Path, run_id: str) -> bool | None:
         return None
     path = lock_path(db, run_id)
     try:
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(path, os.O_RDONLY)  # enough for flock, and possible on read-only media
     except FileNotFoundError:
         return False
     try:
@@ -571,6 +563,19 @@ def writer_alive(db: str | Path, run_id: str) -> bool | None:
     return False
 
 
+def dead_runs(conn: sqlite3.Connection, db: str | Path) -> list[str]:
+    """The ``running`` runs of *conn* whose writer is gone (killed or crashed)."""
+    running = [r for (r,) in conn.execute("SELECT run_id FROM runs WHERE status = 'running'")]
+    return [run_id for run_id in running if writer_alive(db, run_id) is False]
+
+
+def killed_reason(found: float) -> str:
+    """The ``finish_reason`` of a run marked killed at *found* (unix seconds)."""
+    return "the writing process ended without closing the run (killed or crashed); found " + time.strftime(
+        "%Y-%m-%d %H:%M:%S", time.localtime(found)
+    )
+
+
 def mark_killed(conn: sqlite3.Connection, db: str | Path) -> list[str]:
     """Mark every ``running`` run whose writer is gone as ``killed``; return their ids.
 
@@ -578,19 +583,17 @@ def mark_killed(conn: sqlite3.Connection, db: str | Path) -> list[str]:
     run that finished cleanly in the meantime (its final status is committed before its lock
     is released) is never marked. A read-only file is left as it is.
     """
-    running = [r for (r,) in conn.execute("SELECT run_id FROM runs WHERE status = 'running'")]
-    dead = [run_id for run_id in running if writer_alive(db, run_id) is False]
+    dead = dead_runs(conn, db)
     if not dead:
         return []
-    now = time.time()
+    reason = killed_reason(time.time())
     try:
         conn.execute("BEGIN IMMEDIATE")
         for run_id in dead:
             conn.execute(
                 "UPDATE runs SET status = 'killed', ended = coalesce(updated, started), "
-                "finish_reason = 'the writing process ended without closing the run (killed or crashed); "
-                "found ' || ? WHERE run_id = ? AND status = 'running'",
-                (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now)), run_id),
+                "finish_reason = ? WHERE run_id = ? AND status = 'running'",
+                (reason, run_id),
             )
         conn.execute("COMMIT")
     except sqlite3.OperationalError:  # read-only file or directory: report, do not persist
@@ -606,355 +609,11 @@ def mark_killed(conn: sqlite3.Connection, db: str | Path) -> list[str]:
     return dead
 
 
-# -- reading ------------------------------------------------------------------------------------
+def __getattr__(name: str) -> Any:
+    """``store.Reader``, ``store.Run``, ``store.key_matcher``, ``store.finite``: the reading side,
+    in :mod:`epochal_sqlite.reader` (imported when first named: it imports this module)."""
+    if name in ("Reader", "Run", "key_matcher", "finite"):
+        from epochal_sqlite import reader
 
-
-@dataclass
-class Run:
-    """One row of the ``runs`` table."""
-
-    run_id: str
-    started: float
-    ended: float | None
-    updated: float | None
-    status: str
-    finish_reason: str | None
-    error: str | None
-    error_plugin: str | None
-    epochs_done: int
-    iterations_done: int
-    start_iteration: int
-    flushed_iteration: int
-    resumed_from: str | None
-    config: Any
-    plugins: Any
-    log_status: Any
-    run_dir: str | None
-    host: str | None
-    pid: int | None
-    epochal_version: str | None
-
-    def as_dict(self) -> dict[str, Any]:
-        """The run as a JSON-able dict."""
-        return dict(vars(self))
-
-
-_RUN_COLUMNS = (
-    "run_id, started, ended, updated, status, finish_reason, error, error_plugin, epochs_done, "
-    "iterations_done, start_iteration, flushed_iteration, resumed_from, config, plugins, log_status, "
-    "run_dir, host, pid, epochal_version"
-)
-
-
-def _run(row: Sequence[Any]) -> Run:
-    values = list(row)
-    for index in (13, 14, 15):  # config, plugins, log_status
-        values[index] = json.loads(values[index]) if values[index] else None
-    return Run(*values)
-
-
-class Reader:
-    """Read access to a database for the CLI and notebooks (marks killed runs when opened).
-
-    >>> with Reader("runs/digits/epochal.sqlite") as db:  # doctest: +SKIP
-    ...     run = db.resolve("latest")
-    ...     rows = db.timeline(run.run_id)
-    """
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.conn = connect(self.path, create=False)
-        mark_killed(self.conn, self.path)
-
-    def close(self) -> None:
-        """Close the connection."""
-        self.conn.close()
-
-    def __enter__(self) -> Reader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def runs(self) -> list[Run]:
-        """Every run, oldest first."""
-        query = f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY started, run_id"
-        return [_run(row) for row in self.conn.execute(query)]
-
-    def get(self, run_id: str) -> Run | None:
-        """The run with exactly this id, or None."""
-        row = self.conn.execute(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-        return _run(row) if row else None
-
-    def resolve(self, ref: str) -> Run:
-        """The run named by *ref*: a full run id, a unique prefix of one, or ``latest``.
-
-        :raises UnknownRunError: no run or several runs match.
-        """
-        if ref == "latest":
-            row = self.conn.execute(
-                f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY started DESC, run_id DESC LIMIT 1"
-            ).fetchone()
-            if row is None:
-                raise UnknownRunError(f"{self.path} holds no runs yet")
-            return _run(row)
-        exact = self.get(ref)
-        if exact is not None:
-            return exact
-        # A prefix match with bound parameters: range of ids between ref and ref + U+FFFF.
-        rows = self.conn.execute(
-            f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id >= ? AND run_id < ? ORDER BY started",
-            (ref, ref + "\uffff"),
-        ).fetchall()
-        if len(rows) == 1 and ref:
-            return _run(rows[0])
-        count = self.conn.execute("SELECT count(*) FROM runs").fetchone()[0]
-        if not rows or not ref:
-            raise UnknownRunError(
-                f"no run {ref!r} in {self.path} ({count} run(s); `epochal log runs --db {self.path}` "
-                "lists them)"
-            )
-        ids = ", ".join(r[0][:12] for r in rows[:5]) + (", ..." if len(rows) > 5 else "")
-        raise UnknownRunError(
-            f"run prefix {ref!r} is ambiguous in {self.path}: {len(rows)} runs match ({ids})"
-        )
-
-    def chain(self, run: Run) -> list[Run]:
-        """The resume chain ending in *run*, oldest first (ancestors not in this file are left out)."""
-        chain = [run]
-        seen = {run.run_id}
-        while chain[0].resumed_from and chain[0].resumed_from not in seen:
-            parent = self.get(chain[0].resumed_from)
-            if parent is None:
-                break
-            seen.add(parent.run_id)
-            chain.insert(0, parent)
-        return chain
-
-    def records(
-        self, run_id: str, upto: int | None = None, keys: Sequence[str] = (), superseded: bool = False
-    ) -> Iterator[tuple[int, str, Any]]:
-        """``(iteration, key, value)`` of one run in iteration order, up to iteration *upto*.
-
-        Records superseded (written after the point a later run resumed from) are left out
-        unless *superseded* is true.
-        """
-        names = self._key_names()
-        wanted = self._wanted(keys, names)
-        if len(wanted) == 1:
-            name = names[wanted[0]]
-            for iteration, value in self._run_series(run_id, wanted[0], upto, superseded):
-                yield iteration, name, value
-            return
-        found = [
-            (iteration, names[key], value)
-            for key in wanted
-            for iteration, value in self._run_series(run_id, key, upto, superseded)
-        ]
-        found.sort(key=_by_iteration_and_key)  # in iteration order, then by key name (as version 1)
-        yield from found
-
-    def _wanted(self, keys: Sequence[str], names: dict[int, str] | None = None) -> list[int]:
-        """The ids of the keys matching the glob patterns *keys* (no patterns: every key)."""
-        match = key_matcher(keys)
-        return [i for i, name in (names or self._key_names()).items() if match(name)]
-
-    def _run_series(self, run_id: str, key: int, upto: int | None, superseded: bool) -> list[tuple[int, Any]]:
-        """``(iteration, value)`` of one key of the run *run_id*, up to *upto*."""
-        row = self.conn.execute(
-            "SELECT num, superseded_after FROM runs WHERE run_id = ?", (run_id,)
-        ).fetchone()
-        if row is None:
-            return []
-        run, after = row
-        stop = upto  # records past *stop* are not wanted (beyond upto, or superseded)
-        if not superseded and after is not None:
-            stop = after if stop is None else min(stop, after)
-        return self._series(run, key, stop, superseded)
-
-    def _series(self, run: int, key: int, stop: int | None, superseded: bool) -> list[tuple[int, Any]]:
-        """``(iteration, value)`` of one key of one run, in iteration order, up to *stop*."""
-        query = "SELECT first, last, steps, vals, kind FROM chunks WHERE run = ? AND key = ?"
-        params: tuple[int, ...] = (run, key)
-        if not superseded:
-            query += " AND superseded = 0"
-        if stop is not None:
-            query += " AND first <= ?"
-            params += (stop,)
-        pieces: list[list[tuple[int, Any]]] = []
-        ordered = True  # every chunk after the ones before it (no record written twice)
-        end = None
-        for first, last, steps, vals, kind in self.conn.execute(query + " ORDER BY rowid", params):
-            values = json.loads(vals)
-            if kind:
-                values = [decode(None, text) for text in values]
-            iterations = range(first, last + 1) if steps is None else json.loads(steps)
-            piece = list(zip(iterations, values))
-            if stop is not None and last > stop:
-                piece = [pair for pair in piece if pair[0] <= stop]
-            if end is not None and first <= end:
-                ordered = False
-            end = last if end is None else max(end, last)
-            pieces.append(piece)
-        if ordered:
-            return [pair for piece in pieces for pair in piece] if len(pieces) != 1 else pieces[0]
-        merged: dict[int, Any] = {}
-        for piece in pieces:  # in the order of writing: a later record wins
-            merged.update(piece)
-        return sorted(merged.items(), key=_first)
-
-    def _key_names(self) -> dict[int, str]:
-        return dict(self.conn.execute("SELECT id, name FROM keys"))
-
-    def timeline(
-        self, run: Run, keys: Sequence[str] = (), chain: bool = True, superseded: bool = False
-    ) -> list[tuple[int, str, dict[str, Any]]]:
-        """The run's log as ``(iteration, run_id, {key: value})`` rows in iteration order.
-
-        With *chain*, a resumed run's rows follow those of the runs it resumed from: each
-        ancestor contributes its rows up to the iteration its successor started at (rows it
-        wrote past that point were redone by the successor and are left out); a row at that
-        iteration merges both runs' records (the successor's win).
-        """
-        with _no_gc():  # ~1e5 new dicts and tuples, none cyclic: no collection passes over them
-            return self._timeline(run, keys, chain, superseded)
-
-    def _timeline(
-        self, run: Run, keys: Sequence[str], chain: bool, superseded: bool
-    ) -> list[tuple[int, str, dict[str, Any]]]:
-        names = self._key_names()
-        wanted = self._wanted(keys, names)
-        if len(wanted) == 1:  # one key (log plot, log show --keys): one index range per run
-            name = names[wanted[0]]
-            return [
-                (i, owner, {name: v}) for i, owner, v in self._chain_series(run, wanted[0], chain, superseded)
-            ]
-        runs = self.chain(run) if chain else [run]
-        # Records come in iteration order, and each member's after its predecessor's (those end
-        # where it started): rows are built in one pass, merging at the iteration they share.
-        timeline: list[tuple[int, str, dict[str, Any]]] = []
-        append = timeline.append
-        newest, owner = -1, ""
-        record: dict[str, Any] = {}
-        for index, member in enumerate(runs):
-            upto = runs[index + 1].start_iteration if index + 1 < len(runs) else None
-            member_id = member.run_id
-            for iteration, key, value in self.records(member_id, upto, keys, superseded):
-                if iteration != newest:
-                    if iteration < newest:  # out of order (not written by our plugin): sort
-                        return self._timeline_unordered(runs, keys, superseded)
-                    newest, owner, record = iteration, member_id, {}
-                    append((iteration, owner, record))
-                elif owner != member_id:  # the successor's row at the iteration it resumed at
-                    owner = member_id
-                    timeline[-1] = (iteration, owner, record)
-                record[key] = value
-        return timeline
-
-    def series(
-        self, run: Run, key: str, chain: bool = True, superseded: bool = False
-    ) -> list[tuple[int, str, Any]]:
-        """One key of the run's log as ``(iteration, run_id, value)`` in iteration order: the
-        records of *key* in :meth:`timeline`, without building a dict per row."""
-        ids = [i for i, name in self._key_names().items() if name == key]
-        if not ids:
-            return []
-        with _no_gc():
-            return self._chain_series(run, ids[0], chain, superseded)
-
-    def _chain_series(self, run: Run, key: int, chain: bool, superseded: bool) -> list[tuple[int, str, Any]]:
-        runs = self.chain(run) if chain else [run]
-        found: list[tuple[int, str, Any]] = []
-        for index, member in enumerate(runs):
-            upto = runs[index + 1].start_iteration if index + 1 < len(runs) else None
-            owner = member.run_id
-            pairs = self._run_series(owner, key, upto, superseded)
-            if found and pairs and pairs[0][0] <= found[-1][0]:
-                if pairs[0][0] < found[-1][0]:  # not written by our plugin: merge and sort
-                    return self._chain_series_unordered(runs, key, superseded)
-                found.pop()  # the successor's record at the iteration it resumed at wins
-            found += [(i, owner, v) for i, v in pairs]
-        return found
-
-    def _chain_series_unordered(
-        self, runs: list[Run], key: int, superseded: bool
-    ) -> list[tuple[int, str, Any]]:
-        merged: dict[int, tuple[str, Any]] = {}
-        for index, member in enumerate(runs):
-            upto = runs[index + 1].start_iteration if index + 1 < len(runs) else None
-            for i, v in self._run_series(member.run_id, key, upto, superseded):
-                merged[i] = (member.run_id, v)
-        return [(i, owner, v) for i, (owner, v) in sorted(merged.items(), key=_first)]
-
-    def _timeline_unordered(
-        self, runs: list[Run], keys: Sequence[str], superseded: bool
-    ) -> list[tuple[int, str, dict[str, Any]]]:
-        rows: dict[int, tuple[str, dict[str, Any]]] = {}
-        for index, member in enumerate(runs):
-            upto = runs[index + 1].start_iteration if index + 1 < len(runs) else None
-            for iteration, key, value in self.records(member.run_id, upto, keys, superseded):
-                owner, record = rows.setdefault(iteration, (member.run_id, {}))
-                if owner != member.run_id:
-                    rows[iteration] = (member.run_id, record)
-                record[key] = value
-        return [(iteration, owner, record) for iteration, (owner, record) in sorted(rows.items())]
-
-    def keys(self, run_ids: Iterable[str]) -> list[str]:
-        """The distinct keys recorded by these runs, sorted."""
-        found: set[str] = set()
-        for run_id in run_ids:
-            found.update(
-                name
-                for (name,) in self.conn.execute(
-                    "SELECT name FROM keys WHERE id IN (SELECT DISTINCT key FROM chunks WHERE run = "
-                    "(SELECT num FROM runs WHERE run_id = ?))",
-                    (run_id,),
-                )
-            )
-        return sorted(found)
-
-
-@contextlib.contextmanager
-def _no_gc() -> Iterator[None]:
-    """Pause the cyclic garbage collector: reading 1e5 rows builds 1e5 containers, and the
-    collections their allocation triggers took half the time of ``log show --keys``."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def _by_iteration_and_key(record: tuple[int, str, Any]) -> tuple[int, str]:
-    return record[0], record[1]
-
-
-def _first(pair: tuple[int, Any]) -> int:
-    return pair[0]
-
-
-def key_matcher(patterns: Sequence[str]) -> Callable[[str], bool]:
-    """A predicate: does a key match any of the glob *patterns* (no patterns: every key)?"""
-    if not patterns:
-        return lambda key: True
-    from fnmatch import fnmatchcase
-
-    cache: dict[str, bool] = {}
-
-    def match(key: str) -> bool:
-        hit = cache.get(key)
-        if hit is None:
-            hit = cache[key] = any(fnmatchcase(key, p) for p in patterns)
-        return hit
-
-    return match
-
-
-def finite(value: Any) -> float | None:
-    """*value* as a float if it is a real finite-or-infinite number (not bool, not NaN), else None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    value = float(value)
-    return None if math.isnan(value) else value
+        return getattr(reader, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
