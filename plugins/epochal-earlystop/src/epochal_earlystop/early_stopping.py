@@ -74,6 +74,10 @@ class EarlyStopping:
         self.min_delta = float(min_delta)
         self.stop_on_nan = stop_on_nan
         self.restore_best = restore_best
+        self._reset()
+
+    def _reset(self) -> None:
+        """Forget every check: the state of a plugin that has seen no run."""
         self.best: float | None = None
         self.best_epoch: int | None = None
         self.best_iteration: int | None = None
@@ -83,6 +87,8 @@ class EarlyStopping:
         self._seen = False
         self._evaluated = False
         self._warned = False
+        #: set by load_state_dict: the next run, if it is a resumed one, continues this state.
+        self._restored = False
 
     def improves(self, value: float) -> bool:
         """Whether *value* beats the best so far by more than ``min_delta``."""
@@ -103,6 +109,13 @@ class EarlyStopping:
         return f"{self.monitor}.best_so_far"
 
     # -- hooks --------------------------------------------------------------------------------
+
+    @hookimpl
+    def before_training(self, loop: Any) -> None:
+        """A fresh run starts from no best (Keras resets on every ``fit``); a resumed one goes on."""
+        if not (self._restored and loop.resumed):
+            self._reset()
+        self._restored = False
 
     @hookimpl
     def after_evaluation(self) -> None:
@@ -239,3 +252,4 @@ class EarlyStopping:
         self._seen = bool(state.get("seen", False))
         self._warned = bool(state.get("warned", False))
         self.best_state = state.get("best_state")
+        self._restored = True

@@ -84,6 +84,7 @@ class LRScheduler:
         self.optimizer: torch.optim.Optimizer | None = None
         self.steps = 0
         self._proxy_model: Any = None
+        #: a saved state (load_state_dict) for the next run to continue, if that one is resumed.
         self._pending: Mapping[str, Any] | None = None
         #: whether the monitored record was seen in the log, and the streams evaluated so far.
         self._seen = False
@@ -114,14 +115,18 @@ class LRScheduler:
 
     @hookimpl
     def before_training(self, loop: Any) -> None:
-        """Make the scheduler (and on a resumed run restore its state and the rates)."""
+        """Make the scheduler (and on a resumed run restore its state and the rates).
+
+        A fresh run starts afresh: no step counted, nothing seen from an earlier run.
+        """
         from epochal.torch import from_plain
         from epochal_schedule.build import build
 
+        self.steps, self._seen, self._evaluated, self._proxy_model = 0, False, set(), None
         self.optimizer = self._optimizer_of(loop.model)
         self.scheduler = build(self.name, self.arguments, self.optimizer, WHERE)
         pending, self._pending = self._pending, None
-        if pending is not None:
+        if pending is not None and loop.resumed:
             # Making a scheduler steps it once and rewrites the rates; the saved ones win.
             self.scheduler.load_state_dict(from_plain(pending["scheduler"]))
             for group, saved in zip(self.optimizer.param_groups, pending["param_groups"], strict=True):
