@@ -160,51 +160,6 @@ def test_restore_best_loads_the_best_epochs_model() -> None:
     assert not np.array_equal(final["W1"], snapshots.states[loop.epoch]["W1"])
 
 
-class ChosenLosses:
-    """A model whose valid loss after epoch n is ``losses[n - 1]`` (2 train batches an epoch)."""
-
-    def __init__(self, losses: list[float]) -> None:
-        self.losses, self.steps = losses, 0
-
-    def train_step(self, batch: Any) -> dict[str, float]:
-        self.steps += 1
-        return {"loss": 1.0}
-
-    def eval_step(self, batch: Any) -> dict[str, float]:
-        return {"loss": self.losses[self.steps // 2 - 1]}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"steps": np.array(self.steps)}
-
-    def load_state_dict(self, state: Any) -> None:
-        self.steps = int(state["steps"])
-
-
-def test_best_so_far_gates_a_checkpoint_in_the_epochs_with_a_new_best_only(tmp_path: Path) -> None:
-    from epochal_checkpoint import list_checkpoints
-
-    from epochal.examples.tiny import tiny_data
-
-    losses = [8.0, 7.0, 6.0, 3.0, 4.0, 5.0]
-    options = {
-        "early_stopping": {"patience": 10},
-        "checkpoint": {
-            "when": "valid.loss.best_so_far",
-            "save_at_end": False,
-            "keep_last": None,
-            "dir": str(tmp_path / "checkpoints"),
-        },
-    }
-    plugins = load_plugins(order=["early_stopping", "checkpoint"], autoload=False, options=options)
-    loop = Loop(
-        ChosenLosses(losses), tiny_data(examples=16), plugins=plugins, max_epochs=6, handle_signals=False
-    )
-    loop.run()
-    assert [v for _, v in loop.log.history("valid.loss")] == losses
-    saved = [info.manifest["epoch"] for info in list_checkpoints(tmp_path / "checkpoints")[0]]
-    assert saved == [1, 2, 3, 4]
-
-
 def test_an_instance_used_again_starts_a_fresh_run_afresh() -> None:
     # Keras' test_state_reset_across_fit_calls: the second run keeps no best, patience or weights
     from epochal_earlystop import EarlyStopping
