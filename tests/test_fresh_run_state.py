@@ -4,8 +4,9 @@ Keras resets its callbacks' state on every ``fit`` (``test_state_reset_across_fi
 ``es = EarlyStopping(); Loop(m1, d, plugins={"early_stopping": es}).run(); Loop(m2, d,
 plugins={"early_stopping": es}).run()`` must not carry m1's best, patience or weights into the
 second run. Only a resume restores a plugin's state. For every standard plugin installed: one
-instance runs a resumed run (its state loaded, then trained on), then a fresh run; that fresh
-run's log, status, output and warnings equal those of the same fresh run with a new instance.
+instance runs a fresh run, a resumed run (its state loaded, then trained on), then a fresh run
+again; that last run's log, status, output, warnings and files equal those of the same run with
+a new instance.
 """
 
 from __future__ import annotations
@@ -62,11 +63,15 @@ class Case:
     tamper: Callable[[dict[str, Any]], None] | None = None
     #: what the run wrote outside the log, besides: (run_dir, loop) -> comparable data
     written: Callable[[Path, Loop], Any] | None = None
+    #: the epochs a run resumed at epoch 1 for 5 epochs ends after (the tampered state shows)
+    resumed_until: int = 5
 
 
 CASES: dict[str, Case] = {
-    "early_stopping": Case("epochal_earlystop", {"patience": 1, "restore_best": True}, _best_of_zero),
-    "finish_after": Case("epochal_earlystop", {"seconds": 500.0}, _elapsed_used_up),
+    "early_stopping": Case(
+        "epochal_earlystop", {"patience": 1, "restore_best": True}, _best_of_zero, resumed_until=2
+    ),
+    "finish_after": Case("epochal_earlystop", {"seconds": 500.0}, _elapsed_used_up, resumed_until=1),
     "lr_scheduler": Case(
         "epochal_schedule",
         {"name": "StepLR", "step_size": 1, "gamma": 0.5, "interval": "batch", "frequency": 3},
@@ -141,8 +146,10 @@ def test_a_fresh_run_with_a_used_instance_is_a_fresh_run(
     if tamper is not None:
         tamper(saved["plugins"][name]["state"])
     used = _plugin(name)
-    first, _ = _run(used, name, tmp_path / "first", max_epochs=5, resume=saved)
-    assert first.resumed
+    _run(used, name, tmp_path / "before", max_epochs=2)
+    # the same instance resumes: the loaded state wins over the one of its earlier run
+    resumed, _ = _run(used, name, tmp_path / "resumed", max_epochs=5, resume=saved)
+    assert resumed.resumed and resumed.epoch == CASES[name].resumed_until
     capsys.readouterr()
 
     again, warned = _run(used, name, tmp_path / "again", max_epochs=3)
