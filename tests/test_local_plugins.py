@@ -70,6 +70,18 @@ class Recorder:
 
 def late(loop):
     return loop.epoch >= 2
+
+
+class Flag:
+    """Writes the true/false record `flag = True` into the rows of the given epochs only."""
+
+    def __init__(self, epochs=()):
+        self.epochs = set(epochs)
+
+    @hookimpl
+    def after_epoch(self, loop):
+        if loop.epoch in self.epochs:
+            loop.log.current_row["flag"] = True
 '''
 
 CONFIG = """
@@ -224,6 +236,23 @@ def test_when_predicate_from_a_module(project):
     result = run(project, "run", str(write(project, 'when = "mymodel:late"\n')))
     assert result.returncode == 0, result.stderr
     assert [e["epoch"] for e in hooks(project, "after_epoch")] == [2, 3]
+
+
+@pytest.mark.parametrize(
+    ("condition", "epochs", "batches"),
+    [
+        ("flag", [1, 3], []),  # no batch row holds the flag
+        ("not flag", [2], [5, 6, 7, 8, 9, 10, 11, 12]),  # false until it is first logged
+    ],
+)
+def test_a_true_false_record_is_read_from_its_own_row_only(project, condition, epochs, batches):
+    # `flag` is written into the rows of epochs 1 and 3 only (4 batches an epoch)
+    extra = f'when = "{condition}"\n\n[plugins.flag]\nfactory = "mymodel:Flag"\nepochs = [1, 3]\n'
+    config = write(project, extra, **{'order = ["mine"]': 'order = ["flag", "mine"]'})
+    result = run(project, "run", str(config))
+    assert result.returncode == 0, result.stderr
+    assert [e["epoch"] for e in hooks(project, "after_epoch")] == epochs
+    assert [e["iteration"] for e in hooks(project, "after_batch")] == batches
 
 
 @pytest.mark.parametrize(

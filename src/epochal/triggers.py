@@ -145,6 +145,12 @@ class _NotLoggedError(Exception):
     """A name of the condition is not logged yet: the condition is false."""
 
 
+def _is_flag(value: Any) -> bool:
+    """Whether *value* is a true/false record (Python's or numpy's bool)."""
+    kind = type(value)
+    return kind is bool or (kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_"))
+
+
 def _lookup(loop: Any, key: str) -> Any:
     row = loop.log.current_row
     if key in row:
@@ -157,6 +163,11 @@ def _lookup(loop: Any, key: str) -> Any:
     value = loop.log.last(key, _MISSING)
     if value is _MISSING:
         raise _NotLoggedError(key)
+    if _is_flag(value):
+        # A true/false record notifies of its own row (early_stopping's best_so_far is set only
+        # where the value is a new best; Blocks' OnLogRecord reads the current row only): looking
+        # back would keep it true for ever after. Outside the row that holds it, it is false.
+        return False
     return value
 
 
@@ -168,7 +179,8 @@ class LogCondition:
     counters ``epoch`` and ``iteration``) are allowed, and nothing is ever passed to ``eval``.
     A name is looked up in the current log row, then the stream's last evaluation, then the
     loop's counters, then the latest row that has it; while it is not logged yet the condition
-    is false.
+    is false. A true/false record is the exception: it notifies of its own row (such as
+    ``valid.loss.best_so_far``), so in any row that does not hold it, it reads as false.
     """
 
     def __init__(self, text: str) -> None:

@@ -160,6 +160,28 @@ def test_restore_best_loads_the_best_epochs_model() -> None:
     assert not np.array_equal(final["W1"], snapshots.states[loop.epoch]["W1"])
 
 
+def test_an_instance_used_again_starts_a_fresh_run_afresh() -> None:
+    # Keras' test_state_reset_across_fit_calls: the second run keeps no best, patience or weights
+    from epochal_earlystop import EarlyStopping
+
+    es = EarlyStopping(patience=2, restore_best=True)
+    first = Loop(make_model(), make_data(), plugins={"early_stopping": es}, max_epochs=8, seed=0)
+    first.run()
+    weights_of_first = {k: v.copy() for k, v in first.model.state_dict().items()}
+    # a model that trains worse: every value of its run is above the first run's best
+    second = Loop(make_model(lr=0.02), make_data(), plugins={"early_stopping": es}, max_epochs=4, seed=0)
+    second.run()
+    losses = [v for _, v in second.log.history("valid.loss")]
+    assert min(losses) > first.log.status["early_stopping"]["best"]
+    assert all(b < a for a, b in itertools.pairwise(losses))  # it improves at every check
+    assert second.epoch == 4 and second.log.status["finish_reason"] == "max_epochs=4 reached"
+    assert second.log.status["early_stopping"]["best"] == losses[-1]
+    assert second.log.status["early_stopping"]["best_epoch"] == 4
+    assert not np.array_equal(second.model.state_dict()["W1"], weights_of_first["W1"])
+    flagged = [row["epochs_done"] for _, row in second.log.rows() if row.get("valid.loss.best_so_far")]
+    assert flagged == [1, 2, 3, 4]
+
+
 def test_a_missing_record_warns_once_after_the_first_evaluation() -> None:
     from epochal_earlystop import EarlyStoppingWarning
 

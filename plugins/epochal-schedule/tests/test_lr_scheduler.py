@@ -12,7 +12,7 @@ import pytest
 import torch
 from epochal_schedule import LRScheduler
 
-from epochal import Loop, PluginError, load_plugins
+from epochal import ConfigError, Loop, PluginError, load_plugins
 from epochal.testing import epochal_command
 from epochal.torch import TorchModel
 
@@ -68,6 +68,61 @@ def test_reduce_on_plateau_watches_an_eval_metric() -> None:
     scheduler = LRScheduler("ReduceLROnPlateau", monitor="valid.loss", patience=0, factor=0.5, threshold=10.0)
     loop = run(scheduler, epochs=3, valid=batches(2))
     assert lrs(loop) == pytest.approx([0.1, 0.05, 0.025])  # "no improvement" every epoch
+
+
+class ChosenValidLoss:
+    """A numpy model (an ``lr`` attribute) whose valid loss after epoch n is ``losses[n]``."""
+
+    def __init__(self, losses: dict[int, float], batches_per_epoch: int = 4) -> None:
+        self.lr, self.losses, self.per_epoch, self.steps = 0.1, losses, batches_per_epoch, 0
+
+    def train_step(self, batch: Any) -> dict[str, float]:
+        self.steps += 1
+        return {"loss": 1.0}
+
+    def eval_step(self, batch: Any) -> dict[str, float]:
+        return {"loss": self.losses[self.steps // self.per_epoch]}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("losses", "rates", "final"),
+    [
+        # better at every evaluation: the rate never drops
+        ({0: 2.30, 2: 0.26, 4: 0.16, 6: 0.15}, [0.1] * 6, 0.1),
+        # worse at the evaluations after epochs 4 and 6: it drops there, and only there
+        ({0: 2.30, 2: 0.26, 4: 0.30, 6: 0.35}, [0.1] * 4 + [0.01] * 2, 0.001),
+    ],
+)
+def test_reduce_on_plateau_steps_only_in_epochs_with_an_evaluation(
+    losses: dict[int, float], rates: list[float], final: float
+) -> None:
+    model = ChosenValidLoss(losses)
+    scheduler = LRScheduler("ReduceLROnPlateau", monitor="valid.loss", patience=0, factor=0.1)
+    loop = Loop(
+        model, {"train": batches(), "valid": batches(2)}, plugins={"lr_scheduler": scheduler},
+        max_epochs=6, eval_every_n_epochs=2, eval_at_start=True,
+    )  # fmt: skip
+    loop.run()
+    assert [v for _, v in loop.log.history("valid.loss")] == list(losses.values())
+    assert lrs(loop) == pytest.approx(rates)  # the rate each epoch trained with
+    assert model.lr == pytest.approx(final)
+
+
+def test_reduce_on_plateau_refuses_a_monitor_its_stream_does_not_log() -> None:
+    model = ChosenValidLoss({2: 0.5, 4: 0.4})
+    scheduler = LRScheduler("ReduceLROnPlateau", monitor="valid.los", patience=0)
+    loop = Loop(
+        model, {"train": batches(), "valid": batches(2)}, plugins={"lr_scheduler": scheduler},
+        max_epochs=4, eval_every_n_epochs=2,
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match=r"monitor 'valid.los' is not in the log at epoch 2 .*valid.loss"):
+        loop.run()
 
 
 def test_nested_schedulers_and_callables_from_toml_values() -> None:

@@ -1,21 +1,35 @@
 """The ``early_stopping`` plugin: stop when a log record stops improving; track the best value.
 
 Ancestors: Blocks' ``TrackTheBest`` and ``FinishIfNoImprovementAfter``, Keras'/Lightning's
-``EarlyStopping``. After every epoch whose log row holds the monitored record (``valid.loss`` by
-default, written by the core's evaluation or by another plugin such as ``monitor``), the value is
-compared with the best so far; ``patience`` such checks in a row without an improvement of more
-than ``min_delta`` end training through ``loop.request_stop`` with a reason.
+``EarlyStopping``, Ignite's ``EarlyStopping``. After every epoch whose log row holds the
+monitored record (``valid.loss`` by default, written by the core's evaluation or by another
+plugin such as ``monitor``), the value is compared with the best so far; ``patience`` such
+checks in a row without an improvement of more than ``min_delta`` end training through
+``loop.request_stop`` with a reason. The peers' options are here under their names: Keras'
+``mode = "auto"`` and ``baseline``, Lightning's ``stopping_threshold`` and
+``divergence_threshold``, torch's ``threshold_mode`` and Ignite's ``cumulative_delta``.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+import re
 import warnings
 from collections.abc import Mapping
 from typing import Any, Literal
 
 from epochal import PluginError, hookimpl
+
+#: words of a record's name that say which way is better, for ``mode = "auto"`` (Keras decides
+#: by the name too: "loss" is minimized, "acc"/"auc"/F-measure-like names maximized).
+LOWER_IS_BETTER = frozenset(
+    {"loss", "nll", "error", "err", "mse", "mae", "rmse", "mape", "perplexity", "ppl", "cer", "wer"}
+)
+HIGHER_IS_BETTER = frozenset(
+    {"acc", "accuracy", "auc", "auroc", "roc", "f1", "fmeasure", "fbeta", "precision", "recall",
+     "iou", "miou", "dice", "r2", "bleu", "map"}
+)  # fmt: skip
 
 
 class EarlyStoppingWarning(UserWarning):
@@ -33,14 +47,48 @@ def _number(value: Any) -> float | None:
         return None
 
 
+def direction_of(monitor: str) -> Literal["min", "max"] | None:
+    """``min`` or ``max`` as a record's name says (``valid.loss``, ``valid.top1_accuracy``), or None.
+
+    The words of the name after its stream (split at ``.``, ``_``, ``-``, ...) are looked
+    up in :data:`LOWER_IS_BETTER` and :data:`HIGHER_IS_BETTER` (``accuracy``-like prefixes such as
+    ``acc`` count); a name with words of both kinds, or of neither, says nothing.
+    """
+    _, dot, metric = monitor.partition(".")
+    words = {w for w in re.split(r"[^a-z0-9]+", (metric if dot else monitor).lower()) if w}
+    lower = bool(words & LOWER_IS_BETTER) or any(w.endswith("loss") for w in words)
+    higher = bool(words & HIGHER_IS_BETTER) or any(w.startswith("acc") for w in words)
+    if lower == higher:
+        return None
+    return "min" if lower else "max"
+
+
+def _optional_number(option: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise _option_error(option, f"must be a finite number or unset, not {value!r}")
+    return float(value)
+
+
 class EarlyStopping:
     """Stop training when the monitored record has not improved for ``patience`` checks.
 
     :param monitor: the log record to watch (``valid.loss``, ``valid.accuracy``, ``train.loss``).
-    :param mode: ``min`` (lower is better) or ``max`` (higher is better).
+    :param mode: ``min`` (lower is better), ``max`` (higher is better) or ``auto`` (as the
+        record's name says: :func:`direction_of`; a name that says nothing is an error).
     :param patience: checks (epochs in whose row the record appears) without improvement
         before stopping; 0 stops at the first check that does not improve.
     :param min_delta: an improvement must beat the best value by more than this.
+    :param threshold_mode: ``abs``: ``min_delta`` is a difference; ``rel``: a fraction of the
+        best value's magnitude (torch's ``threshold_mode``).
+    :param cumulative_delta: True: a value better than the best by ``min_delta`` or less is no
+        new best (the deltas add up since the last improvement); False: it is the new best but
+        counts as no improvement (Ignite's default).
+    :param baseline: a value to beat: checks that improve on the best but not on the baseline
+        count against ``patience`` (Keras).
+    :param stopping_threshold: stop as soon as the value is better than this (Lightning).
+    :param divergence_threshold: stop as soon as the value is worse than this (Lightning).
     :param stop_on_nan: stop as soon as the record is NaN or infinite.
     :param restore_best: keep a copy of the model state of the best check in memory (and in the
         plugin's state, for a resumed run) and load it into the model when training ends.
@@ -54,26 +102,93 @@ class EarlyStopping:
     def __init__(
         self,
         monitor: str = "valid.loss",
-        mode: Literal["min", "max"] = "min",
+        mode: Literal["min", "max", "auto"] = "min",
         patience: int = 5,
         min_delta: float = 0.0,
         stop_on_nan: bool = True,
         restore_best: bool = False,
+        baseline: float | None = None,
+        stopping_threshold: float | None = None,
+        divergence_threshold: float | None = None,
+        threshold_mode: Literal["abs", "rel"] = "abs",
+        cumulative_delta: bool = True,
     ) -> None:
         if not isinstance(monitor, str) or not monitor:
             raise _option_error("monitor", f"must be a log record name such as 'valid.loss', not {monitor!r}")
-        if mode not in ("min", "max"):
-            raise _option_error("mode", f"must be 'min' or 'max', not {mode!r}")
+        if mode not in ("min", "max", "auto"):
+            raise _option_error("mode", f"must be 'min', 'max' or 'auto', not {mode!r}")
         if isinstance(patience, bool) or not isinstance(patience, int) or patience < 0:
             raise _option_error("patience", f"must be a non-negative integer, not {patience!r}")
         if isinstance(min_delta, bool) or not isinstance(min_delta, (int, float)) or not min_delta >= 0:
             raise _option_error("min_delta", f"must be a non-negative number, not {min_delta!r}")
+        if threshold_mode not in ("abs", "rel"):
+            raise _option_error("threshold_mode", f"must be 'abs' or 'rel', not {threshold_mode!r}")
+        named = direction_of(monitor)
+        if mode == "auto":
+            if named is None:
+                raise _option_error(
+                    "mode",
+                    f"'auto' cannot tell whether {monitor!r} should decrease or increase (its name "
+                    "has no word such as loss, error, accuracy, auc, f1, or words of both kinds): "
+                    "set mode = 'min' or 'max'",
+                )
+            mode = named
         self.monitor = monitor
-        self.mode = mode
+        self.mode: Literal["min", "max"] = mode
         self.patience = patience
         self.min_delta = float(min_delta)
+        self.threshold_mode = threshold_mode
+        self.cumulative_delta = bool(cumulative_delta)
         self.stop_on_nan = stop_on_nan
         self.restore_best = restore_best
+        self.baseline = _optional_number("baseline", baseline)
+        self.stopping_threshold = _optional_number("stopping_threshold", stopping_threshold)
+        self.divergence_threshold = _optional_number("divergence_threshold", divergence_threshold)
+        self._check_thresholds(named)
+        self._reset()
+
+    def _check_thresholds(self, named: Literal["min", "max"] | None) -> None:
+        """Refuse thresholds that contradict the mode, the record's name or each other."""
+        lower, sign = self.mode == "min", "<" if self.mode == "min" else ">"
+        thresholds = [
+            (option, value)
+            for option, value in (
+                ("stopping_threshold", self.stopping_threshold),
+                ("divergence_threshold", self.divergence_threshold),
+            )
+            if value is not None
+        ]
+        if thresholds and named is not None and named != self.mode:
+            option, value = thresholds[0]
+            which = "lower" if named == "min" else "higher"
+            raise _option_error(
+                option,
+                f"with mode = '{self.mode}' a value {sign} {value:g} is better, but {self.monitor!r} "
+                f"is a {which}-is-better name: set mode = '{named}' (or 'auto')",
+            )
+        stop, diverge, base = self.stopping_threshold, self.divergence_threshold, self.baseline
+        if stop is not None and diverge is not None and not (stop < diverge if lower else stop > diverge):
+            raise _option_error(
+                "stopping_threshold",
+                f"{stop:g} must be better than divergence_threshold = {diverge:g} with mode = "
+                f"'{self.mode}' (a value {sign} {stop:g} stops as good enough; one worse than "
+                f"{diverge:g} as diverged)",
+            )
+        if base is not None and stop is not None and (stop > base if lower else stop < base):
+            raise _option_error(
+                "stopping_threshold",
+                f"{stop:g} is worse than baseline = {base:g} with mode = '{self.mode}': it would "
+                "stop as good enough a run that has not beaten its baseline",
+            )
+        if base is not None and diverge is not None and (diverge < base if lower else diverge > base):
+            raise _option_error(
+                "divergence_threshold",
+                f"{diverge:g} is better than baseline = {base:g} with mode = '{self.mode}': every "
+                "value that beats the baseline would count as diverged",
+            )
+
+    def _reset(self) -> None:
+        """Forget every check: the state of a plugin that has seen no run."""
         self.best: float | None = None
         self.best_epoch: int | None = None
         self.best_iteration: int | None = None
@@ -83,14 +198,23 @@ class EarlyStopping:
         self._seen = False
         self._evaluated = False
         self._warned = False
+        #: set by load_state_dict: the next run, if it is a resumed one, continues this state.
+        self._restored = False
+
+    def beats(self, value: float, reference: float) -> bool:
+        """Whether *value* is better than *reference* by more than ``min_delta`` (absolute, or
+        relative to ``abs(reference)`` with ``threshold_mode = "rel"``)."""
+        delta = self.min_delta if self.threshold_mode == "abs" else abs(reference) * self.min_delta
+        if self.mode == "min":
+            return value < reference - delta
+        return value > reference + delta
 
     def improves(self, value: float) -> bool:
         """Whether *value* beats the best so far by more than ``min_delta``."""
-        if self.best is None:
-            return True
-        if self.mode == "min":
-            return value < self.best - self.min_delta
-        return value > self.best + self.min_delta
+        return self.best is None or self.beats(value, self.best)
+
+    def _better(self, value: float, reference: float) -> bool:
+        return value < reference if self.mode == "min" else value > reference
 
     @property
     def record_best(self) -> str:
@@ -103,6 +227,13 @@ class EarlyStopping:
         return f"{self.monitor}.best_so_far"
 
     # -- hooks --------------------------------------------------------------------------------
+
+    @hookimpl
+    def before_training(self, loop: Any) -> None:
+        """A fresh run starts from no best (Keras resets on every ``fit``); a resumed one goes on."""
+        if not (self._restored and loop.resumed):
+            self._reset()
+        self._restored = False
 
     @hookimpl
     def after_evaluation(self) -> None:
@@ -124,31 +255,61 @@ class EarlyStopping:
                 f"{type(row[self.monitor]).__name__} {row[self.monitor]!r}, not a number"
             )
         self.checks += 1
-        if not math.isfinite(value):
-            if self.stop_on_nan:
-                loop.request_stop(
-                    f"early_stopping: {self.monitor} is {value!r} after epoch {loop.epoch} (stop_on_nan)"
-                )
-                self._write(row, False)
-                return
-            improved = False
-        else:
-            improved = self.improves(value)
-        if improved:
+        finite = math.isfinite(value)
+        if not finite and self.stop_on_nan:
+            loop.request_stop(
+                f"early_stopping: {self.monitor} is {value!r} after epoch {loop.epoch} (stop_on_nan)"
+            )
+            self._write(row, False)
+            return
+        improved = finite and self.improves(value)
+        # Ignite's cumulative_delta = False: a smaller step than min_delta is the new best too
+        # (so the next improvement is measured from it), without resetting the patience.
+        new_best = improved or (
+            finite and not self.cumulative_delta and self.best is not None and self._better(value, self.best)
+        )
+        if new_best:
             self.best, self.best_epoch, self.best_iteration = value, loop.epoch, loop.iteration
-            self.wait = 0
             if self.restore_best:
                 self.best_state = copy.deepcopy(loop.model.state_dict())
+        # Keras' baseline: the patience restarts only on a value that beats the baseline too.
+        if improved and (self.baseline is None or self.beats(value, self.baseline)):
+            self.wait = 0
         else:
             self.wait += 1
-        self._write(row, improved)
-        if not improved and self.wait >= self.patience:
+        self._write(row, new_best)
+        if finite and self._threshold_stop(loop, value):
+            return
+        if self.wait and self.wait >= self.patience:
             better = "decrease" if self.mode == "min" else "increase"
             delta = f" by more than {self.min_delta:g}" if self.min_delta else ""
+            if self.threshold_mode == "rel" and self.min_delta:
+                delta += " (relative)"
+            if self.baseline is not None and (self.best is None or not self.beats(self.best, self.baseline)):
+                below = "below" if self.mode == "min" else "above"
+                delta += f" {below} the baseline {self.baseline:g}"
             loop.request_stop(
-                f"early_stopping: {self.monitor} did not {better}{delta} for {self.wait} check(s) "
-                f"(patience={self.patience}); best {self.best!r} after epoch {self.best_epoch}"
+                f"early_stopping: {self.monitor} did not {better}{delta} for {self.wait} "
+                f"check(s) (patience={self.patience}); best {self.best!r} after epoch {self.best_epoch}"
             )
+
+    def _threshold_stop(self, loop: Any, value: float) -> bool:
+        """Request a stop when *value* passed ``stopping_threshold`` or ``divergence_threshold``."""
+        sign, worse = ("<", ">") if self.mode == "min" else (">", "<")
+        stop, diverge = self.stopping_threshold, self.divergence_threshold
+        if stop is not None and self._better(value, stop):
+            loop.request_stop(
+                f"early_stopping: {self.monitor} = {value!r} {sign} stopping_threshold {stop:g} "
+                f"after epoch {loop.epoch}"
+            )
+            return True
+        if diverge is not None and self._better(diverge, value):
+            loop.request_stop(
+                f"early_stopping: {self.monitor} = {value!r} {worse} divergence_threshold {diverge:g} "
+                f"after epoch {loop.epoch} (diverged)"
+            )
+            return True
+        return False
 
     @hookimpl
     def after_training(self, loop: Any) -> None:
@@ -239,3 +400,4 @@ class EarlyStopping:
         self._seen = bool(state.get("seen", False))
         self._warned = bool(state.get("warned", False))
         self.best_state = state.get("best_state")
+        self._restored = True

@@ -57,6 +57,8 @@ class FinishAfter:
         self._clock = time.monotonic
         self._started: float | None = None
         self._stopped: float | None = None
+        #: set by load_state_dict: the next run, if it is a resumed one, continues the count.
+        self._restored = False
 
     @property
     def elapsed(self) -> float:
@@ -70,7 +72,10 @@ class FinishAfter:
 
     @hookimpl(tryfirst=True)
     def before_training(self, loop: Any) -> None:
-        """Start the clock; stop at once if a limit is already met (a resumed run)."""
+        """Start the clock (a fresh run from 0 s); stop at once if a limit is already met."""
+        if not (self._restored and loop.resumed):
+            self.elapsed_before = 0.0
+        self._restored = False
         self._started, self._stopped = self._clock(), None
         self._check_epochs(loop)
         self._check_batches(loop)
@@ -128,3 +133,4 @@ class FinishAfter:
         """Continue counting seconds from a saved :meth:`state_dict`."""
         self.elapsed_before = float(state.get("elapsed", 0.0))
         self._started = self._stopped = None
+        self._restored = True

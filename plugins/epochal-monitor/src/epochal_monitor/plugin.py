@@ -115,6 +115,13 @@ class Monitor:
             raise _option_error("prefix", f"must be a non-empty string, not {prefix!r}")
         self.prefix = prefix
         self._running_due = _every_n_batches(self.every_n_batches)
+        self._reset()
+        self._batch_size: Any = None
+        #: the run's world when it has several processes (records are reduced across them).
+        self._world: Any = None
+
+    def _reset(self) -> None:
+        """Forget every accumulator and report: the state of a plugin that has seen no run."""
         #: metric → [kind, a, b] for the epoch in progress (see _update).
         self._epoch: dict[str, list[Any]] = {}
         #: metric → (its accumulator in _epoch, its running record's name, or None without
@@ -124,10 +131,9 @@ class Monitor:
         #: the same since the last running record (only with every_n_batches).
         self._window: dict[str, list[Any]] = {}
         self._skip: set[str] = set()
-        self._batch_size: Any = None
         self._warned: set[str] = set()
-        #: the run's world when it has several processes (records are reduced across them).
-        self._world: Any = None
+        #: set by load_state_dict: the next run, if it is a resumed one, continues this state.
+        self._restored = False
 
     # -- accumulation -------------------------------------------------------------------------
 
@@ -222,7 +228,14 @@ class Monitor:
 
     @hookimpl
     def before_training(self, loop: Any) -> None:
-        """Apply ``every_n_epochs``/``at_start`` to the loop's evaluation schedule."""
+        """Apply ``every_n_epochs``/``at_start`` to the loop's evaluation schedule.
+
+        A fresh run starts with no accumulator and no metric reported; a resumed run continues
+        the state it loaded.
+        """
+        if not (self._restored and loop.resumed):
+            self._reset()
+        self._restored = False
         if self.every_n_epochs is not None:
             loop.eval_every_n_epochs = self.every_n_epochs
         if self.at_start is not None:
@@ -420,6 +433,7 @@ class Monitor:
                 for key, (kind, a, b) in accs.items()
             }
 
-        self._epoch, self._hot = load(state.get("epoch", {})), {}
+        self._epoch, self._hot, self._skip = load(state.get("epoch", {})), {}, set()
         self._window = load(state.get("window", {}))
         self._warned = set(state.get("warned", []))
+        self._restored = True

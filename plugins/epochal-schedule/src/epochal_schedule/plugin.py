@@ -8,8 +8,9 @@
     max_lr = 0.1               # the other keys are the class's own arguments
     total_steps = 3000
 
-``ReduceLROnPlateau`` steps after each epoch's evaluation with the log value named by
-``monitor``. ``SequentialLR`` and ``ChainedScheduler`` take ``schedulers = [{name = ...,
+``ReduceLROnPlateau`` steps with the log value named by ``monitor``, only in the rows that hold
+it: with ``[loop] eval_every_n_epochs = 2`` it steps after every second epoch, never on the
+previous evaluation's value again. ``SequentialLR`` and ``ChainedScheduler`` take ``schedulers = [{name = ...,
 ...}, ...]``; ``LambdaLR``-style callables are given as ``"module:function"``. The learning rate
 used by each epoch (or optimizer step) is written into the log as ``lr`` (``lr.groupN`` for
 further parameter groups). The scheduler's state is saved in checkpoints and restored exactly.
@@ -41,7 +42,8 @@ class LRScheduler:
     :param interval: ``"epoch"`` (after each epoch, after its evaluation) or ``"batch"``
         (after each optimizer step: with gradient accumulation, every N batches).
     :param frequency: step every *frequency* epochs or optimizer steps.
-    :param monitor: the log key ``ReduceLROnPlateau`` watches (e.g. ``"valid.loss"``).
+    :param monitor: the log key ``ReduceLROnPlateau`` watches (e.g. ``"valid.loss"``); it steps
+        only in the rows (epochs, or batches with ``interval = "batch"``) that hold it.
     :param log: write the learning rate into the log (``lr``, ``lr.group1``, ...).
     :param arguments: the scheduler's own keyword arguments (``step_size``, ``T_max``, ...).
     """
@@ -82,7 +84,11 @@ class LRScheduler:
         self.optimizer: torch.optim.Optimizer | None = None
         self.steps = 0
         self._proxy_model: Any = None
+        #: a saved state (load_state_dict) for the next run to continue, if that one is resumed.
         self._pending: Mapping[str, Any] | None = None
+        #: whether the monitored record was seen in the log, and the streams evaluated so far.
+        self._seen = False
+        self._evaluated: set[str] = set()
 
     # -- the optimizer ------------------------------------------------------------------------
 
@@ -109,20 +115,29 @@ class LRScheduler:
 
     @hookimpl
     def before_training(self, loop: Any) -> None:
-        """Make the scheduler (and on a resumed run restore its state and the rates)."""
+        """Make the scheduler (and on a resumed run restore its state and the rates).
+
+        A fresh run starts afresh: no step counted, nothing seen from an earlier run.
+        """
         from epochal.torch import from_plain
         from epochal_schedule.build import build
 
+        self.steps, self._seen, self._evaluated, self._proxy_model = 0, False, set(), None
         self.optimizer = self._optimizer_of(loop.model)
         self.scheduler = build(self.name, self.arguments, self.optimizer, WHERE)
         pending, self._pending = self._pending, None
-        if pending is not None:
+        if pending is not None and loop.resumed:
             # Making a scheduler steps it once and rewrites the rates; the saved ones win.
             self.scheduler.load_state_dict(from_plain(pending["scheduler"]))
             for group, saved in zip(self.optimizer.param_groups, pending["param_groups"], strict=True):
                 group.update(from_plain(saved))
             self.steps = int(pending["steps"])
         self._sync_proxy()
+
+    @hookimpl
+    def after_evaluation(self, stream: str) -> None:
+        """Note the stream evaluated (the monitored record's absence is an error only after it)."""
+        self._evaluated.add(stream)
 
     @hookimpl
     def after_batch(self, loop: Any) -> None:
@@ -148,20 +163,34 @@ class LRScheduler:
         if self._proxy_model is not None:
             self.optimizer.step()  # a no-op (no gradients) that tells torch the optimizer stepped
         if self.plateau:
-            value = loop.log.current_row.get(self.monitor)
-            stream, _, key = self.monitor.partition(".")
+            row = loop.log.current_row
+            value = row.get(self.monitor)
             if value is None:
-                value = loop.last_metrics.get(stream, {}).get(key)
-            if value is None:
-                raise ConfigError(
-                    f"{WHERE} monitor {self.monitor!r} is not in the log at epoch {loop.epoch} "
-                    "(ReduceLROnPlateau needs it); this row has: "
-                    f"{', '.join(sorted(loop.log.current_row)) or 'nothing'}"
-                )
+                # No value in this row (an epoch without evaluation): no step, rather than a step
+                # on the previous evaluation's value, which would count as "no improvement".
+                self._check_monitor(loop, row)
+                return
+            self._seen = True
             self.scheduler.step(float(value))
         else:
             self.scheduler.step()
         self._sync_proxy()
+
+    def _check_monitor(self, loop: Any, row: Mapping[str, Any]) -> None:
+        """Refuse a monitored record that is not logged once it should have been."""
+        if self._seen:
+            return
+        stream = self.monitor.partition(".")[0]
+        if stream in loop.eval_streams and stream not in self._evaluated:
+            return  # it may come with the stream's first evaluation
+        if loop.log.last(self.monitor) is not None:
+            self._seen = True  # logged in other rows (e.g. an epoch's, with interval = "batch")
+            return
+        raise ConfigError(
+            f"{WHERE} monitor {self.monitor!r} is not in the log at epoch {loop.epoch} "
+            "(ReduceLROnPlateau needs it); this row has: "
+            f"{', '.join(sorted(row)) or 'nothing'}"
+        )
 
     # -- state --------------------------------------------------------------------------------
 

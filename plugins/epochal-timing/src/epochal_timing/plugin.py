@@ -93,12 +93,16 @@ class Timing:
         self.table = table
         self.per_plugin = per_plugin
         self._pc = time.perf_counter
+        self._wrapped: list[tuple[Any, Callable[..., Any]]] = []
+        self._loop: Any = None
+        self._reset()
+
+    def _reset(self) -> None:
+        """Zero every total: each run (fresh or resumed) times itself alone."""
         #: (plugin, hook) → [seconds, calls] since the last epoch record.
         self._cells: dict[tuple[str, str], list[Any]] = {}
         #: (plugin, hook) → [seconds, calls] over the run.
         self._totals: dict[tuple[str, str], list[Any]] = {}
-        self._wrapped: list[tuple[Any, Callable[..., Any]]] = []
-        self._loop: Any = None
         self._reset_interval()
         self._stages: dict[str, list[Any]] = {}
         self._started = 0.0
@@ -145,7 +149,9 @@ class Timing:
 
     @hookimpl(tryfirst=True)
     def before_training(self, loop: Any) -> None:
-        """Wrap the other plugins' hooks (``per_plugin``) and start the clocks."""
+        """Wrap the other plugins' hooks (``per_plugin``) and start the clocks from zero."""
+        self._unwrap()  # an earlier run that ended without after_training or on_error
+        self._reset()
         self._loop = loop
         if self.per_plugin:
             self._wrap(loop)
