@@ -357,7 +357,7 @@ def _refuse_other_runs_checkpoints(plugin: Any, loop: Any, config_file: str) -> 
     "--csv",
     "as_csv",
     is_flag=True,
-    help="Print CSV: position, name, status, distribution, version, hooks, rank.",
+    help="Print CSV: position, name, status, distribution, version, hooks, rank, autoload.",
 )
 @click.option("--order", "show_order", is_flag=True, help="Show the call order of every hook.")
 @click.option(
@@ -430,7 +430,7 @@ def plugins_command(
 
     if as_csv:
         print_csv(
-            ("position", "name", "status", "distribution", "version", "hooks", "rank"),
+            ("position", "name", "status", "distribution", "version", "hooks", "rank", "autoload"),
             [
                 (
                     i["position"],
@@ -440,6 +440,7 @@ def plugins_command(
                     i["version"],
                     " ".join(i["hooks"]),
                     i["rank"],
+                    {True: "true", False: "false"}.get(i["autoload"], ""),
                 )
                 for i in infos
             ],
@@ -453,13 +454,14 @@ def plugins_command(
             "" if i["position"] is None else str(i["position"]),
             i["name"],
             i["status"],
+            {True: "by default", False: "when named"}.get(i["autoload"], "-"),
             f"{i['distribution'] or '-'} {i['version'] or ''}".strip(),
             {"zero": "rank 0", "all": "all ranks"}.get(i["rank"] or "", "-"),
             ", ".join(i["hooks"]),
         )
         for i in infos
     ]
-    print_table(("#", "name", "status", "distribution", "runs on", "hooks"), rows, numeric=(0,))
+    print_table(("#", "name", "status", "loads", "distribution", "runs on", "hooks"), rows, numeric=(0,))
     for i in infos:
         if i["error"]:
             click.echo(f"{i['name']}: {i['error']}", err=True)
