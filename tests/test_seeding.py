@@ -161,3 +161,62 @@ def test_a_seed_no_generator_takes_is_one_line_naming_the_key(
         result.stderr.strip() == f"Error: run.toml: [loop] seed must be between 0 and 2**32 - 1, not {seed}"
     )
     assert not (tmp_path / "rows.jsonl").exists()  # refused before the run started
+
+
+RANKS = """
+import json
+import os
+import random
+
+import numpy as np
+
+from epochal.data import BatchStream
+
+
+class Model:
+    def __init__(self):
+        self.w = np.random.randn(3)
+        with open(f"init-{os.environ['RANK']}.json", "w") as out:
+            json.dump({"numpy": self.w.tolist(), "python": random.random()}, out)
+
+    def distribute(self, world):
+        pass  # it learns nothing: no gradients to average
+
+    def train_step(self, batch):
+        return {"loss": 0.0}
+
+    def eval_step(self, batch):
+        return {"loss": 0.0}
+
+    def state_dict(self):
+        return {"w": self.w.copy()}
+
+    def load_state_dict(self, state):
+        self.w = np.array(state["w"])
+
+
+def model():
+    return Model()
+
+
+def data():
+    x = np.arange(32.0).reshape(16, 2)
+    return {"train": BatchStream(x, x[:, 0], batch_size=4, shuffle=False, seed=0)}
+"""
+
+
+@pytest.mark.distributed
+def test_every_rank_builds_the_same_initial_model(tmp_path: Path, epochal_cli: EpochalCli) -> None:
+    """On several processes the model factory draws from the same seed on every rank, so the
+    replicas start equal (what DDP and fully_shard expect)."""
+    pytest.importorskip("torch.distributed")
+    (tmp_path / "ranks.py").write_text(RANKS)
+    (tmp_path / "run.toml").write_text(
+        '[loop]\nmax_epochs = 1\nseed = 7\n\n[distributed]\nbackend = "gloo"\ntimeout = 60\n\n'
+        '[model]\nfactory = "ranks:model"\n\n[data]\nfactory = "ranks:data"\n\n'
+        "[plugins]\nautoload = false\n"
+    )
+    result = epochal_cli("run", "run.toml", "--nproc", "2")
+    assert result.returncode == 0, result.stderr
+    first, second = (json.loads((tmp_path / f"init-{rank}.json").read_text()) for rank in (0, 1))
+    assert first == second
