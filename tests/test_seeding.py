@@ -5,15 +5,19 @@ data split) give the same run every time (issue 29). Runs through the CLI."""
 from __future__ import annotations
 
 import json
+import random
+import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
+from epochal import _rng
 from epochal.testing import EpochalCli
 
 pytest_plugins = ["epochal.testing"]
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("no_epochal_env")]
+pytestmark = pytest.mark.usefixtures("no_epochal_env")
 
 # Factories with no seed argument: they draw from the global generators, as a user's often do.
 FACTORIES = """
@@ -120,6 +124,7 @@ def run(epochal_cli: EpochalCli, tmp_path: Path, model: str, seed: int, name: st
     return first
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["numpy_model", "torch_model"])
 def test_a_seeded_config_gives_the_same_first_epoch_every_run(
     model: str, tmp_path: Path, epochal_cli: EpochalCli
@@ -134,6 +139,7 @@ def test_a_seeded_config_gives_the_same_first_epoch_every_run(
     assert other != first
 
 
+@pytest.mark.slow
 def test_check_resume_of_a_factory_that_draws_is_not_a_mismatch(
     tmp_path: Path, epochal_cli: EpochalCli
 ) -> None:
@@ -147,6 +153,7 @@ def test_check_resume_of_a_factory_that_draws_is_not_a_mismatch(
     assert "ok: interrupted after batch 5 of 8 and resumed" in result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", ["-1", str(2**32)])
 def test_a_seed_no_generator_takes_is_one_line_naming_the_key(
     seed: str, tmp_path: Path, epochal_cli: EpochalCli
@@ -205,6 +212,7 @@ def data():
 """
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_every_rank_builds_the_same_initial_model(tmp_path: Path, epochal_cli: EpochalCli) -> None:
     """On several processes the model factory draws from the same seed on every rank, so the
@@ -220,3 +228,17 @@ def test_every_rank_builds_the_same_initial_model(tmp_path: Path, epochal_cli: E
     assert result.returncode == 0, result.stderr
     first, second = (json.loads((tmp_path / f"init-{rank}.json").read_text()) for rank in (0, 1))
     assert first == second
+
+
+def test_seeded_seeds_every_generator_for_its_block_and_leaves_no_hook_behind() -> None:
+    hooks = list(sys.meta_path)
+    draws = []
+    for _ in range(2):
+        with _rng.seeded(11):
+            draws.append((random.random(), float(np.random.rand())))
+        assert sys.meta_path == hooks
+    assert draws[0] == draws[1]
+    state = _rng.capture()
+    with _rng.seeded(None):  # no seed: the generators are left as they are
+        pass
+    assert random.getstate()[1] == tuple(state["python"]["state"].tolist())
