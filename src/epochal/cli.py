@@ -98,7 +98,8 @@ _BACKEND_OPTION = click.option(
 
 _PLUGINS_HELP = (
     "Call order for this run: these plugins first, in this order; every other installed plugin "
-    "still loads after them (unless [plugins] autoload = false). a,b,c"
+    "still loads after them (unless [plugins] autoload = false), except those that load only when "
+    "named (early_stopping, lr_scheduler, load, ...). a,b,c"
 )
 _ONLY_HELP = "Load only these plugins, in this order (no autoloading): a,b,c."
 
@@ -172,7 +173,9 @@ def run(
     (nothing saved) with 130.
 
     Every installed plugin runs unless disabled (--disable, [plugins] disable) or autoloading is
-    off; --plugins only puts the named ones first, --only runs the named ones and no other. The
+    off, but one that changes training or sends data elsewhere (early_stopping, lr_scheduler,
+    load, tensorboard, ...) runs only when named: its [plugins.NAME] table, --plugins or --only;
+    --plugins only puts the named ones first, --only runs the named ones and no other. The
     run ends with a summary: last and best metrics, the checkpoint directory, the log database
     and the commands to resume and to plot.
 
