@@ -52,6 +52,7 @@ FIELDS: dict[str, tuple[type, ...]] = {
     "parent": (str, type(None)),
     "offered_by": (list,),
     "rank": (str, type(None)),
+    "autoload": (bool, type(None)),
 }
 #: a file changed this close to (or after) the start of a build may have changed during it.
 _SETTLE_NS = 20_000_000

@@ -99,7 +99,8 @@ _BACKEND_OPTION = click.option(
 
 _PLUGINS_HELP = (
     "Call order for this run: these plugins first, in this order; every other installed plugin "
-    "still loads after them (unless [plugins] autoload = false). a,b,c"
+    "still loads after them (unless [plugins] autoload = false), except those that load only when "
+    "named (early_stopping, lr_scheduler, load, ...). a,b,c"
 )
 _ONLY_HELP = "Load only these plugins, in this order (no autoloading): a,b,c."
 
@@ -173,7 +174,9 @@ def run(
     (nothing saved) with 130.
 
     Every installed plugin runs unless disabled (--disable, [plugins] disable) or autoloading is
-    off; --plugins only puts the named ones first, --only runs the named ones and no other. The
+    off, but one that changes training or sends data elsewhere (early_stopping, lr_scheduler,
+    load, tensorboard, ...) runs only when named: its [plugins.NAME] table, --plugins or --only;
+    --plugins only puts the named ones first, --only runs the named ones and no other. The
     run ends with a summary: last and best metrics, the checkpoint directory, the log database
     and the commands to resume and to plot.
 
@@ -341,7 +344,7 @@ def _without_resume(args: list[str]) -> list[str]:
     "--csv",
     "as_csv",
     is_flag=True,
-    help="Print CSV: position, name, status, distribution, version, hooks, rank.",
+    help="Print CSV: position, name, status, distribution, version, hooks, rank, autoload.",
 )
 @click.option("--order", "show_order", is_flag=True, help="Show the call order of every hook.")
 @click.option(
@@ -414,7 +417,7 @@ def plugins_command(
 
     if as_csv:
         print_csv(
-            ("position", "name", "status", "distribution", "version", "hooks", "rank"),
+            ("position", "name", "status", "distribution", "version", "hooks", "rank", "autoload"),
             [
                 (
                     i["position"],
@@ -424,6 +427,7 @@ def plugins_command(
                     i["version"],
                     " ".join(i["hooks"]),
                     i["rank"],
+                    {True: "true", False: "false"}.get(i["autoload"], ""),
                 )
                 for i in infos
             ],
@@ -437,13 +441,14 @@ def plugins_command(
             "" if i["position"] is None else str(i["position"]),
             i["name"],
             i["status"],
+            {True: "by default", False: "when named"}.get(i["autoload"], "-"),
             f"{i['distribution'] or '-'} {i['version'] or ''}".strip(),
             {"zero": "rank 0", "all": "all ranks"}.get(i["rank"] or "", "-"),
             ", ".join(i["hooks"]),
         )
         for i in infos
     ]
-    print_table(("#", "name", "status", "distribution", "runs on", "hooks"), rows, numeric=(0,))
+    print_table(("#", "name", "status", "loads", "distribution", "runs on", "hooks"), rows, numeric=(0,))
     for i in infos:
         if i["error"]:
             click.echo(f"{i['name']}: {i['error']}", err=True)

@@ -64,6 +64,9 @@ class PluginInfo:
     offered_by: list[str] = field(default_factory=list)
     #: where it runs on several processes: ``all`` ranks or rank ``zero`` only (None: not loaded).
     rank: str | None = None
+    #: False: it loads only when a run names it (its class attribute ``autoload``); None: not
+    #: imported (disabled, failed, or not selected with autoloading off).
+    autoload: bool | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The info as a JSON-able dict."""
@@ -313,7 +316,10 @@ def load_plugins(
 
     :param order: plugin names in the order their hooks must run; other plugins follow.
     :param disable: plugin names (or ``parent/child`` names) to leave out of this run.
-    :param autoload: also load every other installed plugin, after *order*, sorted by name.
+    :param autoload: also load every other installed plugin, after *order*, sorted by name,
+        except those whose class says ``autoload = False`` (plugins that change what is
+        trained or send data elsewhere): they load only when named, in *order*,
+        ``EPOCHAL_PLUGINS`` or *options*.
     :param options: ``name → keyword arguments`` for each plugin's factory.
     :param extra: plugin objects given directly (not installed), by name; they are ordered with
         the installed ones (listed in *order* or appended after it).
@@ -393,7 +399,8 @@ def load_plugins(
         if name not in objects:
             continue  # failed to import, reported already
         named = name in explicit_set or name in options
-        if not named and getattr(objects[name], "autoload", True) is False:
+        infos[name].autoload = getattr(objects[name], "autoload", True) is not False
+        if not named and not infos[name].autoload:
             infos[name].status = "available"  # it asks to be loaded only when named (bundles)
             infos[name].rank = _declared_rank(objects[name])
             continue

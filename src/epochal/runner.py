@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from epochal import _rng
 from epochal._options import check_options
-from epochal.config import call_factory, factory_arguments, loop_options, plugins_for
+from epochal.config import call_factory, factory_arguments, loop_options, plugins_for, source_of
 from epochal.errors import ConfigError
 from epochal.loop import Loop
 from epochal.plugins import PluginSet
@@ -21,13 +22,24 @@ def join_world(config: Mapping[str, Any]) -> None:
         init_from_env(**dict(config.get("distributed", {})))
 
 
+def run_seed(config: Mapping[str, Any]) -> int | None:
+    """``[loop] seed``, checked against the range every generator takes (numpy's legacy one
+    refuses a negative seed or one of 2**32 or more)."""
+    seed: int | None = config.get("loop", {}).get("seed")
+    if seed is not None and not 0 <= seed < 2**32:
+        raise ConfigError(f"{source_of(config)}: [loop] seed must be between 0 and 2**32 - 1, not {seed}")
+    return seed
+
+
 def build_loop(
     config: Mapping[str, Any],
     order: Sequence[str] | None = None,
     disable: Sequence[str] = (),
     resume: bool | str = False,
 ) -> Loop:
-    """Load the plugins, call the model and data factories and make the loop."""
+    """Load the plugins, seed every generator from ``[loop] seed``, call the model and data
+    factories and make the loop."""
+    seed = run_seed(config)
     join_world(config)
     plugin_set = plugins_for(config, order, disable)
     plugin_set.check_dependencies()
@@ -37,8 +49,12 @@ def build_loop(
             "(from a clone of epochal: pip install plugins/epochal-checkpoint; "
             "and do not leave 'checkpoint' out)"
         )
-    model = call_factory(config, "model")
-    data = call_factory(config, "data")
+    # as Lightning's seed_everything does, before anything draws: a factory's random init is the
+    # same on every run, and on every rank (the replicas start equal, which fully_shard needs;
+    # DDP would broadcast rank 0's anyway). The loop seeds again at the start of a fresh run.
+    with _rng.seeded(seed):
+        model = call_factory(config, "model")
+        data = call_factory(config, "data")
     if not isinstance(data, Mapping):
         raise ConfigError(f"[data] factory must return a mapping of streams, not {type(data).__name__}")
     return Loop(model, data, plugins=plugin_set, resume=resume, config=config, **loop_options(config))
@@ -52,6 +68,7 @@ def check_run(
     Loads and orders the plugins with their options (requires/conflicts included) and imports
     the model and data factories, checking their arguments without calling them.
     """
+    run_seed(config)
     plugin_set = plugins_for(config, order, disable)
     plugin_set.check_dependencies()
     for section in ("model", "data"):

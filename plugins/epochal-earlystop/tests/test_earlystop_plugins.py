@@ -259,8 +259,11 @@ def test_early_stopping_bad_options(
     assert "Traceback" not in result.stderr
 
 
-def test_order_early_stopping_between_monitor_and_checkpoint(epochal_cli: EpochalCli) -> None:
-    result = epochal_cli("plugins", "--order", "--json")
+def test_order_early_stopping_between_monitor_and_checkpoint(tmp_path: Path, epochal_cli: EpochalCli) -> None:
+    # named by its table (it is not autoloaded), ordered by its run_after/run_before alone
+    config = digits_config(tmp_path / "run.toml", extra="\n[plugins.early_stopping]\npatience = 1\n")
+    config.write_text(config.read_text().replace("autoload = false", "autoload = true"))
+    result = epochal_cli("plugins", "--order", "--json", "--config", str(config))
     assert result.returncode == 0, result.stderr
     after_epoch = json.loads(result.stdout)["order"]["after_epoch"]
     assert after_epoch.index("monitor") < after_epoch.index("early_stopping")

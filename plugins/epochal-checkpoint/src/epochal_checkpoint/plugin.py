@@ -657,6 +657,9 @@ class Load:
     ``checkpoint`` plugin is part of the run; ``load`` then does nothing.
     """
 
+    #: it restores weights: it runs only when a run names it (a table, order, --plugins).
+    autoload = False
+
     def __init__(self, path: str | None = None, weights_only: bool = False) -> None:
         self.path = path
         self.weights_only = weights_only

@@ -94,6 +94,8 @@ class EarlyStopping:
         plugin's state, for a resumed run) and load it into the model when training ends.
     """
 
+    #: it decides when training ends: it runs only when a run names it (a table, order, --plugins).
+    autoload = False
     run_after = ("monitor",)
     run_before = ("checkpoint",)
     #: every rank decides on the same reduced metrics; the loop agrees on the stop anyway.

@@ -48,7 +48,7 @@ class LRScheduler:
     :param arguments: the scheduler's own keyword arguments (``step_size``, ``T_max``, ...).
     """
 
-    autoload = False  # loads only when named: a schedule needs a scheduler name
+    autoload = False  # it changes the learning rate: it runs only when a run names it
     #: every rank steps its own optimizer's schedule (on reduced metrics for ReduceLROnPlateau).
     rank = "all"
     run_after = ("monitor",)
