@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from epochal import _rng, plugin_state
 from epochal._dispatch import blame, each_implementation
-from epochal._options import NonNegativeInt, check_options
+from epochal._options import NonNegativeInt, Seed, check_options
 from epochal.adapters import adapt_stream
 from epochal.data import _empty_rule, _mapping_empty, _ndarray, _sequence_empty, batch_size
 from epochal.distributed.strategy import strategy_for
@@ -102,7 +102,7 @@ class Loop:
         plugins: PluginSet | Mapping[str, object] | None = None,
         max_epochs: NonNegativeInt | None = None,
         max_iterations: NonNegativeInt | None = None,
-        seed: NonNegativeInt | None = None,
+        seed: Seed | None = None,
         eval_every_n_epochs: NonNegativeInt | Mapping[str, NonNegativeInt] = 1,
         eval_at_start: bool = False,
         epoch_size: NonNegativeInt | None = None,

@@ -7,7 +7,7 @@ from typing import Any
 
 from epochal import _rng
 from epochal._options import check_options
-from epochal.config import call_factory, factory_arguments, loop_options, plugins_for, source_of
+from epochal.config import call_factory, factory_arguments, loop_options, plugins_for
 from epochal.errors import ConfigError
 from epochal.loop import Loop
 from epochal.plugins import PluginSet
@@ -22,15 +22,6 @@ def join_world(config: Mapping[str, Any]) -> None:
         init_from_env(**dict(config.get("distributed", {})))
 
 
-def run_seed(config: Mapping[str, Any]) -> int | None:
-    """``[loop] seed``, checked against the range every generator takes (numpy's legacy one
-    refuses a negative seed or one of 2**32 or more)."""
-    seed: int | None = config.get("loop", {}).get("seed")
-    if seed is not None and not 0 <= seed < 2**32:
-        raise ConfigError(f"{source_of(config)}: [loop] seed must be between 0 and 2**32 - 1, not {seed}")
-    return seed
-
-
 def build_loop(
     config: Mapping[str, Any],
     order: Sequence[str] | None = None,
@@ -39,7 +30,7 @@ def build_loop(
 ) -> Loop:
     """Load the plugins, seed every generator from ``[loop] seed``, call the model and data
     factories and make the loop."""
-    seed = run_seed(config)
+    seed = config.get("loop", {}).get("seed")  # checked with [loop] (epochal.Loop's annotations)
     join_world(config)
     plugin_set = plugins_for(config, order, disable)
     plugin_set.check_dependencies()
@@ -68,7 +59,6 @@ def check_run(
     Loads and orders the plugins with their options (requires/conflicts included) and imports
     the model and data factories, checking their arguments without calling them.
     """
-    run_seed(config)
     plugin_set = plugins_for(config, order, disable)
     plugin_set.check_dependencies()
     for section in ("model", "data"):
