@@ -89,8 +89,8 @@ def _recording(hook: str) -> Callable[..., None]:
     return hookimpl(trylast=True)(namespace[hook])
 
 
-for _hook in HOOK_ARGS:
-    if _hook not in ("register_commands", "resume_state"):
+for _hook, _args in HOOK_ARGS.items():
+    if "loop" in _args and _hook != "resume_state":  # the loop's hooks (not the CLI's, launcher's)
         setattr(_Recorder, _hook, _recording(_hook))
 
 
