@@ -1,0 +1,41 @@
+"""storage.layout: names never overwritten, the latest pointer, leftovers of interrupted writes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from epochal_checkpoint import load_latest, read_checkpoint
+from epochal_checkpoint.storage.codec import flatten
+from epochal_checkpoint.storage.layout import clean_temporaries, read_pointer
+from epochal_checkpoint.storage.write import write_checkpoint
+
+
+def save(directory: Path, state: dict[str, Any], name: str = "ckpt-e0000-i000001", sequence: int = 1) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    return write_checkpoint(directory, name, flatten(state), {"sequence": sequence, "run_id": "r"}).path
+
+
+def test_names_are_never_overwritten_and_pointer_names_the_newest(tmp_path: Path) -> None:
+    first = save(tmp_path, {"w": 1}, "ckpt-e0001-i000010")
+    second = save(tmp_path, {"w": 2}, "ckpt-e0001-i000010", sequence=2)
+    assert (first.name, second.name) == ("ckpt-e0001-i000010", "ckpt-e0001-i000010-v2")
+    assert read_pointer(tmp_path) == "ckpt-e0001-i000010-v2"
+    assert read_checkpoint(first)[0]["w"] == 1 and load_latest(tmp_path)[0]["w"] == 2
+
+
+def test_cleanup_removes_only_our_temporary_names(tmp_path: Path) -> None:
+    ours = tmp_path / ("ckpt-e0000-i000001.epochal-tmp-" + "a" * 32)
+    ours.mkdir()
+    (ours / "arrays.npy").write_bytes(b"partial")
+    (tmp_path / ("latest.epochal-tmp-" + "b" * 32)).write_text("x")
+    keep = [
+        tmp_path / "ckpt-e0000-i000001.tmp-123",
+        tmp_path / "my-notes.tmp",
+        tmp_path / "ckpt-moved-by-user",
+    ]
+    for path in keep:
+        path.mkdir()
+    removed = clean_temporaries(tmp_path)
+    assert len(removed) == 2 and not ours.exists()
+    assert all(path.exists() for path in keep)
