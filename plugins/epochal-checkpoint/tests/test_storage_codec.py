@@ -128,3 +128,24 @@ def test_snapshot_does_not_follow_later_changes_with_copy_arrays() -> None:
     rows["1"]["loss"] = 2.0
     assert snapshot.arrays[0].tolist() == [0, 0, 0]
     assert snapshot.tree["rows"]["1"]["loss"] == 1.0
+
+
+def test_a_python_generator_state_saved_as_a_list_restores_and_is_saved_as_an_array(tmp_path: Path) -> None:
+    # states written before Python's generator state became an array held its 625 words as a
+    # list (the fast path of flatten): such a list round-trips as a list and still restores
+    import random
+
+    from epochal import _rng
+
+    random.seed(5)
+    captured = _rng.capture()
+    captured["python"]["state"] = captured["python"]["state"].tolist()
+    path = save(tmp_path, {"rng": captured})
+    state, _ = read_checkpoint(path)
+    saved = state["rng"]["python"]
+    assert isinstance(saved["state"], list) and len(saved["state"]) == 625
+    random.seed(99)
+    _rng.restore(state["rng"])
+    assert random.getstate() == (saved["version"], tuple(saved["state"]), saved["gauss"])
+    words = _rng.capture()["python"]["state"]
+    assert words.dtype == np.uint32 and words.tolist() == saved["state"]

@@ -7,7 +7,7 @@ from typing import Any
 
 from epochal_checkpoint import load_latest, read_checkpoint
 from epochal_checkpoint.storage.codec import flatten
-from epochal_checkpoint.storage.layout import clean_temporaries, read_pointer
+from epochal_checkpoint.storage.layout import clean_temporaries, list_checkpoints, read_pointer
 from epochal_checkpoint.storage.write import write_checkpoint
 
 
@@ -39,3 +39,31 @@ def test_cleanup_removes_only_our_temporary_names(tmp_path: Path) -> None:
     removed = clean_temporaries(tmp_path)
     assert len(removed) == 2 and not ours.exists()
     assert all(path.exists() for path in keep)
+
+
+def test_latest_is_read_only_as_a_link_holding_a_checkpoint_name(tmp_path: Path) -> None:
+    first = save(tmp_path, {"w": 1}, "ckpt-e0001-i000010")
+    assert read_pointer(tmp_path) == first.name and (tmp_path / "latest").is_symlink()
+    (tmp_path / "latest").unlink()
+    (tmp_path / "latest").write_text(first.name)  # a pointer file (formats 1-3): not read
+    assert read_pointer(tmp_path) is None
+    (tmp_path / "latest").unlink()
+    (tmp_path / "latest").symlink_to(tmp_path / first.name)  # a path, not a bare name
+    assert read_pointer(tmp_path) is None
+    (tmp_path / "latest").unlink()
+    assert read_pointer(tmp_path) is None
+
+
+def test_listing_orders_by_save_sequence_and_names_what_it_ignores(tmp_path: Path) -> None:
+    newer = save(tmp_path, {"w": 2}, "ckpt-e0000-i000001", sequence=2)
+    older = save(tmp_path, {"w": 1}, "ckpt-e0009-i000009", sequence=1)
+    damaged = save(tmp_path, {"w": 3}, "ckpt-e0010-i000010", sequence=3)
+    (damaged / "manifest.json").write_bytes((damaged / "manifest.json").read_bytes().replace(b"3", b"4", 1))
+    (tmp_path / "ckpt-e0011-i000011").symlink_to(older)
+    (tmp_path / "ckpt-e0012-i000012").write_text("a file with a checkpoint's name")
+    (tmp_path / "notes").mkdir()
+    infos, ignored = list_checkpoints(tmp_path)
+    assert [info.name for info in infos] == [older.name, newer.name]
+    assert [name for name, _ in ignored] == [damaged.name, "ckpt-e0011-i000011"]
+    assert "manifest.json fails its checksum" in ignored[0][1] and "symbolic link" in ignored[1][1]
+    assert list_checkpoints(tmp_path / "missing") == ([], [])

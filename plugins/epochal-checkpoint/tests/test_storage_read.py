@@ -68,3 +68,24 @@ def test_the_commit_record_is_the_manifest_last_key_and_any_change_is_caught(tmp
     (path / "manifest.json").write_bytes(unsealed)
     with pytest.raises(CorruptCheckpointError, match="no commit record"):
         read_manifest(path)
+
+
+@pytest.mark.parametrize("version", [1, 2, 3, 5])
+def test_a_format_other_than_4_is_one_error_naming_the_version_found_and_expected(
+    tmp_path: Path, version: int
+) -> None:
+    """Formats 1-3 (development versions before 0.1.0) are no longer read; nor is a newer one."""
+    path = save(tmp_path, {"w": np.zeros(3)})
+    manifest = json.loads((path / "manifest.json").read_text())
+    resign(path, {**manifest, "version": version})
+    hint = "never released; not read" if version < 4 else "upgrade epochal-checkpoint"
+    for read in (read_manifest, read_checkpoint):
+        with pytest.raises(ForeignCheckpointError) as error:
+            read(path)
+        assert str(error.value) == (
+            f"checkpoint {str(path)!r} has format version {version}; this epochal-checkpoint reads "
+            f"format version 4 (written by a development version before 0.1.0, {hint})"
+            if version < 4
+            else f"checkpoint {str(path)!r} has format version {version}; this epochal-checkpoint reads "
+            f"format version 4 ({hint})"
+        )
