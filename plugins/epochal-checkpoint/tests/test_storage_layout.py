@@ -67,3 +67,12 @@ def test_listing_orders_by_save_sequence_and_names_what_it_ignores(tmp_path: Pat
     assert [name for name, _ in ignored] == [damaged.name, "ckpt-e0011-i000011"]
     assert "manifest.json fails its checksum" in ignored[0][1] and "symbolic link" in ignored[1][1]
     assert list_checkpoints(tmp_path / "missing") == ([], [])
+
+
+def test_list_checkpoints_is_public_where_it_always_was() -> None:
+    import epochal_checkpoint
+    from epochal_checkpoint import storage
+    from epochal_checkpoint.storage import layout
+
+    assert epochal_checkpoint.list_checkpoints is storage.list_checkpoints is layout.list_checkpoints
+    assert "list_checkpoints" in epochal_checkpoint.__all__ and "list_checkpoints" in storage.__all__
