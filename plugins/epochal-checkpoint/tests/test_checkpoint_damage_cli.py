@@ -43,7 +43,8 @@ def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
 
 def test_a_damaged_npy_header_falls_back_to_the_previous_checkpoint(trained: Path) -> None:
     """numpy's header parser raised tokenize.TokenError on an unbalanced bracket: --resume,
-    --resume auto and export stopped with a traceback although the previous checkpoint is intact."""
+    --resume auto, export and load stopped with a traceback although the previous checkpoint is
+    intact."""
     directory = trained / "run" / "checkpoints"
     data = bytearray((directory / NEWEST / "data.bin").read_bytes())
     data[data.index(b"}")] = ord(" ")  # the closing brace of the first array's header
@@ -59,6 +60,16 @@ def test_a_damaged_npy_header_falls_back_to_the_previous_checkpoint(trained: Pat
     assert np.array_equal(load_file(trained / "w.safetensors")["p0"], older_model["p0"])
     error = one_error_line(epochal_command("export", f"run/checkpoints/{NEWEST}", cwd=trained))
     assert f"{NEWEST}': data.bin array 'model.p0' has a bad .npy header: not a dict literal" in error
+
+    other = trained / "other.toml"  # the load plugin, from another run's directory
+    other.write_text((trained / "run.toml").read_text().replace('run_dir = "run"', 'run_dir = "other"'))
+    loaded = epochal_command(
+        "run", "other.toml", "--plugins", "load,checkpoint", "--set", "plugins.load.path=run/checkpoints",
+        "--set", "loop.max_epochs=3", cwd=trained,
+    )  # fmt: skip
+    assert loaded.returncode == 0, loaded.stderr
+    assert "Traceback" not in loaded.stderr and "bad .npy header" in loaded.stderr
+    assert f"resumed from checkpoint {directory.relative_to(trained) / OLDER}" in loaded.stderr
 
     pristine = trained / "damaged-copy"
     shutil.copytree(directory, pristine, symlinks=True)
