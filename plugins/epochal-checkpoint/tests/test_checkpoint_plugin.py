@@ -21,8 +21,8 @@ from epochal_checkpoint import (
     read_checkpoint,
     storage,
 )
-from epochal_checkpoint.storage import resign
-from epochal_checkpoint.testing import TORTURE_CONFIG, make_data, make_model
+from epochal_checkpoint.storage import write
+from epochal_checkpoint.testing import TORTURE_CONFIG, make_data, make_model, resign
 
 from epochal import ConfigError, Loop, hookimpl
 from epochal.testing import epochal_command
@@ -144,7 +144,7 @@ def test_async_saves_match_sync_saves_and_nothing_is_left_in_flight(tmp_path: Pa
 
 def fail_writes_after(monkeypatch: pytest.MonkeyPatch, good: int) -> None:
     """Make every file write after the first *good* ones fail with ENOSPC."""
-    real, calls = storage._writev_all, [0]
+    real, calls = write.writev_all, [0]
 
     def write_all(fd: int, data: Any) -> None:
         calls[0] += 1
@@ -152,7 +152,7 @@ def fail_writes_after(monkeypatch: pytest.MonkeyPatch, good: int) -> None:
             raise OSError(errno.ENOSPC, "No space left on device")
         real(fd, data)
 
-    monkeypatch.setattr(storage, "_writev_all", write_all)
+    monkeypatch.setattr(write, "writev_all", write_all)
 
 
 @pytest.mark.parametrize("async_save", [False, True])

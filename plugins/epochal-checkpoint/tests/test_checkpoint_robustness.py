@@ -21,7 +21,8 @@ from epochal_checkpoint.errors import CheckpointLockedError, CorruptCheckpointEr
 from epochal_checkpoint.fuzz import fuzz, make_pristine
 from epochal_checkpoint.lock import DirectoryLock
 from epochal_checkpoint.plugin import read_from
-from epochal_checkpoint.testing import TORTURE_CONFIG, make_data, make_model
+from epochal_checkpoint.storage import write
+from epochal_checkpoint.testing import TORTURE_CONFIG, make_data, make_model, replace_state, resign
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -135,7 +136,7 @@ def test_a_hostile_newest_checkpoint_is_skipped_by_resume_and_by_a_fresh_run(
         (newest / "data.bin").write_bytes(data + b"[" * 200_000 + b"]" * 200_000)
     else:
         manifest.update(epoch="3a", iteration=10**20)
-    storage.resign(newest, manifest)
+    resign(newest, manifest)
     with pytest.warns(RuntimeWarning, match=newest.name):
         assert load_latest(tmp_path / "checkpoints")[1].name == third.name
     with warnings.catch_warnings():
@@ -158,10 +159,10 @@ def test_wrong_types_are_a_corrupt_checkpoint_error_naming_file_and_key(tmp_path
         (third.path / "manifest.json").write_bytes(storage.seal(data))
         with pytest.raises(CorruptCheckpointError, match=fragment):
             storage.read_checkpoint(third.path)
-    storage.resign(third.path, manifest)
+    resign(third.path, manifest)
     state = storage.read_state_document(third.path)
     state["arrays"][0]["offset"] = 10**20
-    storage.replace_state(third.path, state)
+    replace_state(third.path, state)
     with pytest.raises(CorruptCheckpointError, match=r"data.bin key arrays\[0\]"):
         storage.read_checkpoint(third.path)
 
@@ -374,8 +375,8 @@ def test_new_checkpoint_directories_are_fsynced_in_their_parents(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     synced: list[Path] = []
-    real = storage.fsync_dir
-    monkeypatch.setattr(storage, "fsync_dir", lambda path: (synced.append(Path(path)), real(path))[1])
+    real = write.fsync_dir
+    monkeypatch.setattr(write, "fsync_dir", lambda path: (synced.append(Path(path)), real(path))[1])
     make_loop(tmp_path / "new" / "run", ("checkpoint", Checkpoint()), max_epochs=1).run()
     # run_dir/ and run_dir/checkpoints/ were made: each parent synced after its mkdir
     for made in (tmp_path / "new", tmp_path / "new" / "run", tmp_path / "new" / "run" / "checkpoints"):
@@ -436,13 +437,13 @@ def test_any_json_value_anywhere_is_a_clean_error_or_a_clean_load(
     if name == "manifest.json":
         (newest / name).write_bytes(storage.seal(json.dumps(document).encode()))
     elif name == "data.bin":
-        storage.replace_state(newest, document)
+        replace_state(newest, document)
     else:
         (newest / name).write_text(json.dumps(document))
         manifest = json.loads((newest / "manifest.json").read_text())
         data = (newest / name).read_bytes()
         manifest["files"][name] = {"size": len(data), "crc32": f"{zlib.crc32(data):08x}"}
-        storage.resign(newest, manifest)
+        resign(newest, manifest)
     with contextlib.suppress(CheckpointError):
         storage.read_checkpoint(newest)
     with warnings.catch_warnings():

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import warnings
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +24,9 @@ from epochal_checkpoint import (
     list_checkpoints,
     load_latest,
     read_checkpoint,
-    storage,
 )
-from epochal_checkpoint.storage import read_state_document, resign
-from epochal_checkpoint.testing import BatchRecorder, make_data, make_model
+from epochal_checkpoint.storage.load import read_state_document
+from epochal_checkpoint.testing import BatchRecorder, make_data, make_model, resign
 
 from epochal import Loop, hookimpl
 
@@ -242,36 +240,6 @@ def test_segments_are_copied_when_hard_links_fail(tmp_path: Path, monkeypatch: p
     assert rows_text(state["log"]["rows"]) == rows_text(loop.log.state_dict()["rows"])
 
 
-def test_a_checkpoint_of_format_1_resumes_and_the_next_save_writes_every_row(tmp_path: Path) -> None:
-    from epochal_checkpoint.storage import flatten, write_checkpoint
-
-    run(tmp_path, max_iterations=20, every=10)
-    directory = tmp_path / "checkpoints"
-    newest = list_checkpoints(directory)[0][-1]
-    state, old = read_checkpoint(newest.path)  # rewrite it as format 1: rows in state.json
-    shutil.rmtree(newest.path)
-    keep = {k: v for k, v in old.items() if k not in ("files", "log_segments", "name", "format", "version")}
-    path = write_checkpoint(directory, newest.name, flatten(state), keep).path
-    legacy = {**manifest(path), "version": 1}
-    at = legacy["files"]["data.bin"]["state"]  # format 1: the same records and state, two files
-    data = (path / "data.bin").read_bytes()
-    (path / "arrays.npy").write_bytes(data[:at])
-    (path / "state.json").write_bytes(data[at:])
-    (path / "data.bin").unlink()
-    legacy.pop("commit")  # format 1 had no commit record
-    legacy["files"] = {
-        name: {"size": len(part), "crc32": f"{zlib.crc32(part):08x}"}
-        for name, part in (("arrays.npy", data[:at]), ("state.json", data[at:]))
-    }
-    (path / "manifest.json").write_text(json.dumps(legacy))
-    assert "log_segments" not in legacy and len(state["log"]["rows"]) == 20
-    resumed = run(tmp_path, max_iterations=30, every=10, resume=True)
-    straight = run(tmp_path / "straight", max_iterations=30, every=10)
-    assert rows_text(resumed.log.state_dict()["rows"]) == rows_text(straight.log.state_dict()["rows"])
-    after = list_checkpoints(directory)[0][-1]
-    assert list(segment_rows(after.path, after.manifest["log_segments"][0])) == [str(i) for i in range(1, 31)]
-
-
 @pytest.mark.parametrize("bad", ["../state.json", "log-1-i1-1.json/../../x", "state.json"])
 def test_a_manifest_naming_a_bad_segment_is_refused(tmp_path: Path, bad: str) -> None:
     run(tmp_path, max_iterations=10, every=10)
@@ -281,30 +249,6 @@ def test_a_manifest_naming_a_bad_segment_is_refused(tmp_path: Path, bad: str) ->
     resign(path, document)
     with pytest.raises(CorruptCheckpointError, match="log_segments"):
         read_checkpoint(path)
-
-
-def test_segments_beside_a_large_state(tmp_path: Path) -> None:
-    from epochal_checkpoint.storage import LinkedSegment, NewSegment, flatten, write_checkpoint
-
-    weights = np.arange((1 << 22) // 8 + 1, dtype=np.float64)
-    state = {"w": weights, "log": {"rows": {}, "status": {}}}
-    first = write_checkpoint(
-        tmp_path, "ckpt-e0000-i000001", flatten(state), {"sequence": 1},
-        segments=[NewSegment("log-000001-i000001-000002.json", {"1": {"a": 1.0}, "2": {"a": 2.0}})],
-    )  # fmt: skip
-    assert first.segments is not None
-    second = write_checkpoint(
-        tmp_path, "ckpt-e0000-i000003", flatten(state), {"sequence": 2},
-        segments=[LinkedSegment(first.path, first.segments[0]),
-                  NewSegment("log-000002-i000002-000003.json", {"2": {}, "3": {"a": 3.0}})],
-    )  # fmt: skip
-    loaded, _ = read_checkpoint(second.path)
-    assert loaded["log"]["rows"] == {"1": {"a": 1.0}, "3": {"a": 3.0}}  # row 2 emptied by the later segment
-    assert loaded["w"].tobytes() == weights.tobytes()
-    twice = [LinkedSegment(first.path, first.segments[0])] * 2
-    with pytest.raises(ValueError, match="unique"):
-        write_checkpoint(tmp_path, "ckpt-e0000-i000004", flatten(state), {"sequence": 3}, segments=twice)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [first.name, second.name, "latest"]
 
 
 def test_the_log_accessors_the_incremental_save_relies_on() -> None:
@@ -348,39 +292,3 @@ def test_a_long_log_is_merged_on_disk_and_never_read_back(
     assert len(segments) <= 7 * 3 and max(sizes) >= 32_000, sizes  # past the former 4,096-row limit
     state, _ = read_checkpoint(newest.path)
     assert rows_text(state["log"]["rows"]) == rows_text(loop.log.state_dict()["rows"])
-
-
-def test_a_merge_copies_segment_bytes_and_reloads_a_damaged_one(tmp_path: Path) -> None:
-    from epochal_checkpoint.storage import LinkedSegment, MergedSegment, NewSegment, flatten, write_checkpoint
-
-    state = {"w": np.zeros(2), "log": {"rows": {}, "status": {}}}
-    parts = [
-        NewSegment("log-000001-i000001-000002.json", {"1": {"a": 1.0}, "2": {"a": 2.0}}),
-        NewSegment("log-000002-i000003-000004.json", {"3": {"a": 3.0}, "4": {"a": 4.0}}),
-    ]
-    first = write_checkpoint(tmp_path, "ckpt-e0000-i000004", flatten(state), {"sequence": 1}, segments=parts)
-    assert first.segments is not None
-    with open(first.path / parts[1].name, "r+b") as file:  # bit rot in the second segment
-        file.seek(60)
-        file.write(b"X")
-    reloaded: list[str] = []
-
-    def reload(segment: Any) -> dict[str, Any]:
-        reloaded.append(segment.name)
-        return {"3": {"a": 3.5}, "4": {}}  # the log's rows now: 3 changed, 4 emptied
-
-    merged = MergedSegment(
-        "log-000003-i000001-000005.json",
-        [LinkedSegment(first.path, s) for s in first.segments],
-        {"2": {}, "5": {"a": 5.0}},
-        reload,
-    )
-    second = write_checkpoint(
-        tmp_path, "ckpt-e0000-i000005", flatten(state), {"sequence": 2}, segments=[merged]
-    )
-    assert reloaded == [parts[1].name]  # only the damaged part came from the log
-    data = (second.path / merged.name).read_bytes()
-    assert (first.path / parts[0].name).read_bytes()[len(storage.SEGMENT_HEAD) : -2] in data  # copied
-    assert second.segments is not None and list(second.segments[0].rows) == [1, 2, 3, 4, 5]
-    loaded, _ = read_checkpoint(second.path)
-    assert loaded["log"]["rows"] == {"1": {"a": 1.0}, "3": {"a": 3.5}, "5": {"a": 5.0}}

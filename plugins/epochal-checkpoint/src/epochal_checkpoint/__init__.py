@@ -29,9 +29,9 @@ from epochal_checkpoint.errors import (
 _LAZY = {
     "Checkpoint": "epochal_checkpoint.plugin",
     "Load": "epochal_checkpoint.plugin",
-    "read_checkpoint": "epochal_checkpoint.storage",
-    "load_latest": "epochal_checkpoint.storage",
-    "list_checkpoints": "epochal_checkpoint.storage",
+    "read_checkpoint": "epochal_checkpoint.storage.load",
+    "load_latest": "epochal_checkpoint.storage.load",
+    "list_checkpoints": "epochal_checkpoint.storage.layout",
 }
 
 

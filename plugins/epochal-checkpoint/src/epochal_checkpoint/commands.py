@@ -6,9 +6,12 @@ from pathlib import Path
 
 import click
 
-from epochal_checkpoint import storage
 from epochal_checkpoint.errors import CheckpointNotFoundError
 from epochal_checkpoint.export import export_weights, model_tensors
+from epochal_checkpoint.storage.codec import is_finite_number
+from epochal_checkpoint.storage.layout import CheckpointInfo, list_checkpoints
+from epochal_checkpoint.storage.load import read_checkpoint
+from epochal_checkpoint.storage.read import read_manifest
 
 
 @click.command("export")
@@ -36,11 +39,11 @@ def export_command(source: Path, output: Path | None, best: bool) -> None:
 
     if best:
         info = _best(source)
-        state, _ = storage.read_checkpoint(info.path, model_only=True)
+        state, _ = read_checkpoint(info.path, model_only=True)
         where, manifest = info.path, info.manifest
     else:
         state, where = read_from(source, model_only=True)
-        manifest = storage.read_manifest(where)
+        manifest = read_manifest(where)
     output = output or Path(f"{where.name}.safetensors")
     meta = {
         "epochal.checkpoint": where.name,
@@ -53,9 +56,9 @@ def export_command(source: Path, output: Path | None, best: bool) -> None:
     click.echo(f"wrote {count} tensors of checkpoint {where} to {output}")
 
 
-def _best(directory: Path) -> storage.CheckpointInfo:
-    infos, _ = storage.list_checkpoints(directory)
-    scored = [i for i in infos if storage.is_finite_number(i.manifest.get("metric"))]
+def _best(directory: Path) -> CheckpointInfo:
+    infos, _ = list_checkpoints(directory)
+    scored = [i for i in infos if is_finite_number(i.manifest.get("metric"))]
     if not scored:
         raise CheckpointNotFoundError(
             f"--best: no checkpoint in {str(directory)!r} records a monitored value "

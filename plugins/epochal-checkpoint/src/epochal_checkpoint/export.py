@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from epochal_checkpoint import storage
 from epochal_checkpoint.errors import CheckpointWriteError, UnsupportedStateError
+from epochal_checkpoint.storage.write import fsync_dir
 
 __all__ = ["export_weights", "model_tensors"]
 
@@ -89,7 +89,7 @@ def export_weights(model_state: Any, path: str | Path, metadata: Mapping[str, An
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-        storage.fsync_dir(path.parent)
+        fsync_dir(path.parent)
     except OSError as error:
         tmp.unlink(missing_ok=True)
         raise CheckpointWriteError(f"cannot write {str(path)!r}: {error.strerror or error}") from None

@@ -8,7 +8,7 @@ checkpoint (a bit flip, a truncation, garbage appended, a JSON value of a wrong 
 nesting, an ``.npy`` header declaring a huge shape or a pickle dtype, a symbolic link to
 ``/dev/zero``, a FIFO, a directory, a missing file...; with the checksums re-signed or not, so
 that the parsers are reached as well as the checks) and reads it with
-:func:`epochal_checkpoint.storage.find_latest`. A case passes when the read ends in a clean
+:func:`epochal_checkpoint.storage.load.find_latest`. A case passes when the read ends in a clean
 load (of the newest checkpoint when the damage is harmless or costs only log rows, else of the
 older one: a fallback) within the limits, with one warning naming the damaged checkpoint.
 
@@ -33,8 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from epochal_checkpoint import storage
 from epochal_checkpoint.errors import CheckpointError
+from epochal_checkpoint.storage.codec import DATA, MANIFEST, seal
+from epochal_checkpoint.storage.layout import list_checkpoints
+from epochal_checkpoint.storage.load import find_latest
+from epochal_checkpoint.testing import resign
 
 #: the kinds of damage, each a function of (rng, file path, checkpoint path) below.
 KINDS = (
@@ -98,24 +101,15 @@ def make_pristine(directory: Path) -> Path:
 
 
 def _resign_file(checkpoint: Path, name: str) -> None:
-    """Make the manifest (and commit record) agree with file *name* as it is now."""
-    if name == storage.COMMIT:
-        text = (checkpoint / name).read_bytes()
-        head = text.rsplit(b" ", 1)[0] + b" "
-        (checkpoint / name).write_bytes(head + f"{zlib.crc32(head):08x}\n".encode())
+    """Make the manifest (and its commit record) agree with file *name* as it is now."""
+    if name == MANIFEST:
+        (checkpoint / name).write_bytes(seal((checkpoint / name).read_bytes()))
         return
-    if name == storage.MANIFEST:
-        data = (checkpoint / name).read_bytes()
-        if (checkpoint / storage.COMMIT).exists():
-            (checkpoint / storage.COMMIT).write_bytes(storage.commit_record(data))
-        else:  # format 4: the commit record is the manifest's last key
-            (checkpoint / name).write_bytes(storage.seal(data))
-        return
-    manifest = json.loads((checkpoint / storage.MANIFEST).read_bytes())
+    manifest = json.loads((checkpoint / MANIFEST).read_bytes())
     data = (checkpoint / name).read_bytes()
-    if name != storage.DATA:  # resign() finds data.bin's state and array records itself
+    if name != DATA:  # resign() finds data.bin's state and array records itself
         manifest["files"][name] = {"size": len(data), "crc32": f"{zlib.crc32(data):08x}"}
-    storage.resign(checkpoint, manifest)
+    resign(checkpoint, manifest)
     # resign() recomputed every listed file; the damaged one is what counts here
 
 
@@ -222,10 +216,10 @@ def _child(pristine: Path, work: Path, seed: int, count: int, memory_mb: int) ->
     work.mkdir(parents=True, exist_ok=True)
     os.chdir(work)  # a crafted header that ran code would leave PWNED here
 
-    infos, _ = storage.list_checkpoints(pristine)
+    infos, _ = list_checkpoints(pristine)
     older, newest = infos[-2], infos[-1]
     files = sorted(p.name for p in newest.path.iterdir())
-    storage.find_latest(pristine)  # warm up every code path before measuring
+    find_latest(pristine)  # warm up every code path before measuring
     np.zeros(1)
     usage = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     with open("/proc/self/status") as status:
@@ -250,7 +244,7 @@ def _child(pristine: Path, work: Path, seed: int, count: int, memory_mb: int) ->
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                read, _ = storage.find_latest(case)
+                read, _ = find_latest(case)
             warned = sum(newest.name in str(w.message) for w in caught)
             outcome = {newest.name: "newest", older.name: "older"}.get(read.name, "other")
             detail = read.name
@@ -327,13 +321,7 @@ def fuzz(
             where = (result["file"], result["kind"], f"{outcome}: {result['detail']}")
             if outcome == "newest":
                 report.newest += 1
-                checked = result["file"] in (
-                    storage.MANIFEST,
-                    storage.COMMIT,
-                    storage.STATE,
-                    storage.ARRAYS,
-                    storage.DATA,
-                )
+                checked = result["file"] in (MANIFEST, DATA)
                 if checked and result["kind"] in ("flip", "truncate", "append", "missing"):
                     report.failures.append((*where[:2], "damage not detected: the newest was loaded"))
             elif outcome == "older":

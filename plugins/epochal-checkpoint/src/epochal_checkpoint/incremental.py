@@ -1,6 +1,6 @@
 """Incremental saves of the training log: which rows a checkpoint writes, which segments it links.
 
-The log's rows go into immutable segment files (see :mod:`epochal_checkpoint.storage`). A save
+The log's rows go into immutable segment files (see :mod:`epochal_checkpoint.storage.segments`). A save
 looks only at the rows that may have changed since the previous complete checkpoint of this
 run: the rows resident in the log (compared with copies kept from that save), the rows the log
 evicted or read back since (``log.evicted_since``) and a few to recheck. It writes the new and
@@ -12,7 +12,7 @@ To keep the number of segments small, the new segment also takes in the newest s
 :data:`FANOUT` - 1 of them at its tail are not larger than it (by powers of :data:`FANOUT`
 rows), like an LSM tree: a checkpoint has at most about ``(FANOUT - 1) * log_FANOUT(rows)``
 segments, and each row is copied about ``log_FANOUT(rows)`` times over a run. The merge is
-done on disk (:class:`epochal_checkpoint.storage.MergedSegment`): the folded segments' bytes
+done on disk (:class:`epochal_checkpoint.storage.segments.MergedSegment`): the folded segments' bytes
 are copied (verified, not parsed) into the new segment before the new rows, so it reads no row
 back into memory and costs about a file copy; the log is asked for a folded segment's rows only
 when its file fails verification. So the files a save links, and what it costs, stay about flat
@@ -31,10 +31,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from epochal.log import plain_row
-from epochal_checkpoint import storage
+from epochal_checkpoint.storage.codec import BIG_INT_BITS, flatten
+from epochal_checkpoint.storage.segments import (
+    LinkedSegment,
+    MergedSegment,
+    NewSegment,
+    Segment,
+    segment_name,
+)
 
 if TYPE_CHECKING:
     from epochal.log import TrainingLog
+    from epochal_checkpoint.storage.layout import CheckpointInfo
 
 #: segments fold into the new one when FANOUT - 1 at the tail are not larger than it.
 FANOUT = 8
@@ -50,9 +58,7 @@ def _is_plain(row: Mapping[str, Any]) -> bool:
     types = set(map(type, row.values()))
     if not types <= _PLAIN or not set(map(type, row)) <= _STR:
         return False
-    return int not in types or all(
-        v.bit_length() <= storage.BIG_INT_BITS for v in row.values() if type(v) is int
-    )
+    return int not in types or all(v.bit_length() <= BIG_INT_BITS for v in row.values() if type(v) is int)
 
 
 def _all_plain(rows: Sequence[Mapping[str, Any]]) -> bool:
@@ -61,7 +67,7 @@ def _all_plain(rows: Sequence[Mapping[str, Any]]) -> bool:
     types = set(map(type, values))
     if not types <= _PLAIN or not set(map(type, itertools.chain.from_iterable(rows))) <= _STR:
         return False
-    return int not in types or all(v.bit_length() <= storage.BIG_INT_BITS for v in values if type(v) is int)
+    return int not in types or all(v.bit_length() <= BIG_INT_BITS for v in values if type(v) is int)
 
 
 _values = operator.methodcaller("values")
@@ -79,7 +85,7 @@ class LogBase:
     #: that checkpoint (None until the write completed).
     path: Path | None
     #: its segments, in reading order.
-    segments: list[storage.Segment]
+    segments: list[Segment]
     #: the rows resident in the log at that save whose newest version is in ``segments``, as
     #: saved (plain copies): bounded by the log's window, not by the run's length.
     saved: dict[int, dict[str, Any]]
@@ -102,13 +108,13 @@ class LogSave:
     #: rows kept in ``state.json`` (values that plain JSON cannot hold: nested numpy, huge ints).
     inline: dict[str, Any]
     #: the previous checkpoint's segments to link, in order.
-    linked: list[storage.LinkedSegment]
+    linked: list[LinkedSegment]
     #: the new segment (None: nothing new or changed), merged with folded ones on disk.
-    new: storage.NewSegment | storage.MergedSegment | None
+    new: NewSegment | MergedSegment | None
     #: the base after this save; its ``path``/``segments`` are set once the write completed.
     base: LogBase
 
-    def sources(self) -> list[storage.LinkedSegment | storage.NewSegment | storage.MergedSegment]:
+    def sources(self) -> list[LinkedSegment | NewSegment | MergedSegment]:
         """The segments of the checkpoint, in reading order."""
         return [*self.linked, *([self.new] if self.new is not None else [])]
 
@@ -131,7 +137,7 @@ def _changed(saved: dict[int, dict[str, Any]], rows: Mapping[int, dict[str, Any]
         return [i for i, row in saved.items() if not _same(row, rows.get(i))]
 
 
-def _compact(segments: list[storage.Segment]) -> list[storage.Segment]:
+def _compact(segments: list[Segment]) -> list[Segment]:
     """*segments* with their row lists made compact, in place: a ``range`` when the rows are
     consecutive (the common case), else an array of int64 (8 bytes a row instead of ~36)."""
     for segment in segments:
@@ -165,7 +171,7 @@ def plan(log: TrainingLog, base: LogBase | None, sequence: int) -> LogSave:
     absent: set[int] = set()
     newest = -1
     if base is None or not usable:
-        kept: list[storage.Segment] = []
+        kept: list[Segment] = []
         current: dict[int, dict[str, Any]] = dict(log.rows())  # every row, evicted ones read back
         current.update(resident)
         write: set[int] = {i for i, row in current.items() if row}
@@ -187,7 +193,7 @@ def plan(log: TrainingLog, base: LogBase | None, sequence: int) -> LogSave:
         write.update(base.recheck)
     total = len(write)
     size = level(total)
-    folded: list[storage.Segment] = []  # merged on disk into the new segment, before its rows
+    folded: list[Segment] = []  # merged on disk into the new segment, before its rows
     while kept:
         tail = 0
         while tail < len(kept) and level(len(kept[-1 - tail].rows)) <= size:
@@ -221,7 +227,7 @@ def plan(log: TrainingLog, base: LogBase | None, sequence: int) -> LogSave:
     inline: dict[str, Any] = {}
     recheck: list[int] = []
     if other:
-        snapshot = storage.flatten({"log": {"rows": other}})
+        snapshot = flatten({"log": {"rows": other}})
         flat.update(snapshot.tree["log"]["rows"])  # rebuilt containers: copies the log cannot change
         for entry in (*snapshot.index, *snapshot.ints):
             key = entry["path"][2]
@@ -245,14 +251,14 @@ def plan(log: TrainingLog, base: LogBase | None, sequence: int) -> LogSave:
         saved.pop(int(key), None)
     newest = max(newest, max(current, default=-1))
     source = base.path if base is not None else None
-    new: storage.NewSegment | storage.MergedSegment | None = None
+    new: NewSegment | MergedSegment | None = None
     if folded and source is not None:
         merged = itertools.chain(map(int, flat), *(segment.rows for segment in folded))
-        parts = [storage.LinkedSegment(source, segment) for segment in folded]
-        new = storage.MergedSegment(storage.segment_name(sequence, merged), parts, flat, _reloader(log))
+        parts = [LinkedSegment(source, segment) for segment in folded]
+        new = MergedSegment(segment_name(sequence, merged), parts, flat, _reloader(log))
     elif flat:
-        new = storage.NewSegment(storage.segment_name(sequence, map(int, flat)), flat)
-    linked = [storage.LinkedSegment(source, s) for s in kept] if source is not None else []
+        new = NewSegment(segment_name(sequence, map(int, flat)), flat)
+    linked = [LinkedSegment(source, s) for s in kept] if source is not None else []
     return LogSave(
         inline, linked, new, LogBase(None, [], saved, mark, log.load_count, recheck, new_absent, newest)
     )
@@ -262,16 +268,16 @@ def _reloader(log: TrainingLog) -> Any:
     """The rows of a segment from the log, for a merge whose segment file fails verification
     (its rows as the log holds them now: newer, never older, than the file's)."""
 
-    def reload(segment: storage.Segment) -> dict[str, Any]:
+    def reload(segment: Segment) -> dict[str, Any]:
         rows = log.peek(list(segment.rows))  # a row emptied since is written as {}: it hides older ones
         plain = {str(i): plain_row(rows[i]) if rows.get(i) else {} for i in segment.rows}
-        return dict(storage.flatten(plain).tree)
+        return dict(flatten(plain).tree)
 
     return reload
 
 
 def resumed_base(
-    log: TrainingLog, info: storage.CheckpointInfo, rows: Mapping[str, dict[str, Any]]
+    log: TrainingLog, info: CheckpointInfo, rows: Mapping[str, dict[str, Any]]
 ) -> LogBase | None:
     """The base of a run resumed from checkpoint *info*, whose state's log rows were *rows*.
 

@@ -182,8 +182,9 @@ class Checkpoint:
     def resume_state(self, loop: Loop, resume: bool) -> dict[str, Any] | None:
         """With ``--resume``: the state of the newest complete checkpoint that verifies.
 
-        ``--resume auto`` starts afresh (with a notice) when there is none yet; ``--resume PATH``
-        reads that checkpoint (or directory of checkpoints).
+        ``--resume auto`` starts afresh (with a notice) when the directory holds no checkpoint
+        directory at all, and refuses like ``--resume`` when it holds only damaged ones;
+        ``--resume PATH`` reads that checkpoint (or directory of checkpoints).
         """
         if not resume:
             return None
@@ -201,6 +202,14 @@ class Checkpoint:
         try:
             read, failures = storage.find_latest(directory)
         except CheckpointNotFoundError as error:
+            # a fresh start only where no checkpoint directory exists at all: damaged ones
+            # (a manifest that does not verify) are refused as by --resume, never started over
+            damaged = storage.list_checkpoints(directory)[1] if mode == "auto" else []
+            if mode == "auto" and damaged:
+                raise CheckpointNotFoundError(
+                    f"cannot resume: {error} (--resume auto starts a fresh run only where no "
+                    "checkpoint exists; repair or move away the damaged ones)"
+                ) from None
             if mode == "auto":
                 print(
                     f"epochal-checkpoint: --resume auto: no complete checkpoint in {str(directory)!r} "

@@ -1,4 +1,5 @@
-"""A synthetic numpy model and data for crash tests and benchmarks (no scikit-learn needed).
+"""A synthetic numpy model and data for crash tests and benchmarks (no scikit-learn needed);
+crafting damaged checkpoints (:func:`resign`, :func:`replace_state`) for tests and fuzzing.
 
 ``make_model(size=...)`` holds ``size`` float32 parameters updated deterministically by every
 batch; ``make_data(...)`` returns a seeded :class:`epochal.data.BatchStream`. Used by this
@@ -314,3 +315,76 @@ def torture(
         for future in futures:
             future.result()
     return report
+
+
+# -- crafting damaged checkpoints (tests and fuzzing) ---------------------------------------------
+
+
+def resign(path: Path, manifest: Mapping[str, Any] | None = None) -> None:
+    """Recompute the sizes and CRC-32s of checkpoint *path*'s files and rewrite its manifest
+    (*manifest*, or the one there) with its commit record: for tests that craft damaged
+    checkpoints whose damage must reach the parsers rather than stop at a checksum. In
+    ``data.bin`` the state is found again (after a change of length) and every array's CRC-32
+    recomputed."""
+    import json
+
+    from epochal_checkpoint.storage.codec import DATA, MANIFEST, crc32, manifest_text, seal
+
+    document = dict(manifest if manifest is not None else json.loads((path / MANIFEST).read_bytes()))
+    document.pop("commit", None)
+    files = document.get("files")
+    if isinstance(files, dict):
+        fresh: dict[str, Any] = {}
+        for name, entry in files.items():
+            file = path / name
+            if not file.is_file() or file.is_symlink():
+                fresh[name] = entry
+            elif name == DATA and isinstance(entry, dict):
+                fresh[name] = _resign_data(file, entry)
+            else:
+                data = file.read_bytes()
+                fresh[name] = {"size": len(data), "crc32": f"{crc32(data):08x}"}
+        document["files"] = fresh
+    (path / MANIFEST).write_bytes(seal(manifest_text(document)))
+
+
+def replace_state(path: Path, document: Any) -> None:
+    """Put the JSON *document* in place of the state in checkpoint *path*'s ``data.bin`` and
+    :func:`resign` it: for tests that craft damaged states."""
+    import json
+
+    from epochal_checkpoint.storage.codec import DATA, MANIFEST
+
+    manifest = json.loads((path / MANIFEST).read_bytes())
+    manifest.pop("commit", None)
+    at = manifest["files"][DATA]["state"]
+    blob = (path / DATA).read_bytes()[:at]
+    (path / DATA).write_bytes(blob + json.dumps(document).encode("ascii"))
+    resign(path, manifest)
+
+
+def _resign_data(file: Path, entry: Mapping[str, Any]) -> dict[str, Any]:
+    import json
+    import re
+
+    from epochal_checkpoint.storage.codec import FORMAT, crc32
+
+    blob = bytearray(file.read_bytes())
+    prefix = re.compile(rb'\{\s*"format":\s*"' + f"{FORMAT}-state".encode("ascii") + rb'"')
+    at = entry.get("state")
+    if type(at) is not int or not prefix.match(blob, max(at, 0)):
+        found = [m.start() for m in prefix.finditer(blob)]
+        at = found[-1] if found else min(max(at if type(at) is int else 0, 0), len(blob))
+    try:
+        document = json.loads(blob[at:])
+    except (ValueError, RecursionError):
+        document = None
+    if isinstance(document, dict) and isinstance(document.get("arrays"), list):
+        entries = [e for e in document["arrays"] if isinstance(e, dict) and type(e.get("offset")) is int]
+        ends = sorted({e["offset"] for e in entries} | {at})
+        for item in entries:
+            end = next((x for x in ends if x > item["offset"]), at)
+            item["crc32"] = f"{crc32(blob[item['offset'] : end]):08x}"
+        blob[at:] = json.dumps(document, separators=(",", ":"), allow_nan=True).encode("ascii")
+        file.write_bytes(blob)
+    return {**entry, "size": len(blob), "crc32": f"{crc32(blob[at:]):08x}", "state": at}
