@@ -74,7 +74,9 @@ def torch_figures(tree: Path) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base", required=True, help="the commit to compare with (e.g. main before a change)")
+    parser.add_argument(
+        "--base", required=True, help="the commit to compare with (e.g. main before a change)"
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20000)
     parser.add_argument("--no-torch", action="store_true", help="leave torch_loop.py out")
@@ -83,7 +85,9 @@ def main() -> None:
         parser.error(f"--rounds must be at least 1, not {args.rounds}")
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / "base"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(base), args.base], check=True)
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(base), args.base], check=True
+        )
         try:
             samples: dict[str, dict[str, list[float]]] = {"base": {}, "this": {}}
             for round_ in range(args.rounds):
