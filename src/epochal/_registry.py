@@ -22,6 +22,7 @@ from epochal import hookspecs
 from epochal._dispatch import HOOK_ARGS
 from epochal._markers import PROJECT
 from epochal.errors import PluginError, did_you_mean
+from epochal.protocol import declared
 
 
 def _implementations(plugin: object) -> list[tuple[str, str]]:
@@ -58,7 +59,7 @@ def added_hookspecs(plugins: Mapping[str, object]) -> dict[str, tuple[object, tu
     added: dict[str, tuple[object, tuple[str, ...]]] = {}
     owners: dict[str, str] = {}
     for name, plugin in plugins.items():
-        holder = getattr(plugin, "epochal_hookspecs", None)
+        holder = declared(plugin, "epochal_hookspecs")
         if holder is None:
             continue
         specs = {

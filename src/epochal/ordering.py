@@ -1,9 +1,12 @@
-"""The per-run call order: the user's order, then the plugins' ``run_before``/``run_after``.
+"""The per-run call order: the user's order, the plugins' ``run_before``/``run_after``, their phases.
 
 :func:`call_order` is a stable topological sort. The names the user listed keep their relative
-order (it is a hard constraint); every other plugin keeps its place in the preferred order unless
-a declared constraint moves it. A cycle is one :class:`~epochal.errors.OrderError` that names
-every plugin in it and where each constraint came from.
+order, and ``run_before``/``run_after`` must hold (hard constraints). Within them, the plugins
+that declare a phase (``measure``, ``adjust``, ``decide``, ``save``, ``report``: see
+:mod:`epochal.protocol`) are preferred in phase order, and every other plugin keeps its place in
+the preferred order. So the standard plugins need not name each other, and an order the user
+writes still wins. A cycle is one :class:`~epochal.errors.OrderError` that names every plugin in
+it and where each constraint came from.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from itertools import pairwise
 from typing import Any
 
 from epochal.errors import OrderError
+from epochal.protocol import PHASES
 
 
 def call_order(
@@ -21,6 +25,7 @@ def call_order(
     explicit: Sequence[str],
     run_before: Mapping[str, Iterable[str]],
     run_after: Mapping[str, Iterable[str]],
+    phases: Mapping[str, str] | None = None,
 ) -> list[str]:
     """Order *preferred* so that every constraint holds, changing it as little as possible.
 
@@ -29,7 +34,11 @@ def call_order(
         *preferred*): each must come before the next.
     :param run_before: unit → units it must run before (unknown names are ignored).
     :param run_after: unit → units it must run after (unknown names are ignored).
+    :param phases: unit → its phase (one of :data:`epochal.protocol.PHASES`): the units with
+        one are preferred in phase order (in the places they hold in *preferred*); the others
+        keep their places.
     """
+    preferred = by_phase(preferred, phases or {})
     index = {name: i for i, name in enumerate(preferred)}
     why: dict[tuple[str, str], str] = {}
 
@@ -63,6 +72,16 @@ def call_order(
         for nxt in successors[name]:
             priority[name] = min(priority[name], priority[nxt])
     return _kahn(preferred, successors, {n: (priority[n], index[n]) for n in preferred})
+
+
+def by_phase(names: Sequence[str], phases: Mapping[str, str]) -> list[str]:
+    """*names* with those that have a phase sorted by it (stably), in the places they held."""
+    staged = sorted((PHASES.index(phases[n]), i) for i, n in enumerate(names) if n in phases)
+    places = sorted(i for _, i in staged)
+    order = list(names)
+    for place, (_, i) in zip(places, staged, strict=True):
+        order[place] = names[i]
+    return order
 
 
 def _kahn(nodes: Sequence[str], successors: Mapping[str, list[str]], key: Mapping[str, Any]) -> list[str]:

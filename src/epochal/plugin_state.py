@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from epochal.errors import EpochalError
+from epochal.protocol import declared
 
 
 def capture(
@@ -32,7 +33,7 @@ def capture(
                 "class": f"{type(plugin).__module__}.{type(plugin).__qualname__}",
                 "distribution": info.distribution if info else None,
                 "version": info.version if info else None,
-                "state_version": getattr(plugin, "state_version", 1),
+                "state_version": declared(plugin, "state_version"),
                 "state": get_state(),
             }
     entries.update({name: entry for name, entry in orphans.items() if name not in entries})
@@ -58,7 +59,7 @@ def restore(
             orphans[name] = entry
             continue
         state = own.get(name, entry["state"])
-        version = getattr(plugin, "state_version", 1)
+        version = declared(plugin, "state_version")
         saved = entry.get("state_version", 1)
         if saved != version:
             migrate = getattr(plugin, "migrate_state", None)

@@ -32,6 +32,7 @@ from epochal._registry import AddedSpecs, added_hookspecs, hook_names, new_plugi
 from epochal.composite import CompositePlugin
 from epochal.errors import PluginError, did_you_mean
 from epochal.ordering import call_order
+from epochal.protocol import PHASES, declared
 from epochal.triggers import TRIGGER_KEYS, Triggers, parse_triggers
 
 GROUP = "epochal.plugins"
@@ -189,6 +190,16 @@ def plugin_rank(name: str, plugin: object, parent: object = None) -> str:
     return str(rank)
 
 
+def plugin_phase(name: str, plugin: object) -> str | None:
+    """*plugin*'s declared phase (None: none), checked against :data:`epochal.protocol.PHASES`."""
+    phase = declared(plugin, "phase")
+    if phase is not None and phase not in PHASES:
+        raise PluginError(
+            f"plugin {name!r} declares phase = {phase!r}; the phases, in call order: {', '.join(PHASES)}"
+        )
+    return None if phase is None else str(phase)
+
+
 def idle_hooks(name: str, plugin: object) -> frozenset[str]:
     """The hooks *plugin* declares no-ops for this run: its ``idle_hooks`` attribute (a
     collection of hook names, read whenever the hook callers are built), empty by default.
@@ -197,23 +208,19 @@ def idle_hooks(name: str, plugin: object) -> frozenset[str]:
     ends has nothing to do after a batch) says so once, and the loop does not call it: a call
     that does nothing still costs ~0.1 µs per batch, and ~0.3 under ``timing``.
     """
-    declared = getattr(plugin, "idle_hooks", None)
-    if declared is None:
-        return frozenset()
+    names = declared(plugin, "idle_hooks")
     try:
-        hooks = frozenset(declared) if not isinstance(declared, (str, bytes)) else None
+        hooks = frozenset(names) if not isinstance(names, (str, bytes)) else None
     except TypeError:
         hooks = None
     if hooks is None or not all(isinstance(hook, str) for hook in hooks):
-        raise PluginError(
-            f"plugin {name!r} declares idle_hooks = {declared!r}; it must be a set of hook names"
-        )
+        raise PluginError(f"plugin {name!r} declares idle_hooks = {names!r}; it must be a set of hook names")
     return hooks
 
 
 def failure_policy(name: str, plugin: object, options: Mapping[str, Any]) -> str:
     """A plugin's ``on_failure`` policy: its ``[plugins.NAME]`` option, else its class's, else fatal."""
-    policy = options.get("on_failure", getattr(plugin, "on_failure", "fatal"))
+    policy = options.get("on_failure", declared(plugin, "on_failure"))
     if policy not in FAILURE_POLICIES:
         raise PluginError(
             f"[plugins.{name}]: on_failure must be one of {', '.join(FAILURE_POLICIES)}, not {policy!r}"
@@ -399,7 +406,7 @@ def load_plugins(
         if name not in objects:
             continue  # failed to import, reported already
         named = name in explicit_set or name in options
-        infos[name].autoload = getattr(objects[name], "autoload", True) is not False
+        infos[name].autoload = declared(objects[name], "autoload") is not False
         if not named and not infos[name].autoload:
             infos[name].status = "available"  # it asks to be loaded only when named (bundles)
             infos[name].rank = _declared_rank(objects[name])
@@ -509,7 +516,7 @@ def _assemble(
         plugins.update(kept)
         for member, member_plugin in kept:
             # a composite's children follow the composite's policy unless they declare their own
-            member_policies[member] = getattr(member_plugin, "on_failure", policies.get(unit.name, "fatal"))
+            member_policies[member] = declared(member_plugin, "on_failure", policies.get(unit.name, "fatal"))
         if unit.name in policies:
             member_policies[unit.name] = policies[unit.name]
     for name, plugin in reversed(plugins.items()):  # pluggy calls the last registered first
@@ -534,7 +541,7 @@ def _assemble(
 def _declared_rank(plugin: object) -> Any:
     """The ``rank`` attribute of *plugin*'s class, or of the module/class that is the plugin."""
     owner = plugin if inspect.ismodule(plugin) or inspect.isclass(plugin) else type(plugin)
-    return getattr(owner, "rank", None)
+    return getattr(owner, "rank", None)  # declared by the class: not protocol.declared's default
 
 
 def _this_rank() -> int:
@@ -557,13 +564,13 @@ def check_dependencies(units: Sequence[_Unit], elsewhere: Iterable[str] = ()) ->
     problems = []
     for unit in units:
         for name, plugin in [(unit.name, unit.plugin), *unit.members]:
-            for needed in getattr(plugin, "requires", ()) or ():
+            for needed in declared(plugin, "requires"):
                 if needed not in loaded:
                     problems.append(
                         f"plugin {name!r} requires plugin {needed!r}, which is not loaded in this run: "
                         f"add {needed!r} to [plugins] order (and install it), or disable {name!r}"
                     )
-            for other in getattr(plugin, "conflicts", ()) or ():
+            for other in declared(plugin, "conflicts"):
                 if other in loaded and other != name:
                     problems.append(
                         f"plugin {name!r} conflicts with plugin {other!r}: disable one of them "
@@ -670,16 +677,20 @@ def _order(units: list[_Unit], explicit: list[str]) -> list[_Unit]:
             owner[member] = unit.name
     before: dict[str, list[str]] = {}
     after: dict[str, list[str]] = {}
+    phases: dict[str, str] = {}
     for unit in units:
+        phase = plugin_phase(unit.name, unit.plugin)
+        if phase is not None:
+            phases[unit.name] = phase
         for plugin in [unit.plugin, *(p for _, p in unit.members)]:
-            for target in getattr(plugin, "run_before", ()) or ():
+            for target in declared(plugin, "run_before"):
                 if target in owner and owner[target] != unit.name:
                     before.setdefault(unit.name, []).append(owner[target])
-            for target in getattr(plugin, "run_after", ()) or ():
+            for target in declared(plugin, "run_after"):
                 if target in owner and owner[target] != unit.name:
                     after.setdefault(unit.name, []).append(owner[target])
     by_name = {unit.name: unit for unit in units}
-    names = call_order([u.name for u in units], explicit, before, after)
+    names = call_order([u.name for u in units], explicit, before, after, phases)
     return [by_name[name] for name in names]
 
 

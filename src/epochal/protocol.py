@@ -5,7 +5,9 @@ Besides its hooks it may *declare* how the core treats it, with class (or module
 :class:`Declarations` lists every one the core reads, with its type and default, and
 :func:`declared` is the one place that reads them. The standard plugins annotate theirs with
 these types (``phase: ClassVar[Phase] = "decide"``), so mypy checks them; a third-party plugin may
-do the same. A plugin that keeps state across a resume follows :class:`Stateful`.
+do the same. A plugin that keeps state across a resume follows :class:`Stateful`. The option
+types with constraints (``PositiveInt``, ...) are here for plugins to annotate their options
+with: the one validator checks them and ``epochal schema`` shows them.
 
 Phases order the plugins without naming each other: within a hook, every plugin of an earlier
 phase runs before every plugin of a later one. ``measure`` writes the records of a batch or an
@@ -20,6 +22,23 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal, Protocol, TypedDict, get_args, runtime_checkable
+
+from epochal._options import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+
+__all__ = [
+    "DEFAULTS",
+    "PHASES",
+    "Declarations",
+    "FailurePolicy",
+    "NonNegativeFloat",
+    "NonNegativeInt",
+    "Phase",
+    "PositiveFloat",
+    "PositiveInt",
+    "Rank",
+    "Stateful",
+    "declared",
+]
 
 #: where a plugin runs on several processes.
 Rank = Literal["all", "zero"]

@@ -28,6 +28,7 @@ from typing import Any
 from epochal._markers import hookimpl
 from epochal.errors import ConfigError
 from epochal.loop import Loop
+from epochal.protocol import declared
 from epochal.runner import build_loop
 
 
@@ -96,7 +97,7 @@ def _config_in(config: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
 
 
 def _nondeterministic(loop: Loop) -> list[str]:
-    return [name for name, plugin in loop.plugins.items() if getattr(plugin, "deterministic", True) is False]
+    return [name for name, plugin in loop.plugins.items() if declared(plugin, "deterministic") is False]
 
 
 def _comparable(loop: Loop) -> dict[str, Any]:
@@ -191,7 +192,7 @@ def check_resume_processes(
     overrides = [arguments[k + 1] for k, a in enumerate(arguments[:-1]) if a == "--set"]
     config = load_config(config_file, overrides)
     probe = check_run(config)
-    left_out = [n for n, p in probe.plugins.items() if getattr(p, "deterministic", True) is False]
+    left_out = [n for n, p in probe.plugins.items() if declared(p, "deterministic") is False]
     if not probe.implements("resume_state"):
         raise ConfigError(
             "check-resume needs a plugin that saves and restores checkpoints (resume_state), "

@@ -206,8 +206,16 @@ def test_bad_options_name_the_table_and_key() -> None:
         LRScheduler("StepLR", stepsize=3)
     with pytest.raises(PluginError, match=r"\[plugins.lr_scheduler\] StepLR needs step_size"):
         LRScheduler("StepLR")
-    with pytest.raises(PluginError, match="interval must be 'epoch' or 'batch'"):
-        LRScheduler("StepLR", step_size=1, interval="step")
+    options = {"name": "StepLR", "step_size": 1, "interval": "step"}
+    with pytest.raises(
+        PluginError, match=r"option 'interval' of plugin 'lr_scheduler' must be 'epoch' or 'batch'"
+    ):
+        load_plugins(order=["lr_scheduler"], autoload=False, options={"lr_scheduler": options})
+    options = {"name": "StepLR", "step_size": 1, "frequency": 0}
+    with pytest.raises(
+        PluginError, match=r"'frequency' of plugin 'lr_scheduler' must be greater than or equal to 1"
+    ):
+        load_plugins(order=["lr_scheduler"], autoload=False, options={"lr_scheduler": options})
     no_rate = NumpyModel()
     no_rate.lr = "fast"  # type: ignore[assignment]
     with pytest.raises(PluginError, match="has no torch optimizer"):

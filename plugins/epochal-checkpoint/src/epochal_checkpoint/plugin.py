@@ -16,10 +16,11 @@ import threading
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from epochal import hookimpl, triggers
 from epochal.errors import ConfigError
+from epochal.protocol import Phase, Rank
 from epochal_checkpoint import incremental, storage
 from epochal_checkpoint.errors import (
     CheckpointNotFoundError,
@@ -76,12 +77,11 @@ class Checkpoint:
         or ``"none"``. ``safetensors.torch.load_file`` reads them into the same module.
     """
 
-    run_after = ("monitor", "early_stopping", "finish_after")
-    state_version = 1
+    phase: ClassVar[Phase] = "save"  # after every decision: a resumed run holds them
     #: on several processes it runs on every rank: ``loop.state_dict()`` is a collective, and the
     #: triggers are agreed, so every rank snapshots at the same point; only rank 0 writes (the
     #: directory, its lock, pruning, exports): see ``_writer``.
-    rank = "all"
+    rank: ClassVar[Rank] = "all"
 
     def __init__(
         self,

@@ -17,9 +17,10 @@ import math
 import re
 import warnings
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from epochal import PluginError, hookimpl
+from epochal.protocol import Phase, Rank
 
 #: words of a record's name that say which way is better, for ``mode = "auto"`` (Keras decides
 #: by the name too: "loss" is minimized, "acc"/"auc"/F-measure-like names maximized).
@@ -96,10 +97,9 @@ class EarlyStopping:
 
     #: it decides when training ends: it runs only when a run names it (a table, order, --plugins).
     autoload = False
-    run_after = ("monitor",)
-    run_before = ("checkpoint",)
+    phase: ClassVar[Phase] = "decide"  # after the records, before the save
     #: every rank decides on the same reduced metrics; the loop agrees on the stop anyway.
-    rank = "all"
+    rank: ClassVar[Rank] = "all"
 
     def __init__(
         self,

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from epochal import PluginError, hookimpl
+from epochal.protocol import Phase, Rank
 
 
 def _option_error(option: str, message: str) -> PluginError:
@@ -34,7 +35,8 @@ class FinishAfter:
     autoload = False
     #: every rank counts the same epochs and batches (their stops are ``agreed``); seconds are
     #: each rank's own clock, agreed by the loop a batch later.
-    rank = "all"
+    rank: ClassVar[Rank] = "all"
+    phase: ClassVar[Phase] = "decide"  # after the records, before the save
 
     def __init__(self, epochs: int | None = None, batches: int | None = None, seconds: float | None = None):
         for option, value in (("epochs", epochs), ("batches", batches)):

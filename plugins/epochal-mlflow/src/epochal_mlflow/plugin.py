@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from epochal import hookimpl
+from epochal.protocol import Phase, Rank
 from epochal.records import Cursor, flat_config
 from epochal_mlflow.tracker import RunSpec, Tracker, warn
 
@@ -55,9 +56,9 @@ class MLflow:
     """
 
     #: write after monitor, early stopping and checkpoint have logged the epoch's records.
-    run_after = ("monitor", "early_stopping", "checkpoint")
+    phase: ClassVar[Phase] = "report"  # the epoch's records and decisions are in the row
     #: on several processes only rank 0 writes (the records it logs are reduced across ranks).
-    rank = "zero"
+    rank: ClassVar[Rank] = "zero"
     #: loaded only when named (``[plugins] order``, ``--plugins``): installing every plugin
     #: distribution must not mean an MLflow store in every run directory, or traffic to a tracking server.
     autoload = False

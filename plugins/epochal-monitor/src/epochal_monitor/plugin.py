@@ -16,9 +16,10 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from epochal import PluginError, hookimpl
+from epochal.protocol import Phase, Rank
 from epochal.triggers import every_n_batches as _every_n_batches
 
 Aggregation = Literal["mean", "sum", "min", "max", "last"]
@@ -82,10 +83,10 @@ class Monitor:
     :param prefix: the prefix of the records (``train`` gives ``train.loss``).
     """
 
-    run_before = ("early_stopping", "checkpoint", "sqlite_log")
+    phase: ClassVar[Phase] = "measure"  # its records come first
     #: on several processes every rank accumulates its own batches, and each record is reduced
     #: across the ranks when it is written (one collective per record), so all ranks log it alike.
-    rank = "all"
+    rank: ClassVar[Rank] = "all"
 
     def __init__(
         self,

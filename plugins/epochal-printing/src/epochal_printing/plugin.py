@@ -16,9 +16,10 @@ from __future__ import annotations
 import fnmatch
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any, TextIO
+from typing import Any, ClassVar, TextIO
 
 from epochal import PluginError, hookimpl
+from epochal.protocol import Phase, Rank
 
 #: log keys the loop itself writes, not metrics.
 SKIPPED = frozenset({"epochs_done"})
@@ -70,9 +71,9 @@ class Printing:
     :param exclude: log keys not to show, as ``fnmatch`` patterns (default: ``timing``'s records).
     """
 
-    run_after = ("monitor", "early_stopping")  # their records of the epoch are in the row
+    phase: ClassVar[Phase] = "report"  # the epoch's records and decisions are in the row
     #: on several processes rank 0 prints.
-    rank = "zero"
+    rank: ClassVar[Rank] = "zero"
 
     def __init__(
         self,
@@ -91,6 +92,8 @@ class Printing:
         self.batches, self.tty, self.digits, self.stream = batches, tty, digits, stream
         self.exclude = tuple(exclude)
         self.active = False
+        #: printing no batch lines, it has nothing to do after a batch.
+        self.idle_hooks = frozenset() if batches else frozenset({"after_batch"})
 
     def _out(self) -> TextIO:
         return sys.stdout if self.stream == "stdout" else sys.stderr

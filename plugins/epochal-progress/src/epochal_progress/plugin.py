@@ -22,9 +22,10 @@ import time
 import warnings
 from collections.abc import Mapping, Sequence
 from operator import itemgetter
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from epochal import PluginError, hookimpl
+from epochal.protocol import Phase, Rank
 
 
 def _option_error(option: str, message: str) -> PluginError:
@@ -92,9 +93,9 @@ class Progress:
     :param ncols: the bars' width in characters (None: the terminal's width).
     """
 
-    run_after = ("monitor",)
+    phase: ClassVar[Phase] = "report"  # the epoch's records and decisions are in the row
     #: on several processes one bar, drawn by rank 0.
-    rank = "zero"
+    rank: ClassVar[Rank] = "zero"
 
     def __init__(
         self,

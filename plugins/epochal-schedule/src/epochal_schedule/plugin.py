@@ -22,9 +22,10 @@ through a one-parameter stand-in optimizer whose learning rate is copied into ``
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from epochal import ConfigError, PluginError, hookimpl
+from epochal.protocol import Phase, PositiveInt, Rank
 
 if TYPE_CHECKING:
     import torch
@@ -50,16 +51,15 @@ class LRScheduler:
 
     autoload = False  # it changes the learning rate: it runs only when a run names it
     #: every rank steps its own optimizer's schedule (on reduced metrics for ReduceLROnPlateau).
-    rank = "all"
-    run_after = ("monitor",)
-    run_before = ("early_stopping", "checkpoint", "sqlite_log")
+    rank: ClassVar[Rank] = "all"
+    phase: ClassVar[Phase] = "adjust"  # from the records, before the decisions
     state_version = 1
 
     def __init__(
         self,
         name: str,
         interval: Literal["epoch", "batch"] = "epoch",
-        frequency: int = 1,
+        frequency: PositiveInt = 1,
         monitor: str = "valid.loss",
         log: bool = True,
         **arguments: Any,
@@ -68,16 +68,14 @@ class LRScheduler:
 
         cls = scheduler_class(name, WHERE)
         check_arguments(cls, arguments, WHERE)
-        if interval not in ("epoch", "batch"):
-            raise PluginError(f"{WHERE} interval must be 'epoch' or 'batch', not {interval!r}")
-        if isinstance(frequency, bool) or not isinstance(frequency, int) or frequency < 1:
-            raise PluginError(f"{WHERE} frequency must be a positive integer, not {frequency!r}")
         self.name = name
         self.interval = interval
         self.frequency = frequency
         self.monitor = monitor
         self.log = log
         self.arguments = dict(arguments)
+        #: stepping once per epoch, it has nothing to do after a batch.
+        self.idle_hooks = frozenset({"after_batch"}) if interval == "epoch" else frozenset()
         self.plateau = cls.__name__ == "ReduceLROnPlateau"
         #: the scheduler (made in before_training, when the optimizer is known).
         self.scheduler: Any = None

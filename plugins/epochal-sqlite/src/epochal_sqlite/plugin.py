@@ -28,9 +28,10 @@ import time
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from epochal import hookimpl
+from epochal.protocol import Phase, Rank
 from epochal_sqlite import store
 
 if TYPE_CHECKING:
@@ -70,9 +71,9 @@ class SQLiteLog:
     """
 
     #: write after monitor, early stopping and checkpoint have logged the epoch's records.
-    run_after = ("monitor", "early_stopping", "checkpoint")
+    phase: ClassVar[Phase] = "report"  # the epoch's records and decisions are in the row
     #: on several processes one writer, rank 0 (the records it logs are reduced across ranks).
-    rank = "zero"
+    rank: ClassVar[Rank] = "zero"
 
     def __init__(
         self,

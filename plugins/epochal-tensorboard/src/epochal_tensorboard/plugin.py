@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from epochal import hookimpl
+from epochal.protocol import Phase, Rank
 from epochal.records import Cursor, flat_config
 
 if TYPE_CHECKING:
@@ -47,9 +48,9 @@ class TensorBoard:
     """
 
     #: write after monitor, early stopping and checkpoint have logged the epoch's records.
-    run_after = ("monitor", "early_stopping", "checkpoint")
+    phase: ClassVar[Phase] = "report"  # the epoch's records and decisions are in the row
     #: on several processes only rank 0 writes (the records it logs are reduced across ranks).
-    rank = "zero"
+    rank: ClassVar[Rank] = "zero"
     #: loaded only when named (``[plugins] order``, ``--plugins``): installing every plugin
     #: distribution must not mean event files in every run directory.
     autoload = False

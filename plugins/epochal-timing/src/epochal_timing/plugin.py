@@ -22,10 +22,11 @@ import sys
 import time
 from collections.abc import Callable
 from types import CodeType
-from typing import Any
+from typing import Any, ClassVar
 
 from epochal import hookimpl
 from epochal.console import render_table, terminal_width
+from epochal.protocol import Rank
 
 #: hooks never wrapped: called before timing starts, or outside a run.
 UNTIMED = frozenset({"resume_state", "register_commands"})
@@ -86,7 +87,7 @@ class Timing:
     deterministic = False
     #: every rank times itself; the totals are gathered at the end and rank 0's table shows them
     #: per rank.
-    rank = "all"
+    rank: ClassVar[Rank] = "all"
 
     def __init__(self, records: bool = True, table: bool = False, per_plugin: bool = True) -> None:
         self.records = records

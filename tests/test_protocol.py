@@ -1,0 +1,94 @@
+"""The plugin protocol in code (``epochal.protocol``): phases order plugins, declarations are read
+in one place, and the standard plugins declare with its types."""
+
+from __future__ import annotations
+
+import typing
+
+import pytest
+
+from epochal import hookimpl
+from epochal.errors import OrderError, PluginError
+from epochal.ordering import call_order
+from epochal.plugins import compose
+from epochal.protocol import DEFAULTS, PHASES, Declarations, Stateful, declared
+
+
+class Staged:
+    def __init__(self, phase: str | None) -> None:
+        self.phase = phase
+
+    @hookimpl
+    def after_epoch(self, loop):
+        pass
+
+
+def test_phases_order_the_plugins_no_one_ordered_and_the_others_keep_their_places():
+    preferred = ["reporter", "saver", "plain", "decider", "measurer"]
+    phases = {"reporter": "report", "saver": "save", "decider": "decide", "measurer": "measure"}
+    assert call_order(preferred, [], {}, {}, phases) == ["measurer", "decider", "plain", "saver", "reporter"]
+
+
+def test_the_users_order_and_declared_constraints_win_over_phases():
+    phases = {"a": "report", "b": "measure", "c": "save"}
+    assert call_order(["a", "b", "c"], ["a", "b"], {}, {}, phases) == ["a", "b", "c"]
+    assert call_order(["a", "b", "c"], [], {"a": ["b"]}, {}, phases) == ["a", "b", "c"]
+    with pytest.raises(OrderError, match="form a cycle"):  # hard constraints still contradict
+        call_order(["a", "b"], ["a", "b"], {"b": ["a"]}, {}, phases)
+
+
+def test_composing_in_python_keeps_the_mappings_order():
+    plugins = {"reporter": Staged("report"), "measurer": Staged("measure")}
+    assert compose(plugins).call_order("after_epoch") == ["reporter", "measurer"]
+
+
+def test_a_phase_that_is_not_one_is_refused_naming_the_plugin():
+    with pytest.raises(
+        PluginError, match=r"plugin 'odd' declares phase = 'later'; the phases, in call order: "
+    ):
+        compose({"odd": Staged("later")})
+
+
+def test_every_declaration_has_a_default_and_a_type():
+    assert set(DEFAULTS) == set(typing.get_type_hints(Declarations))
+    assert PHASES == ("measure", "adjust", "decide", "save", "report")
+    assert declared(object(), "rank") == "all" and declared(object(), "phase") is None
+    assert declared(Staged("save"), "phase") == "save"
+
+
+def test_the_standard_plugins_declare_their_phase_and_name_no_other_plugin():
+    pytest.importorskip("epochal_checkpoint")
+    from epochal.plugins import installed
+
+    expected = {
+        "monitor": "measure",
+        "lr_scheduler": "adjust",
+        "early_stopping": "decide",
+        "finish_after": "decide",
+        "checkpoint": "save",
+        "printing": "report",
+        "progress": "report",
+        "sqlite_log": "report",
+        "tensorboard": "report",
+        "mlflow": "report",
+    }
+    from epochal.imports import resolve
+
+    available = installed()
+    for name, phase in expected.items():
+        if name not in available:
+            continue
+        plugin = resolve(available[name].value, name)
+        assert declared(plugin, "phase") == phase, name
+        assert not declared(plugin, "run_before") and not declared(plugin, "run_after"), name
+
+
+def test_a_plugin_with_state_is_stateful():
+    class Counter:
+        def state_dict(self):
+            return {"n": 1}
+
+        def load_state_dict(self, state):
+            pass
+
+    assert isinstance(Counter(), Stateful) and not isinstance(Staged(None), Stateful)
