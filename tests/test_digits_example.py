@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from epochal._options import check_options
 from epochal.data import BatchStream, batch_size
+from epochal.errors import ConfigError
 from epochal.examples.digits import DigitsMLP, load_arrays, make_data, make_model
 
 
@@ -47,8 +49,10 @@ def test_make_data_shapes_dtypes_and_deterministic_split() -> None:
     assert rows(*joined) == rows(full_x, full_y)
     other = make_data(seed=2)["valid"].arrays[1]
     assert not np.array_equal(other, valid.arrays[1])
-    with pytest.raises(ValueError, match="valid_fraction"):
-        make_data(valid_fraction=1.0)
+    with pytest.raises(
+        ConfigError, match=r"option 'valid_fraction' of 'make_data' must be less than 1"
+    ):
+        check_options("make_data", make_data, {"valid_fraction": 1.0}, "[data]", ConfigError)
 
 
 def test_training_reduces_loss_and_reaches_high_accuracy() -> None:

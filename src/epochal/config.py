@@ -123,8 +123,8 @@ def check_config(config: Mapping[str, Any], source: str) -> None:
             section, target, config.get(section, {}), f"{source}: [{section}]", ConfigError, keys=keys
         )
     plugins = config.get("plugins", {})
-    top = {k: v for k, v in plugins.items() if not isinstance(v, dict)}
-    keys = ("order", "disable", "autoload")
+    keys = ("order", "disable", "autoload")  # a table of any other name is a plugin's options
+    top = {k: v for k, v in plugins.items() if k in keys or not isinstance(v, dict)}
     check_options("plugins", plugins_section, top, f"{source}: [plugins]", ConfigError, keys=keys)
     for section in ("model", "data"):
         if "factory" not in config.get(section, {}):

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal, Protocol, TypedDict, get_args, runtime_checkable
 
-from epochal._options import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+from epochal._options import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Seed
 
 __all__ = [
     "DEFAULTS",
@@ -36,6 +36,7 @@ __all__ = [
     "PositiveFloat",
     "PositiveInt",
     "Rank",
+    "Seed",
     "Stateful",
     "declared",
 ]

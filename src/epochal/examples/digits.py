@@ -18,11 +18,16 @@ continues exactly as an uninterrupted one.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
+from annotated_types import Ge, Gt, Lt
 
 from epochal.data import BatchStream
+from epochal.protocol import NonNegativeFloat, PositiveFloat, PositiveInt, Seed
+
+#: a share of the examples, strictly between 0 and 1.
+Fraction = Annotated[float, Gt(0), Lt(1)]
 
 __all__ = ["DigitsMLP", "load_arrays", "make_data", "make_model"]
 
@@ -38,15 +43,15 @@ def load_arrays() -> tuple[np.ndarray, np.ndarray]:
     return x, digits.target.astype(np.int64)
 
 
-def make_data(batch_size: int = 64, seed: int = 0, valid_fraction: float = 0.2) -> dict[str, BatchStream]:
+def make_data(
+    batch_size: PositiveInt = 64, seed: Seed = 0, valid_fraction: Fraction = 0.2
+) -> dict[str, BatchStream]:
     """Return the ``"train"`` (shuffled) and ``"valid"`` streams of a seeded random split.
 
     :param batch_size: the number of examples per batch of both streams.
     :param seed: seeds both the split and the order of the training batches.
     :param valid_fraction: the share of the examples held out for validation, in (0, 1).
     """
-    if not 0.0 < valid_fraction < 1.0:
-        raise ValueError(f"valid_fraction must be in (0, 1), got {valid_fraction!r}")
     x, y = load_arrays()
     order = np.random.default_rng(seed).permutation(len(x))
     n_valid = round(len(x) * valid_fraction)
@@ -58,11 +63,11 @@ def make_data(batch_size: int = 64, seed: int = 0, valid_fraction: float = 0.2) 
 
 
 def make_model(
-    hidden: int = 64,
-    lr: float = 0.2,
-    seed: int = 0,
-    weight_decay: float = 0.0,
-    momentum: float = 0.0,
+    hidden: PositiveInt = 64,
+    lr: PositiveFloat = 0.2,
+    seed: Seed = 0,
+    weight_decay: NonNegativeFloat = 0.0,
+    momentum: Annotated[float, Ge(0), Lt(1)] = 0.0,
 ) -> DigitsMLP:
     """Return a :class:`DigitsMLP` for the 64-pixel, 10-class digits task.
 
