@@ -169,7 +169,7 @@ class Tracker(threading.Thread):
         if not (self.is_alive() or left or not self.ended):
             return
         uri = self.spec.tracking_uri
-        if self.is_alive() or left:
+        if left:
             message = (
                 f"the tracker at {uri} did not take the run's last records in {timeout:g} s: "
                 f"{left} record(s) not sent"
