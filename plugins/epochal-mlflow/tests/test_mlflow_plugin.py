@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -364,3 +365,42 @@ def test_the_plugins_http_settings_hold_in_its_threads_only(monkeypatch: pytest.
     assert inside["during"] == (0, 2.5)
     assert outside == (7, 77) == inside["after"]  # MLflow's default retries, the user's timeout
     assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ
+
+
+class WaitForRun:
+    """At the first batch, waits until the mlflow plugin's thread has created its MLflow run."""
+
+    @hookimpl
+    def after_batch(self, loop: Any) -> None:
+        if loop.iteration == 1:
+            tracker = loop.plugins["mlflow"].tracker
+            while tracker.mlflow_run_id is None:
+                time.sleep(0.01)
+
+
+def test_records_left_at_the_deadline_are_counted_and_the_run_still_ends(
+    tmp_path: Path, mlflow_server: str
+) -> None:
+    """close_timeout = 0: what is left is not sent, but the MLflow run is ended and tagged.
+
+    4,800 records reach the thread at the epoch's end, just before the run ends: more than one
+    round of calls (4 × 1,000), so some are left whatever the timing."""
+    experiment = f"e-{uuid.uuid4().hex[:8]}"
+    plugin = MLflow(mlflow_server, experiment, flush_every=10_000, close_timeout=0)
+    with pytest.warns(RuntimeWarning) as caught:
+        result = run_loop(
+            {"wait": WaitForRun(), "many": ManyRecords(1200), "mlflow": plugin},
+            run_dir=tmp_path / "run",
+            max_epochs=1,
+        )
+    numeric = sum(number(v) is not None for _, row in result.log.rows() for v in row.values())
+    assert plugin.finished is not None
+    left = numeric - plugin.finished.sent
+    assert left >= 800
+    messages = [str(w.message) for w in caught if str(w.message).startswith("mlflow:")]
+    assert len(messages) == 1, messages
+    assert f"{left} record(s) not sent" in messages[0] and "ended as FINISHED" in messages[0]
+    client = MlflowClient(tracking_uri=mlflow_server)
+    run = only_run(client, experiment)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["epochal.records_not_sent"] == str(left)
