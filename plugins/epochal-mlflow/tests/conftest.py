@@ -1,9 +1,15 @@
-"""A real ``mlflow server`` on 127.0.0.1 (a free port) in a temporary directory, for the module."""
+"""A real ``mlflow server`` on 127.0.0.1 (a free port) in a temporary directory.
+
+``mlflow_server`` is one server for the whole session; ``restartable_server`` is a
+:class:`Server` of the module's own that a test may stop and start again on the same port and
+backend store (an outage of the tracker).
+"""
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -21,50 +27,89 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The URI of a running tracking server (SQLite backend, artifacts proxied by the server)."""
-    root = tmp_path_factory.mktemp("mlflow-server")
-    port = free_port()
-    mlflow = shutil.which("mlflow", path=str(Path(sys.executable).parent)) or "mlflow"
-    command = [
-        mlflow, "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-        "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-        "--artifacts-destination", str(root / "artifacts"),
-    ]  # fmt: skip
-    log = (root / "server.log").open("w")
-    server = subprocess.Popen(command, cwd=root, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
-    uri = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
+class Server:
+    """``mlflow server`` (SQLite backend, artifacts proxied) in its own process group."""
+
+    def __init__(self, root: Path, port: int | None = None) -> None:
+        self.root = root
+        self.port = port or free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def start(self, timeout: float = 180) -> None:
+        """Start it and wait until it answers ``/health``."""
+        mlflow = shutil.which("mlflow", path=str(Path(sys.executable).parent)) or "mlflow"
+        command = [
+            mlflow, "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1",
+            "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
+            "--artifacts-destination", str(self.root / "artifacts"),
+        ]  # fmt: skip
+        # No job runner (its consumer processes): the tests only log runs.
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        with (self.root / "server.log").open("a") as log:
+            self.process = subprocess.Popen(
+                command, cwd=self.root, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        deadline = time.monotonic() + timeout
         while True:
             try:
-                with urllib.request.urlopen(f"{uri}/health", timeout=2) as response:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as response:
                     if response.status == 200:
-                        break
+                        return
             except OSError:
                 pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"mlflow server did not start: {(root / 'server.log').read_text()[-2000:]}"
-                )
-            time.sleep(0.5)
-        yield uri
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                log = (self.root / "server.log").read_text()[-2000:]
+                raise RuntimeError(f"mlflow server did not start: {log}")
+            time.sleep(0.3)
+
+    def stop(self) -> None:
+        """Stop the server and its workers; return once the port refuses connections."""
+        process, self.process = self.process, None
+        if process is None:
+            return
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(process.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                process.wait(20)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", self.port)) != 0:
+                    return
+            time.sleep(0.1)
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The URI of a running tracking server for the session."""
+    server = Server(tmp_path_factory.mktemp("mlflow-server"))
+    server.start()
+    try:
+        yield server.uri
     finally:
-        server.terminate()
-        try:
-            server.wait(20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        log.close()
+        server.stop()
 
 
-@pytest.fixture
-def fast_http(monkeypatch: pytest.MonkeyPatch) -> None:
-    """MLflow's HTTP client gives up quickly (a down tracker is found in seconds, not minutes)."""
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "3")
+@pytest.fixture(scope="module")
+def restartable_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server of the module's own (not started: a test calls ``start()``), stopped at the end."""
+    server = Server(tmp_path_factory.mktemp("mlflow-restartable"))
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture

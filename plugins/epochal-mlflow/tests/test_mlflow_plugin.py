@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import os
+import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -160,8 +162,9 @@ def test_resume_from_an_earlier_state_starts_a_continuing_run_without_the_supers
 
 
 def test_tracker_down_warns_once_training_goes_on_and_the_sqlite_log_is_whole(
-    tmp_path: Path, fast_http: None, down_uri: str
+    tmp_path: Path, down_uri: str
 ) -> None:
+    """With MLflow's HTTP defaults in the environment (7 retries, 120 s): the plugin's own apply."""
     down = down_uri
     plugin = MLflow(down, retry_seconds=0.2, close_timeout=1)
     with pytest.warns(RuntimeWarning) as caught:
@@ -187,9 +190,7 @@ def test_tracker_down_warns_once_training_goes_on_and_the_sqlite_log_is_whole(
         )
 
 
-def test_records_past_the_bound_are_dropped_oldest_first(
-    tmp_path: Path, fast_http: None, down_uri: str
-) -> None:
+def test_records_past_the_bound_are_dropped_oldest_first(tmp_path: Path, down_uri: str) -> None:
     plugin = MLflow(down_uri, max_buffered=5, retry_seconds=0.2, close_timeout=0.5)
     with pytest.warns(
         RuntimeWarning, match="mlflow: 5 records are waiting for the tracker at .*dropping the oldest"
@@ -245,3 +246,161 @@ def test_options_are_checked() -> None:
         MLflow(flush_every=0)
     with pytest.raises(ValueError, match="max_buffered"):
         MLflow(max_buffered=0)
+    with pytest.raises(ValueError, match="request_timeout"):
+        MLflow(request_timeout=0)
+
+
+class FailAt:
+    """A model whose ``train_step`` raises *error* at batch *at* (counted from 1)."""
+
+    def __init__(self, at: int, error: BaseException) -> None:
+        from epochal.examples.tiny import TinyModel
+
+        self.model, self.at, self.error, self.batches = TinyModel(), at, error, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+    def train_step(self, batch: Any) -> Mapping[str, Any]:
+        self.batches += 1
+        if self.batches == self.at:
+            raise self.error
+        return self.model.train_step(batch)
+
+
+def test_a_failed_run_ends_its_mlflow_run_failed_with_what_was_logged(
+    tmp_path: Path, mlflow_server: str
+) -> None:
+    experiment = f"e-{uuid.uuid4().hex[:8]}"
+    result = run_loop(
+        {"train": TrainRecords(), "mlflow": MLflow(mlflow_server, experiment)},
+        model=FailAt(7, RuntimeError("boom")),
+        run_dir=tmp_path / "run",
+        max_epochs=3,
+        raises=False,
+    )
+    assert isinstance(result.error, RuntimeError)
+    client = MlflowClient(tracking_uri=mlflow_server)
+    run = only_run(client, experiment)
+    assert run.info.status == "FAILED"
+    assert history(client, run.info.run_id, "train.loss") == expected(result.log, "train.loss")
+    assert len(history(client, run.info.run_id, "train.loss")) == 6
+
+
+def test_ctrl_c_ends_the_mlflow_run_killed(tmp_path: Path, mlflow_server: str) -> None:
+    experiment = f"e-{uuid.uuid4().hex[:8]}"
+    model = FailAt(3, KeyboardInterrupt())
+    with pytest.raises(KeyboardInterrupt):
+        run_loop(
+            {"train": TrainRecords(), "mlflow": MLflow(mlflow_server, experiment)},
+            model=model,
+            run_dir=tmp_path / "run",
+            max_epochs=3,
+        )
+    client = MlflowClient(tracking_uri=mlflow_server)
+    run = only_run(client, experiment)
+    assert run.info.status == "KILLED"
+    assert [s for s, _ in history(client, run.info.run_id, "train.loss")] == [1, 2]
+
+
+class ManyRecords:
+    """*keys* records per batch (``m.0`` … ``m.<keys-1>``), a value from the iteration and the key."""
+
+    def __init__(self, keys: int) -> None:
+        self.keys = [f"m.{j}" for j in range(keys)]
+
+    @hookimpl
+    def after_batch(self, loop: Any) -> None:
+        row = loop.log.current_row
+        for j, key in enumerate(self.keys):
+            row[key] = loop.iteration + j / 100
+
+
+def test_a_backlog_goes_out_in_parallel_calls_and_every_record_arrives(
+    tmp_path: Path, mlflow_server: str
+) -> None:
+    """9,600 records handed over at once (flush only at the end): ten calls, four at a time."""
+    experiment = f"e-{uuid.uuid4().hex[:8]}"
+    plugin = MLflow(mlflow_server, experiment, flush_every=10_000)
+    result = run_loop({"many": ManyRecords(12), "mlflow": plugin}, run_dir=tmp_path / "run", max_epochs=200)
+    assert result.loop.iteration == 800
+    client = MlflowClient(tracking_uri=mlflow_server)
+    run = only_run(client, experiment)
+    assert run.info.status == "FINISHED"
+    for j in range(12):
+        assert history(client, run.info.run_id, f"m.{j}") == [
+            (i, pytest.approx(i + j / 100)) for i in range(1, 801)
+        ], j
+    numeric = sum(number(v) is not None for _, row in result.log.rows() for v in row.values())
+    assert numeric > 9600  # and the epochs' records (valid.loss, epochs_done)
+    assert plugin.finished is not None and plugin.finished.sent == numeric and plugin.finished.ended
+
+
+def test_the_plugins_http_settings_hold_in_its_threads_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLflow reads its HTTP settings per request: the plugin's apply in its own threads; every
+    other thread, the user's MLflow calls included, keeps the environment's."""
+    import threading
+
+    from epochal_mlflow.http import policy
+    from mlflow.environment_variables import MLFLOW_HTTP_REQUEST_MAX_RETRIES, MLFLOW_HTTP_REQUEST_TIMEOUT
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "77")
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    inside: dict[str, Any] = {}
+    entered, release = threading.Event(), threading.Event()
+
+    def plugin_thread() -> None:
+        with policy(timeout=2.5):
+            inside["during"] = (MLFLOW_HTTP_REQUEST_MAX_RETRIES.get(), MLFLOW_HTTP_REQUEST_TIMEOUT.get())
+            entered.set()
+            release.wait(10)
+        inside["after"] = (MLFLOW_HTTP_REQUEST_MAX_RETRIES.get(), MLFLOW_HTTP_REQUEST_TIMEOUT.get())
+
+    thread = threading.Thread(target=plugin_thread)
+    thread.start()
+    assert entered.wait(10)
+    outside = (MLFLOW_HTTP_REQUEST_MAX_RETRIES.get(), MLFLOW_HTTP_REQUEST_TIMEOUT.get())
+    release.set()
+    thread.join(10)
+    assert inside["during"] == (0, 2.5)
+    assert outside == (7, 77) == inside["after"]  # MLflow's default retries, the user's timeout
+    assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ
+
+
+class WaitForRun:
+    """At the first batch, waits until the mlflow plugin's thread has created its MLflow run."""
+
+    @hookimpl
+    def after_batch(self, loop: Any) -> None:
+        if loop.iteration == 1:
+            tracker = loop.plugins["mlflow"].tracker
+            while tracker.mlflow_run_id is None:
+                time.sleep(0.01)
+
+
+def test_records_left_at_the_deadline_are_counted_and_the_run_still_ends(
+    tmp_path: Path, mlflow_server: str
+) -> None:
+    """close_timeout = 0: what is left is not sent, but the MLflow run is ended and tagged.
+
+    4,800 records reach the thread at the epoch's end, just before the run ends: more than one
+    round of calls (4 × 1,000), so some are left whatever the timing."""
+    experiment = f"e-{uuid.uuid4().hex[:8]}"
+    plugin = MLflow(mlflow_server, experiment, flush_every=10_000, close_timeout=0)
+    with pytest.warns(RuntimeWarning) as caught:
+        result = run_loop(
+            {"wait": WaitForRun(), "many": ManyRecords(1200), "mlflow": plugin},
+            run_dir=tmp_path / "run",
+            max_epochs=1,
+        )
+    numeric = sum(number(v) is not None for _, row in result.log.rows() for v in row.values())
+    assert plugin.finished is not None
+    left = numeric - plugin.finished.sent
+    assert left >= 800
+    messages = [str(w.message) for w in caught if str(w.message).startswith("mlflow:")]
+    assert len(messages) == 1, messages
+    assert f"{left} record(s) not sent" in messages[0] and "ended as FINISHED" in messages[0]
+    client = MlflowClient(tracking_uri=mlflow_server)
+    run = only_run(client, experiment)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["epochal.records_not_sent"] == str(left)

@@ -51,6 +51,9 @@ class MLflow:
         (also at every epoch end and when training ends).
     :param max_buffered: records kept while the tracker is down; past it the oldest are dropped.
     :param retry_seconds: how often the thread tries again while the tracker is down.
+    :param request_timeout: seconds one request to the tracker may wait (to connect, for an
+        answer) before the tracker counts as down; MLflow's own retries are off for the
+        plugin's requests (its default, 7 retries and 120 s, is minutes per request).
     :param close_timeout: seconds the end of the run waits for the last records to be sent.
     :param log_weights: log the final weights (safetensors export or latest checkpoint).
     """
@@ -73,6 +76,7 @@ class MLflow:
         retry_seconds: float = 10.0,
         close_timeout: float = 30.0,
         log_weights: bool = True,
+        request_timeout: float = 10.0,
     ) -> None:
         if flush_every < 1:
             raise ValueError(f"flush_every must be at least 1, not {flush_every!r}")
@@ -80,6 +84,8 @@ class MLflow:
             raise ValueError(f"max_buffered must be at least 1, not {max_buffered!r}")
         if retry_seconds <= 0 or close_timeout < 0:
             raise ValueError("retry_seconds must be > 0 and close_timeout >= 0")
+        if request_timeout <= 0:
+            raise ValueError(f"request_timeout must be > 0, not {request_timeout!r}")
         self.tracking_uri = tracking_uri
         self.experiment = experiment
         self.run_name = run_name
@@ -87,6 +93,7 @@ class MLflow:
         self.max_buffered = max_buffered
         self.retry_seconds = float(retry_seconds)
         self.close_timeout = float(close_timeout)
+        self.request_timeout = float(request_timeout)
         self.log_weights = log_weights
         self.tracker: Tracker | None = None
         #: the tracker of the last run that ended (its ``sent``/``dropped`` counters, the MLflow run).
@@ -135,7 +142,11 @@ class MLflow:
         )
         self._cursor.start(loop.log, loop.iteration)
         self.tracker = Tracker(
-            spec, max_buffered=self.max_buffered, retry_seconds=self.retry_seconds, warn=warn
+            spec,
+            max_buffered=self.max_buffered,
+            retry_seconds=self.retry_seconds,
+            request_timeout=self.request_timeout,
+            warn=warn,
         )
         self.tracker.start()
 
@@ -164,9 +175,9 @@ class MLflow:
 
     @hookimpl
     def on_error(self, loop: Loop) -> None:
-        """Send what was logged and end the MLflow run as failed."""
+        """Send what was logged; end the MLflow run as killed (Ctrl-C) or failed."""
         self.collect(loop)
-        self._finish(loop, "FAILED")
+        self._finish(loop, "KILLED" if loop.log.status.get("status") == "interrupted" else "FAILED")
 
     # -- helpers -----------------------------------------------------------------------------
 
