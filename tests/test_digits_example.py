@@ -49,9 +49,7 @@ def test_make_data_shapes_dtypes_and_deterministic_split() -> None:
     assert rows(*joined) == rows(full_x, full_y)
     other = make_data(seed=2)["valid"].arrays[1]
     assert not np.array_equal(other, valid.arrays[1])
-    with pytest.raises(
-        ConfigError, match=r"option 'valid_fraction' of 'make_data' must be less than 1"
-    ):
+    with pytest.raises(ConfigError, match=r"option 'valid_fraction' of 'make_data' must be less than 1"):
         check_options("make_data", make_data, {"valid_fraction": 1.0}, "[data]", ConfigError)
 
 
