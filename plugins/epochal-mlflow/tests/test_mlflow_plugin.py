@@ -15,7 +15,7 @@ from epochal_mlflow import MLflow
 from epochal_sqlite import Reader, SQLiteLog
 from mlflow import MlflowClient
 
-from epochal import hookimpl
+from epochal import PluginError, hookimpl, load_plugins
 from epochal.records import number
 from epochal.testing import ResumeFrom, run_loop
 
@@ -241,13 +241,22 @@ def test_an_unwritable_run_directory_warns_once_and_training_goes_on(tmp_path: P
         assert reader.get(result.loop.run_id) is not None
 
 
-def test_options_are_checked() -> None:
-    with pytest.raises(ValueError, match="flush_every"):
-        MLflow(flush_every=0)
-    with pytest.raises(ValueError, match="max_buffered"):
-        MLflow(max_buffered=0)
-    with pytest.raises(ValueError, match="request_timeout"):
-        MLflow(request_timeout=0)
+@pytest.mark.parametrize(
+    ("option", "value", "problem"),
+    [
+        ("flush_every", -1, "greater than or equal to 0"),
+        ("max_buffered", 0, "greater than or equal to 1"),
+        ("request_timeout", 0, "greater than 0"),
+        ("retry_seconds", 0.0, "greater than 0"),
+    ],
+)
+def test_options_are_checked(option: str, value: Any, problem: str) -> None:
+    with pytest.raises(PluginError, match=rf"option '{option}' of plugin 'mlflow' must be {problem}"):
+        load_plugins(order=["mlflow"], autoload=False, options={"mlflow": {option: value}})
+
+
+def test_handing_records_over_only_at_epoch_ends_leaves_after_batch_idle() -> None:
+    assert MLflow(flush_every=0).idle_hooks == {"after_batch"} and not MLflow().idle_hooks
 
 
 class FailAt:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from epochal import hookimpl
-from epochal.protocol import Phase, Rank
+from epochal.protocol import NonNegativeFloat, NonNegativeInt, Phase, PositiveFloat, PositiveInt, Rank
 from epochal.records import Cursor, flat_config
 from epochal_mlflow.tracker import RunSpec, Tracker, warn
 
@@ -48,7 +48,7 @@ class MLflow:
     :param experiment: the MLflow experiment (created when missing).
     :param run_name: the MLflow run's name (default: MLflow's generated one).
     :param flush_every: hand the new records to the sending thread every this many iterations
-        (also at every epoch end and when training ends).
+        (also at every epoch end and when training ends); 0: only then.
     :param max_buffered: records kept while the tracker is down; past it the oldest are dropped.
     :param retry_seconds: how often the thread tries again while the tracker is down.
     :param request_timeout: seconds one request to the tracker may wait (to connect, for an
@@ -71,25 +71,19 @@ class MLflow:
         tracking_uri: str | None = None,
         experiment: str = "epochal",
         run_name: str | None = None,
-        flush_every: int = 100,
-        max_buffered: int = 100_000,
-        retry_seconds: float = 10.0,
-        close_timeout: float = 30.0,
+        flush_every: NonNegativeInt = 100,
+        max_buffered: PositiveInt = 100_000,
+        retry_seconds: PositiveFloat = 10.0,
+        close_timeout: NonNegativeFloat = 30.0,
         log_weights: bool = True,
-        request_timeout: float = 10.0,
+        request_timeout: PositiveFloat = 10.0,
     ) -> None:
-        if flush_every < 1:
-            raise ValueError(f"flush_every must be at least 1, not {flush_every!r}")
-        if max_buffered < 1:
-            raise ValueError(f"max_buffered must be at least 1, not {max_buffered!r}")
-        if retry_seconds <= 0 or close_timeout < 0:
-            raise ValueError("retry_seconds must be > 0 and close_timeout >= 0")
-        if request_timeout <= 0:
-            raise ValueError(f"request_timeout must be > 0, not {request_timeout!r}")
         self.tracking_uri = tracking_uri
         self.experiment = experiment
         self.run_name = run_name
         self.flush_every = flush_every
+        #: handing records over only at epoch ends: nothing to do after a batch.
+        self.idle_hooks = frozenset() if flush_every else frozenset({"after_batch"})
         self.max_buffered = max_buffered
         self.retry_seconds = float(retry_seconds)
         self.close_timeout = float(close_timeout)
@@ -153,7 +147,7 @@ class MLflow:
     @hookimpl
     def after_batch(self, loop: Loop) -> None:
         """Hand the new records to the sending thread every ``flush_every`` iterations."""
-        if loop.iteration - self._cursor.iteration >= self.flush_every:
+        if self.flush_every and loop.iteration - self._cursor.iteration >= self.flush_every:
             self.collect(loop)
 
     @hookimpl
