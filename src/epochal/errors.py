@@ -33,3 +33,10 @@ def did_you_mean(name: str, choices: Iterable[str]) -> str:
 
     match = difflib.get_close_matches(name, sorted(set(choices)), n=1, cutoff=0.5)
     return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+def option_error(plugin: str, option: str, message: str) -> PluginError:
+    """The one shape of a plugin's error about its options, for what annotations cannot say (two
+    options that contradict each other, a value the plugin cannot use): ``[plugins.NAME] option:
+    message``. Types and ranges are the validator's (:mod:`epochal.protocol`'s annotations)."""
+    return PluginError(f"[plugins.{plugin}] {option}: {message}")

@@ -23,13 +23,21 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal, Protocol, TypedDict, get_args, runtime_checkable
 
-from epochal._options import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Seed
+from epochal._options import (
+    NonEmptyStr,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Seed,
+)
 
 __all__ = [
     "DEFAULTS",
     "PHASES",
     "Declarations",
     "FailurePolicy",
+    "NonEmptyStr",
     "NonNegativeFloat",
     "NonNegativeInt",
     "Phase",

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from epochal_sqlite import Reader, SQLiteLog
 
-from epochal import Loop, hookimpl
+from epochal import Loop, PluginError, hookimpl, load_plugins
 
 
 class CountingModel:
@@ -325,8 +325,10 @@ def test_flushes_by_time_only_when_flush_seconds_is_set(tmp_path: Path, seconds:
 
 
 def test_a_negative_flush_every_is_one_clear_error() -> None:
-    with pytest.raises(ValueError, match=r"flush_every must be >= 0 \(0: never by count\), not -1"):
-        SQLiteLog(flush_every=-1)
+    with pytest.raises(
+        PluginError, match=r"option 'flush_every' of plugin 'sqlite_log' must be greater than or"
+    ):
+        load_plugins(order=["sqlite_log"], autoload=False, options={"sqlite_log": {"flush_every": -1}})
 
 
 def test_failed_run_is_recorded_with_its_error_and_rows(tmp_path: Path) -> None:

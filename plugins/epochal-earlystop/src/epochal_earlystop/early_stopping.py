@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
 from epochal import PluginError, hookimpl
-from epochal.protocol import Phase, Rank
+from epochal.errors import option_error
+from epochal.protocol import NonEmptyStr, NonNegativeFloat, NonNegativeInt, Phase, Rank
 
 #: words of a record's name that say which way is better, for ``mode = "auto"`` (Keras decides
 #: by the name too: "loss" is minimized, "acc"/"auc"/F-measure-like names maximized).
@@ -38,7 +39,7 @@ class EarlyStoppingWarning(UserWarning):
 
 
 def _option_error(option: str, message: str) -> PluginError:
-    return PluginError(f"[plugins.early_stopping] {option}: {message}")
+    return option_error("early_stopping", option, message)
 
 
 def _number(value: Any) -> float | None:
@@ -103,10 +104,10 @@ class EarlyStopping:
 
     def __init__(
         self,
-        monitor: str = "valid.loss",
+        monitor: NonEmptyStr = "valid.loss",
         mode: Literal["min", "max", "auto"] = "min",
-        patience: int = 5,
-        min_delta: float = 0.0,
+        patience: NonNegativeInt = 5,
+        min_delta: NonNegativeFloat = 0.0,
         stop_on_nan: bool = True,
         restore_best: bool = False,
         baseline: float | None = None,
@@ -115,16 +116,6 @@ class EarlyStopping:
         threshold_mode: Literal["abs", "rel"] = "abs",
         cumulative_delta: bool = True,
     ) -> None:
-        if not isinstance(monitor, str) or not monitor:
-            raise _option_error("monitor", f"must be a log record name such as 'valid.loss', not {monitor!r}")
-        if mode not in ("min", "max", "auto"):
-            raise _option_error("mode", f"must be 'min', 'max' or 'auto', not {mode!r}")
-        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 0:
-            raise _option_error("patience", f"must be a non-negative integer, not {patience!r}")
-        if isinstance(min_delta, bool) or not isinstance(min_delta, (int, float)) or not min_delta >= 0:
-            raise _option_error("min_delta", f"must be a non-negative number, not {min_delta!r}")
-        if threshold_mode not in ("abs", "rel"):
-            raise _option_error("threshold_mode", f"must be 'abs' or 'rel', not {threshold_mode!r}")
         named = direction_of(monitor)
         if mode == "auto":
             if named is None:

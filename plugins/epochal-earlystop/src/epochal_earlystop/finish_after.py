@@ -13,11 +13,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from epochal import PluginError, hookimpl
-from epochal.protocol import Phase, Rank
-
-
-def _option_error(option: str, message: str) -> PluginError:
-    return PluginError(f"[plugins.finish_after] {option}: {message}")
+from epochal.protocol import Phase, PositiveFloat, PositiveInt, Rank
 
 
 class FinishAfter:
@@ -38,14 +34,12 @@ class FinishAfter:
     rank: ClassVar[Rank] = "all"
     phase: ClassVar[Phase] = "decide"  # after the records, before the save
 
-    def __init__(self, epochs: int | None = None, batches: int | None = None, seconds: float | None = None):
-        for option, value in (("epochs", epochs), ("batches", batches)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise _option_error(option, f"must be a positive integer, not {value!r}")
-        if seconds is not None and (
-            isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0
-        ):
-            raise _option_error("seconds", f"must be a positive number, not {seconds!r}")
+    def __init__(
+        self,
+        epochs: PositiveInt | None = None,
+        batches: PositiveInt | None = None,
+        seconds: PositiveFloat | None = None,
+    ):
         if epochs is None and batches is None and seconds is None:
             raise PluginError(
                 "[plugins.finish_after]: set at least one of the options epochs, batches, seconds "

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from epochal import hookimpl
-from epochal.protocol import Phase, Rank
+from epochal.protocol import NonNegativeFloat, NonNegativeInt, Phase, Rank
 from epochal_sqlite import store
 
 if TYPE_CHECKING:
@@ -78,14 +78,10 @@ class SQLiteLog:
     def __init__(
         self,
         path: str | None = None,
-        flush_every: int = 1000,
-        flush_seconds: float = 5.0,
+        flush_every: NonNegativeInt = 1000,
+        flush_seconds: NonNegativeFloat = 5.0,
         keys: list[str] | None = None,
     ) -> None:
-        if flush_every < 0:
-            raise ValueError(f"flush_every must be >= 0 (0: never by count), not {flush_every!r}")
-        if flush_seconds < 0:
-            raise ValueError(f"flush_seconds must be >= 0, not {flush_seconds!r}")
         self.path = path
         self.flush_every = flush_every
         self.flush_seconds = float(flush_seconds)
