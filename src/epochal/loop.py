@@ -121,18 +121,7 @@ class Loop:
                 f"the data mapping has no 'train' stream (it has: {', '.join(data) or 'nothing'})"
             )
         self._source: str | None = getattr(config, "source", None)
-        options = {
-            "max_epochs": max_epochs,
-            "max_iterations": max_iterations,
-            "seed": seed,
-            "eval_every_n_epochs": eval_every_n_epochs,
-            "epoch_size": epoch_size,
-            "eval_at_start": eval_at_start,
-            "on_empty_batch": on_empty_batch,
-            "on_empty_stream": on_empty_stream,
-            "run_dir": run_dir,
-            "uneven_shards": uneven_shards,
-        }
+        options = {key: value for key, value in locals().items() if key in OPTIONS}
         where = f"{self._source}: [loop]" if self._source else "Loop()"
         check_options("loop", Loop, options, where, ConfigError, keys=OPTIONS)
         #: rank and size of the run's processes (``World()``: one process).
