@@ -538,7 +538,7 @@ class Loop:
 
     def _on_signal(self, signum: int, frame: object) -> None:
         message = self.stopping.interrupt(signum)
-        if message is not None and self.world.is_zero:  # the other ranks' would repeat rank 0's
+        if message is not None:
             print(message, file=sys.stderr, flush=True)
 
     # -- state --------------------------------------------------------------------------------

@@ -67,6 +67,11 @@ class AgreedStop(Stop):
         """The agreed signal once training ended (a signal to any rank counts), else this rank's."""
         return self.agreed_signum if self.agreed_signum is not None else self.signum
 
+    def interrupt(self, signum: int) -> str | None:
+        """Take signal *signum*; only rank 0 says so (the others' messages would repeat it)."""
+        message = super().interrupt(signum)
+        return message if self.world.is_zero else None
+
     def request(self, reason: str, agreed: bool = False) -> None:
         """A local request waits for the agreement; *agreed* (every rank asks at this same
         point, e.g. from the counters) stops here, as on one process."""
