@@ -47,11 +47,12 @@ patience = 5
 path = "runs/epochal.sqlite"
 """
 
-ENV = {"EPOCHAL_DISABLE_PLUGIN_AUTOLOAD": "1", "COLUMNS": "80"}
+ENV = {"EPOCHAL_DISABLE_PLUGIN_AUTOLOAD": "1"}
 
 
 def epochal(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    extra = {"EPOCHAL_PLUGINS": "sqlite_log"} if args[0] == "log" else {}
+    """``epochal ARGS``: ``log`` at 80 columns; ``run`` without (its summary gives whole run ids)."""
+    extra = {"EPOCHAL_PLUGINS": "sqlite_log", "COLUMNS": "80"} if args[0] == "log" else {}
     done = epochal_command(*args, cwd=cwd, env={**ENV, **extra})
     assert done.returncode == 0, done.stderr
     return done

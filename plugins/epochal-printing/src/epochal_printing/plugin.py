@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 from epochal import PluginError, hookimpl
+from epochal.console import metric_order
 
 #: log keys the loop itself writes, not metrics.
 SKIPPED = frozenset({"epochs_done"})
@@ -43,11 +44,19 @@ def _format(value: Any, digits: int) -> str | None:
 def format_metrics(row: Mapping[str, Any], digits: int = 4, exclude: Sequence[str] = ()) -> str:
     """``train loss=0.18 | valid loss=0.20``: a row's records grouped by stream.
 
-    Keys matching a pattern of *exclude* (``fnmatch``: ``"timing.*"``) are left out.
+    Within a stream the metrics come in :func:`epochal.console.metric_order` (losses first,
+    then alphabetical: the same on 1 and N processes). Keys matching a pattern of *exclude*
+    (``fnmatch``: ``"timing.*"``) and flags (``valid.loss.best_so_far = true``: booleans, not
+    metrics) are left out.
     """
     groups: dict[str, list[str]] = {}
-    for key, value in row.items():
-        if key in SKIPPED or any(fnmatch.fnmatchcase(key, pattern) for pattern in exclude):
+    for key in metric_order(row):
+        value = row[key]
+        if (
+            key in SKIPPED
+            or isinstance(value, bool)
+            or any(fnmatch.fnmatchcase(key, pattern) for pattern in exclude)
+        ):
             continue
         shown = _format(value, digits)
         if shown is None:
