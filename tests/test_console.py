@@ -169,3 +169,24 @@ def test_check_resume_speaks_for_itself(tmp_path: Path, epochal_cli: EpochalCli)
     assert (
         out.index("1/3") < out.index("2/3") < out.index("3/3") < out.index("ok: interrupted after batch 10")
     )
+
+
+@pytest.mark.slow
+def test_metric_order_is_the_same_on_one_and_two_processes(tmp_path: Path, epochal_cli: EpochalCli) -> None:
+    """Issue 29: the summary's and the epoch lines' metric order flipped between 1 and 2
+    processes; every view now lists losses first, then alphabetically."""
+    pytest.importorskip("torch")
+    digits_config(tmp_path / "run.toml", ["monitor", "printing"], max_epochs=2, batch_size=256)
+    orders = []
+    for args in ([], ["--nproc", "2"]):
+        where = f"loop.run_dir=run{len(args)}"
+        done = epochal_cli("run", "run.toml", *args, "--set", where, env={"COLUMNS": "80"})
+        assert done.returncode == 0, done.stderr
+        assert all(len(line) <= 80 for line in done.stdout.splitlines()), done.stdout
+        joined = done.stdout.replace("\n    ", " ").splitlines()  # a wrapped line is one again
+        lines = [line for line in joined if line.startswith(("epoch ", "epochal: last"))]
+        orders.append([re.findall(r"([\w.]+)=", line) for line in lines])
+    assert orders[0] == orders[1] and orders[0], orders
+    for names in orders[0]:
+        for start in range(0, len(names), 2):  # per stream: loss, then accuracy
+            assert names[start : start + 2] == ["loss", "accuracy"], names

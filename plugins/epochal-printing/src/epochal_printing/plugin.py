@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 from epochal import PluginError, hookimpl
-from epochal.console import metric_order
+from epochal.console import fit_lines, metric_order, terminal_width
 
 #: log keys the loop itself writes, not metrics.
 SKIPPED = frozenset({"epochs_done"})
@@ -105,7 +105,9 @@ class Printing:
         return sys.stdout if self.stream == "stdout" else sys.stderr
 
     def _print(self, line: str) -> None:
-        print(line, file=self._out(), flush=True)
+        out = self._out()
+        # within $COLUMNS when set (or a terminal's width with tty = true); a pipe: one line
+        print("\n".join(fit_lines(line, terminal_width(out))), file=out, flush=True)
 
     @staticmethod
     def _epoch(loop: Any, number: int) -> str:
