@@ -72,7 +72,9 @@ def test_flags_are_not_metrics_and_the_order_is_fixed(epochal_cli: EpochalCli, t
     config = digits_config(tmp_path / "run.toml", ["monitor", "early_stopping", "printing"], extra=extra)
     result = epochal_cli("run", str(config), env={"COLUMNS": "80"})
     assert result.returncode == 0, result.stderr
-    lines = [line for line in result.stdout.splitlines() if line.startswith("epoch ")]
+    assert all(len(line) <= 80 for line in result.stdout.splitlines()), result.stdout
+    joined = result.stdout.replace("\n    ", " ")  # lines wrapped at 80 columns, one again
+    lines = [line for line in joined.splitlines() if line.startswith("epoch ")]
     assert len(lines) == 2
     for line in lines:
         assert "best_so_far" not in line and "true" not in line, line
