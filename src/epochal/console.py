@@ -109,20 +109,22 @@ def _table(
     no_wrap: set[int],
 ) -> Any:
     from rich.table import Table
+    from rich.text import Text
 
     # No box: a header line and aligned columns, as `ps` or `kubectl get` print them, so the
     # lines stay easy to read back (awk, grep) while long cells wrap within their column.
     table = Table(title=title, title_justify="left", box=None, pad_edge=False, padding=(0, 2, 0, 0))
     for index, name in enumerate(header):
         table.add_column(
-            str(name),
+            Text(str(name)),
             justify="right" if index in numeric else "left",
             overflow="fold",
             no_wrap=index in no_wrap,
             min_width=len(str(name)),
         )
     for row in rows:
-        table.add_row(*("" if cell is None else str(cell) for cell in row))
+        # Text, not str: rich would read "[brackets]" in a cell (an error message) as markup
+        table.add_row(*(Text("" if cell is None else str(cell)) for cell in row))
     return table
 
 
