@@ -26,6 +26,14 @@ STANDARD = ["monitor", "early_stopping", "checkpoint", "sqlite_log", "timing", "
 
 def run_in_terminal(*args: str, cwd: Path, columns: int = 80) -> tuple[int, list[str]]:
     """Run ``epochal ARGS`` under a pseudo-terminal *columns* wide; return its status and lines."""
+    status, text = terminal_output(*args, cwd=cwd, columns=columns)
+    # what stays on screen: each \r-separated frame overwrites the line, the last one remains
+    return status, [line.split("\r")[-1] for line in text.replace("\r\n", "\n").split("\n")]
+
+
+def terminal_output(*args: str, cwd: Path, columns: int = 80) -> tuple[int, str]:
+    """Run ``epochal ARGS`` under a pseudo-terminal *columns* wide; return its status and every
+    character it wrote (escape sequences removed; a bar's frames separated by \r)."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
     env = {
@@ -49,31 +57,58 @@ def run_in_terminal(*args: str, cwd: Path, columns: int = 80) -> tuple[int, list
         out += chunk
     status = process.wait(timeout=60)
     os.close(master)
-    text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", out.decode("utf-8", "replace"))
-    # what stays on screen: each \r-separated frame overwrites the line, the last one remains
-    return status, [line.split("\r")[-1] for line in text.replace("\r\n", "\n").split("\n")]
+    return status, re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", out.decode("utf-8", "replace"))
 
 
 def test_a_run_on_an_80_column_terminal(tmp_path: Path) -> None:
     digits_config(tmp_path / "run.toml", STANDARD, max_epochs=3, run_dir="runs/digits")
     status, lines = run_in_terminal("run", "run.toml", cwd=tmp_path)
     assert status == 0, "\n".join(lines)
-    assert all(len(line) <= 80 for line in lines if not line.startswith("epochal:")), lines
+    assert all(len(line) <= 80 for line in lines), lines  # the summary too (issue 29)
     for epoch in (1, 2, 3):
         start = next(i for i, line in enumerate(lines) if line.startswith(f"epoch {epoch}/3 · "))
         block = " ".join(lines[start : start + 3])
         assert re.search(r"train loss [0-9.]+ accuracy [0-9.]+", block), block
         assert re.search(r"valid loss [0-9.]+ accuracy [0-9.]+", block), block
-        assert re.search(r"· [0-9.]+s", block)
+        # significant digits, never 0.00s: 42ms, 0.35ms, 1.25s
+        assert re.search(r"· [1-9][0-9]*(\.[0-9]+)?m?s$|· 0\.0*[1-9][0-9]*m?s$", lines[start]), lines[start]
     text = "\n".join(lines)
     assert "stage / plugin.hook" not in text  # no profile unless asked
-    assert re.search(r"epochal: run \w+ finished after 3 epoch\(s\), 69 batch\(es\)", text)
+    # the run's id cut to 12 characters (the whole line would wrap at 80 columns)
+    assert re.search(r"epochal: run [0-9a-f]{12} finished after 3 epoch\(s\), 69 batch\(es\)", text)
+    text = text.replace(" \\\n    ", " ")  # a command wrapped with a shell continuation
     assert re.search(r"epochal: best valid: loss=[0-9.]+ \(epoch \d\), accuracy=[0-9.]+ \(epoch \d\)", text)
     assert "epochal: last train (epoch means): loss=" in text
     assert "epochal: checkpoints: runs/digits/checkpoints" in text
     assert "epochal: log: runs/epochal.sqlite" in text or "epochal: log: runs/digits/epochal.sqlite" in text
     assert "epochal: resume: epochal run run.toml --resume" in text
     assert re.search(r"epochal: plot: epochal log plot \w+ --db \S+ --key valid.loss -o valid-loss.png", text)
+
+
+def test_bars_and_metrics_at_80_columns(tmp_path: Path) -> None:
+    """Issue 29: at 80 columns the bar shrank to one character and cut values (accuracy=0),
+    flags (loss.best_so_far=true) read like metrics, metric order followed the model's."""
+    extra = '[plugins.progress]\nmininterval = 0.0\n\n[plugins.early_stopping]\nmonitor = "valid.loss"\n'
+    digits_config(tmp_path / "run.toml", STANDARD, max_epochs=2, extra=extra)
+    status, text = terminal_output("run", "run.toml", cwd=tmp_path)
+    assert status == 0, text
+    frames = [frame for line in text.replace("\r\n", "\n").split("\n") for frame in line.split("\r")]
+    bars = [frame for frame in frames if "batch/s" in frame or "it/s" in frame]
+    assert bars, text  # mininterval = 0: every batch redraws
+    for bar in bars:
+        assert len(bar) <= 80, bar
+        assert bar.rstrip().endswith("]"), bar  # nothing cut at the terminal's edge
+        drawn = re.search(r"\|(.*)\|", bar)
+        assert drawn is not None and len(drawn.group(1)) >= 10, bar  # the bar keeps its width
+        for item in re.findall(r"(\w+)=([^,\]]*)", bar):
+            assert re.fullmatch(r"-?[0-9.]+(e[-+][0-9]+)?", item[1]) and item[1] != "0", bar
+    assert any("loss=" in bar for bar in bars), bars  # the loss fits beside the bar
+    lines = [frame for frame in frames if frame and frame == frame.lstrip("\r")]
+    assert not [line for line in lines if "best_so_far" in line or "=true" in line], lines
+    summary = [line for line in lines if line.startswith("epochal: last") or line.startswith("epochal: best")]
+    assert summary and all(re.search(r": loss=[^,]+, accuracy=", line) for line in summary), summary
+    blocks = [line for line in lines if re.match(r"\s+(train|valid) loss ", line)]
+    assert len(blocks) == 4, lines  # train and valid, each epoch: loss first, then accuracy
 
 
 def test_the_summary_without_a_terminal(tmp_path: Path, epochal_cli: EpochalCli) -> None:
@@ -134,3 +169,24 @@ def test_check_resume_speaks_for_itself(tmp_path: Path, epochal_cli: EpochalCli)
     assert (
         out.index("1/3") < out.index("2/3") < out.index("3/3") < out.index("ok: interrupted after batch 10")
     )
+
+
+@pytest.mark.slow
+def test_metric_order_is_the_same_on_one_and_two_processes(tmp_path: Path, epochal_cli: EpochalCli) -> None:
+    """Issue 29: the summary's and the epoch lines' metric order flipped between 1 and 2
+    processes; every view now lists losses first, then alphabetically."""
+    pytest.importorskip("torch")
+    digits_config(tmp_path / "run.toml", ["monitor", "printing"], max_epochs=2, batch_size=256)
+    orders = []
+    for args in ([], ["--nproc", "2"]):
+        where = f"loop.run_dir=run{len(args)}"
+        done = epochal_cli("run", "run.toml", *args, "--set", where, env={"COLUMNS": "80"})
+        assert done.returncode == 0, done.stderr
+        assert all(len(line) <= 80 for line in done.stdout.splitlines()), done.stdout
+        joined = done.stdout.replace("\n    ", " ").splitlines()  # a wrapped line is one again
+        lines = [line for line in joined if line.startswith(("epoch ", "epochal: last"))]
+        orders.append([re.findall(r"([\w.]+)=", line) for line in lines])
+    assert orders[0] == orders[1] and orders[0], orders
+    for names in orders[0]:
+        for start in range(0, len(names), 2):  # per stream: loss, then accuracy
+            assert names[start : start + 2] == ["loss", "accuracy"], names

@@ -56,3 +56,14 @@ def test_the_plugins_listing_is_aligned_columns() -> None:
         width=80,
     )
     assert text.splitlines() == [" #  name     hooks", " 0  monitor  after_batch, after_epoch", "10  x"]
+
+
+def test_cells_and_keys_are_text_not_markup() -> None:
+    """An error message with ``[brackets]`` in ``log runs``' reason column lost them to rich's
+    markup; a log key is a column header in ``log show``."""
+    header = ["run_id", "x[1]"]
+    reason = "ValueError: a [bold]message[/bold] :smile: with [brackets] that wraps at the edge"
+    text = console.render_table(header, [["ef5dcd013aa1", reason]], width=40)
+    assert max(map(len, text.splitlines())) <= 40
+    assert " ".join(text.split()).count("[bold]message[/bold] :smile: with [brackets]") == 1, text
+    assert "x[1]" in text.splitlines()[0]

@@ -11,10 +11,20 @@ from __future__ import annotations
 import csv
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import IO, Any
 
-__all__ = ["plain_text", "print_csv", "print_table", "render_table", "terminal_width"]
+__all__ = [
+    "fit_lines",
+    "fit_summary",
+    "format_seconds",
+    "metric_order",
+    "plain_text",
+    "print_csv",
+    "print_table",
+    "render_table",
+    "terminal_width",
+]
 
 
 #: the width of a table written to a file or a pipe: as wide as its rows (no wrapping).
@@ -37,6 +47,60 @@ def terminal_width(file: IO[str] | None = None, default: int = UNLIMITED) -> int
     return default
 
 
+def metric_order(names: Iterable[str]) -> list[str]:
+    """*names* in the order every view shows metrics: losses first, then alphabetical.
+
+    The same on every rank and every run, whatever order a model or a reduction across
+    processes returned them in.
+    """
+    return sorted(names, key=lambda name: ("loss" not in name, name))
+
+
+def format_seconds(seconds: float) -> str:
+    """A duration with significant digits: ``4.2ms``, ``0.35ms``, ``1.25s``, ``312s``."""
+    if seconds < 0.9995:
+        return f"{seconds * 1000:.2g}ms" if seconds < 0.0995 else f"{seconds * 1000:.3g}ms"
+    return f"{seconds:.3g}s" if seconds < 99.95 else f"{seconds:.0f}s"
+
+
+def fit_lines(text: str, width: int, indent: str = "    ") -> list[str]:
+    """*text* wrapped at spaces into lines of at most *width* characters (a word longer than a
+    line is not cut); the lines after the first are indented by *indent*."""
+    import textwrap
+
+    if len(text) <= width:
+        return [text]
+    return textwrap.wrap(
+        text,
+        width=max(width, len(indent) + 8),
+        subsequent_indent=indent,
+        break_long_words=False,
+        break_on_hyphens=False,
+    ) or [text]
+
+
+def fit_summary(lines: Sequence[str], run_id: str, width: int) -> list[str]:
+    """Summary *lines* within *width*: where a line does not fit, *run_id* in it is cut to its
+    first 12 characters (as ``epochal log`` shows ids; any unique prefix names a run), and a
+    line still too long wraps at spaces onto indented lines."""
+    fitted: list[str] = []
+    for line in lines:
+        if len(line) > width and run_id in line:
+            line = line.replace(run_id, run_id[:12])
+        if _COMMAND.match(line) and len(line) > width:
+            # a command (resume, plot) wraps with shell continuations: it still pastes as one
+            parts = fit_lines(line, width - 2)
+            fitted.extend(f"{part} \\" for part in parts[:-1])
+            fitted.append(parts[-1])
+        else:
+            fitted.extend(fit_lines(line, width))
+    return fitted
+
+
+#: a summary line that gives a command: ``epochal: resume: epochal run ...``.
+_COMMAND = re.compile(r"epochal: [\w ]+: epochal ")
+
+
 def _table(
     header: Sequence[str],
     rows: Sequence[Sequence[Any]],
@@ -45,20 +109,22 @@ def _table(
     no_wrap: set[int],
 ) -> Any:
     from rich.table import Table
+    from rich.text import Text
 
     # No box: a header line and aligned columns, as `ps` or `kubectl get` print them, so the
     # lines stay easy to read back (awk, grep) while long cells wrap within their column.
     table = Table(title=title, title_justify="left", box=None, pad_edge=False, padding=(0, 2, 0, 0))
     for index, name in enumerate(header):
         table.add_column(
-            str(name),
+            Text(str(name)),
             justify="right" if index in numeric else "left",
             overflow="fold",
             no_wrap=index in no_wrap,
             min_width=len(str(name)),
         )
     for row in rows:
-        table.add_row(*("" if cell is None else str(cell) for cell in row))
+        # Text, not str: rich would read "[brackets]" in a cell (an error message) as markup
+        table.add_row(*(Text("" if cell is None else str(cell)) for cell in row))
     return table
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from epochal._dispatch import each_implementation
 from epochal._markers import hookimpl
+from epochal.console import fit_summary, metric_order, terminal_width
 
 #: metrics where higher is better (glob patterns on the metric's name); lower wins otherwise.
 MAXIMIZE = ("*acc*", "*accuracy*", "*auc*", "*f1*", "*precision*", "*recall*", "*score*", "*iou*")
@@ -42,9 +43,11 @@ def _number(value: Any) -> float | None:
 
 
 def format_metrics(metrics: dict[str, float], epochs: dict[str, int] | None = None) -> str:
-    """``loss=0.1234, accuracy=0.9611`` (with ``(epoch N)`` after each when *epochs* is given)."""
+    """``loss=0.1234, accuracy=0.9611`` (with ``(epoch N)`` after each when *epochs* is given),
+    in :func:`~epochal.console.metric_order` (losses first, then alphabetical)."""
     parts = []
-    for name, value in metrics.items():
+    for name in metric_order(metrics):
+        value = metrics[name]
         where = f" (epoch {epochs[name]})" if epochs and name in epochs else ""
         parts.append(f"{name}={value:.4g}{where}")
     return ", ".join(parts)
@@ -103,8 +106,11 @@ class RunSummary:
 
     # -- the summary --------------------------------------------------------------------------
 
-    def lines(self, loop: Any, elapsed: float | None = None) -> list[str]:
-        """The closing summary of *loop*'s run, one ``epochal: ...`` line per fact."""
+    def lines(self, loop: Any, elapsed: float | None = None, width: int | None = None) -> list[str]:
+        """The closing summary of *loop*'s run, one ``epochal: ...`` line per fact.
+
+        Fitted to *width* (default: the terminal's, see :func:`~epochal.console.fit_summary`).
+        """
         status = loop.log.status
         took = f" ({elapsed:.3g} s)" if elapsed is not None else ""
         lines = [
@@ -129,7 +135,7 @@ class RunSummary:
             epochs = {metric: epoch for metric, (_, epoch) in best.items()}
             lines.append(f"epochal: best {stream}: {format_metrics(values, epochs)}")
         lines.extend(f"epochal: {line}" for line in plugin_lines(loop))
-        return lines
+        return fit_summary(lines, loop.run_id, terminal_width() if width is None else width)
 
 
 def plugin_lines(loop: Any) -> list[str]:

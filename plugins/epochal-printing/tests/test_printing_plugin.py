@@ -64,6 +64,25 @@ def test_format_groups_by_stream() -> None:
     )
 
 
+def test_flags_are_not_metrics_and_the_order_is_fixed(epochal_cli: EpochalCli, tmp_path: Path) -> None:
+    """Issue 29: ``loss.best_so_far=true`` read like a metric; the order followed the model's."""
+    row = {"valid.accuracy": 0.75, "valid.loss": 0.5, "valid.loss.best_so_far": True, "train.loss": 0.25}
+    assert format_metrics(row, 2) == "train loss=0.25 | valid loss=0.50 accuracy=0.75"
+    extra = '[plugins.early_stopping]\nmonitor = "valid.loss"\n'
+    config = digits_config(tmp_path / "run.toml", ["monitor", "early_stopping", "printing"], extra=extra)
+    result = epochal_cli("run", str(config), env={"COLUMNS": "80"})
+    assert result.returncode == 0, result.stderr
+    assert all(len(line) <= 80 for line in result.stdout.splitlines()), result.stdout
+    joined = result.stdout.replace("\n    ", " ")  # lines wrapped at 80 columns, one again
+    lines = [line for line in joined.splitlines() if line.startswith("epoch ")]
+    assert len(lines) == 2
+    for line in lines:
+        assert "best_so_far" not in line and "true" not in line, line
+        assert "valid loss=" in line and line.index("valid loss=") < line.index(
+            "accuracy=", line.index("| valid")
+        )
+
+
 def test_bad_options_are_refused() -> None:
     from epochal import PluginError
 

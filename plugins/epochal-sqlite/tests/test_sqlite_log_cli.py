@@ -73,7 +73,7 @@ def test_runs_lists_both_runs_from_the_default_database(project: tuple[Path, str
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].split()[:3] == ["run_id", "status", "started"]
-    assert [line.split()[:2] for line in lines[1:]] == [[first, "finished"], [second, "finished"]]
+    assert [line.split()[:2] for line in lines[1:]] == [[first[:12], "finished"], [second[:12], "finished"]]
     listed = json.loads(epochal(cwd, "log", "runs", "--json").stdout)
     assert [r["run_id"] for r in listed] == [first, second]
     assert listed[1]["config"]["model"]["lr"] == 0.05 and listed[1]["plugins"] == {"sqlite_log": "0.1.0"}
@@ -88,13 +88,13 @@ def test_show_text_csv_json_and_keys(project: tuple[Path, str, str]) -> None:
     assert text.returncode == 0, text.stderr
     lines = text.stdout.splitlines()
     assert lines[0] == f"run {second} (finished)"
-    assert lines[1].split() == ["iteration", "epochs_done", "valid.accuracy", "valid.loss"]
+    assert lines[1].split() == ["iteration", "epochs_done", "valid.loss", "valid.accuracy"]  # losses first
     assert [line.split()[0] for line in lines[2:]] == ["6", "12"]  # 1438 examples / 256 = 6 batches
 
     table = list(csv.reader(io.StringIO(epochal(cwd, "log", "show", first[:6], "--csv").stdout)))
-    assert table[0] == ["iteration", "run_id", "epochs_done", "valid.accuracy", "valid.loss"]
+    assert table[0] == ["iteration", "run_id", "epochs_done", "valid.loss", "valid.accuracy"]
     assert [row[:2] for row in table[1:]] == [["6", first], ["12", first]]
-    assert 0 < float(table[2][4]) < float(table[1][4])  # the validation loss went down
+    assert 0 < float(table[2][3]) < float(table[1][3])  # the validation loss went down
 
     payload = json.loads(epochal(cwd, "log", "show", first, "--json", "--keys", "valid.*").stdout)
     assert payload["run"]["run_id"] == first and payload["chain"] == [first]

@@ -325,9 +325,7 @@ def test_flushes_by_time_only_when_flush_seconds_is_set(tmp_path: Path, seconds:
 
 
 def test_a_negative_flush_every_is_one_clear_error() -> None:
-    with pytest.raises(
-        PluginError, match=r"'flush_every' of plugin 'sqlite_log' must be greater than or"
-    ):
+    with pytest.raises(PluginError, match=r"'flush_every' of plugin 'sqlite_log' must be greater than or"):
         load_plugins(order=["sqlite_log"], autoload=False, options={"sqlite_log": {"flush_every": -1}})
 
 

@@ -21,7 +21,7 @@ ENV = {"EPOCHAL_DISABLE_PLUGIN_AUTOLOAD": "1"}
 def test_digits_run_resumed_gives_one_timeline_per_tag(tmp_path: Path) -> None:
     config = digits_config(
         tmp_path / "digits.toml",
-        ["monitor", "checkpoint", "sqlite_log", "tensorboard"],
+        ["monitor", "checkpoint", "sqlite_log", "timing", "tensorboard"],
         max_epochs=3,
         batch_size=64,
         extra="[plugins.tensorboard]\nhistogram_every = 1\nflush_every = 5\n",
@@ -38,6 +38,8 @@ def test_digits_run_resumed_gives_one_timeline_per_tag(tmp_path: Path) -> None:
     events.Reload()
     tags = events.Tags()
     assert {"train/loss", "valid/loss", "valid/accuracy"} <= set(tags["scalars"])
+    # the timing plugin's profiling records (dozens) stay out of the metrics' cards (issue 29)
+    assert not [t for t in tags["scalars"] if t.startswith("timing/")], tags["scalars"]
     assert any(t.startswith("parameters/") for t in tags["histograms"])
     for tag in ("train/loss", "valid/loss"):
         steps = [e.step for e in events.Scalars(tag)]

@@ -69,6 +69,24 @@ def test_every_numeric_record_is_a_scalar_with_its_iteration_as_step(tmp_path: P
         assert scalars(events, key.replace(".", "/", 1)) == expected, key
 
 
+class TimingRecords:
+    """Writes a profiling record per epoch, as the timing plugin does."""
+
+    @hookimpl
+    def after_epoch(self, loop: Any) -> None:
+        loop.log.current_row["timing.epoch"] = 0.25
+
+
+@pytest.mark.parametrize("exclude", [None, []])
+def test_profiling_records_are_left_out_unless_asked_for(tmp_path: Path, exclude: list[str] | None) -> None:
+    options = {} if exclude is None else {"exclude": exclude}
+    plugins = {"train": TrainRecords(), "timing": TimingRecords(), "tensorboard": TensorBoard(**options)}
+    run_loop(plugins, run_dir=tmp_path / "run", max_epochs=2)
+    tags = set(read(tmp_path / "run" / "tensorboard").Tags()["scalars"])
+    assert "train/loss" in tags
+    assert ("timing/epoch" in tags) == (exclude is not None)
+
+
 def test_hparams_come_from_the_run_config(tmp_path: Path) -> None:
     from tensorboard.plugins.hparams import plugin_data_pb2
 

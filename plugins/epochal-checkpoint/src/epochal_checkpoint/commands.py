@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -28,7 +30,7 @@ from epochal_checkpoint.storage.read import read_manifest
     help="from a directory of checkpoints, the one with the best monitored value (else the newest)",
 )
 def export_command(source: Path, output: Path | None, best: bool) -> None:
-    """Write the model weights of checkpoint SOURCE as a safetensors file.
+    """Write the model weights of checkpoint SOURCE as a safetensors file, and say which.
 
     SOURCE is a checkpoint, a directory of checkpoints (its newest complete one, or with
     --best the best by the monitor its manifests record) or its `latest` file. A TorchModel's
@@ -53,10 +55,24 @@ def export_command(source: Path, output: Path | None, best: bool) -> None:
     }
     export_weights(state["model"], output, meta)
     count = len(model_tensors(state["model"]))
-    click.echo(f"wrote {count} tensors of checkpoint {where} to {output}")
+    click.echo(f"wrote {count} tensors of checkpoint {where} ({_describe(manifest, best)}) to {output}")
+
+
+def _describe(manifest: Mapping[str, Any], best: bool) -> str:
+    """``epoch 10, best valid.loss=0.1234``: which state the exported weights are."""
+    parts = [f"epoch {manifest.get('epoch')}", f"iteration {manifest.get('iteration')}"]
+    monitor, metric = manifest.get("monitor"), manifest.get("metric")
+    if isinstance(monitor, str) and metric is not None and is_finite_number(metric):
+        parts.append(f"{'best ' if best else ''}{monitor}={float(metric):.6g}")
+    return ", ".join(parts)
 
 
 def _best(directory: Path) -> CheckpointInfo:
+    """The best checkpoint of *directory* by its manifests' monitored value.
+
+    :raises CheckpointNotFoundError: no checkpoint records a monitored value, or the newest
+        manifest's record of the run's best save names a checkpoint that is no longer there.
+    """
     infos, _ = list_checkpoints(directory)
     scored = [i for i in infos if is_finite_number(i.manifest.get("metric"))]
     if not scored:
@@ -66,4 +82,15 @@ def _best(directory: Path) -> CheckpointInfo:
         )
     mode = scored[-1].manifest.get("mode", "min")
     sign = -1.0 if mode == "max" else 1.0
-    return min(scored, key=lambda info: sign * float(info.manifest["metric"]))
+    chosen = min(scored, key=lambda info: sign * float(info.manifest["metric"]))
+    record = scored[-1].manifest.get("best")
+    if isinstance(record, dict) and is_finite_number(record.get("metric")):
+        at = (record.get("epoch"), record.get("iteration"))
+        if not any((i.manifest.get("epoch"), i.manifest.get("iteration")) == at for i in scored):
+            monitor = scored[-1].manifest.get("monitor")
+            raise CheckpointNotFoundError(
+                f"--best: the best checkpoint of the run in {str(directory)!r} (epoch {at[0]}, "
+                f"iteration {at[1]}, {monitor}={float(record['metric']):.6g}) is gone; the best left "
+                f"is {chosen.name} ({_describe(chosen.manifest, False)}): export it by its path"
+            )
+    return chosen

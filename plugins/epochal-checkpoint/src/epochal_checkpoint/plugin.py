@@ -61,7 +61,8 @@ class Checkpoint:
         ``on_interrupt`` or ``after_training`` raised (the state is at a batch boundary then);
         never when the model or the data raised (mid-step).
     :param keep_last: keep this many newest checkpoints of this run (None: keep all).
-    :param keep_best: also keep this many best checkpoints by ``monitor``.
+    :param keep_best: also keep this many best checkpoints by ``monitor`` (with ``monitor``
+        set the best one is kept in any case).
     :param monitor: the log key ranking checkpoints for ``keep_best`` (e.g. ``valid.loss``).
     :param mode: ``min`` or ``max``: which values of ``monitor`` are best.
     :param async_save: copy the state in memory and write it in a background thread. A
@@ -144,6 +145,8 @@ class Checkpoint:
         )
         #: the best ``monitor`` value exported to best.safetensors so far (None: none yet).
         self._best_exported: float | None = None
+        #: the run family's best save so far (epoch, iteration, metric), recorded in each manifest.
+        self._best: dict[str, Any] | None = None
         #: run ids of this run and the runs it resumed from (from the resumed checkpoint's
         #: manifest): only their checkpoints are pruned.
         self._lineage: list[str] = []
@@ -246,6 +249,8 @@ class Checkpoint:
         # The lineage is bookkeeping of the runs, not training state: it comes from the manifest
         # of the checkpoint resumed from, so the loop's state stays identical to a straight run's.
         self._lineage = [str(run_id) for run_id in manifest.get("lineage", [])]
+        best = manifest.get("best")
+        self._best = best if isinstance(best, dict) and storage.is_finite_number(best.get("metric")) else None
         same_directory = _same_dir(info.path.parent, directory)
         own = [*manifest.get(storage.OWN, []), info.path.name] if not info.renamed else []
         self._own = own if same_directory else []
@@ -288,7 +293,7 @@ class Checkpoint:
         self._known, _ignored = storage.list_checkpoints(directory)
         self._sequence = max((info.order[0] for info in self._known), default=0)
         if not loop.resumed:
-            self._lineage, self._own, self._damaged = [], [], set()
+            self._lineage, self._own, self._damaged, self._best = [], [], set(), None
             if self._known:
                 warnings.warn(
                     f"checkpoint directory {str(directory)!r} already holds {len(self._known)} "
@@ -423,6 +428,8 @@ class Checkpoint:
         if self.monitor:
             value = loop.log.last(self.monitor)
             metric = float(value) if storage.is_finite_number(value) else None
+        if metric is not None and (self._best is None or self._better(metric, self._best["metric"])):
+            self._best = {"epoch": loop.epoch, "iteration": loop.iteration, "metric": metric}
         manifest = {
             "sequence": self._sequence,
             "run_id": loop.run_id,
@@ -435,6 +442,7 @@ class Checkpoint:
             "monitor": self.monitor,
             "mode": self.mode,
             "metric": metric,
+            "best": self._best,  # the run family's best save: `epochal export --best` checks it is kept
             "plugins": self._plugin_set,
             "deferred_saves": self.deferred,
         }
@@ -490,7 +498,10 @@ class Checkpoint:
 
     def _improves(self, metric: float) -> bool:
         best = self._best_exported
-        return best is None or (metric < best if self.mode == "min" else metric > best)
+        return best is None or self._better(metric, best)
+
+    def _better(self, metric: float, than: float) -> bool:
+        return metric < than if self.mode == "min" else metric > than
 
     @staticmethod
     def _metadata(loop: Loop) -> dict[str, Any]:
@@ -602,6 +613,9 @@ class Checkpoint:
     def _prune(self, directory: Path) -> None:
         """Delete old checkpoints of this run family beyond keep_last/keep_best.
 
+        With ``monitor`` set the best checkpoint (by the manifests' ``metric``) is always kept,
+        even with ``keep_best = 0``.
+
         Only checkpoints this run family wrote (recorded in the manifests' ``written`` list),
         still under the name they were written with, whose manifest verified, are candidates;
         the order is the verified save sequence, and checkpoints found damaged are not counted
@@ -621,10 +635,13 @@ class Checkpoint:
         keep = {mine[-1].name}  # the newest is what --resume continues from
         if self.keep_last:
             keep.update(info.name for info in mine[-self.keep_last :])
-        if self.keep_best:
+        # whenever a best is tracked the best checkpoint stays, whatever keep_best says: it is
+        # what `epochal export --best` and a person looking for the best epoch want (issue 29)
+        best = max(self.keep_best, 1) if self.monitor else 0
+        if best:
             scored = [info for info in mine if storage.is_finite_number(info.manifest.get("metric"))]
             scored.sort(key=lambda info: float(info.manifest["metric"]), reverse=self.mode == "max")
-            keep.update(info.name for info in scored[: self.keep_best])
+            keep.update(info.name for info in scored[:best])
         doomed = [info for info in mine if info.name not in keep]
         storage.finish_deletions(keep=4)  # deletions slower than saves: bound the backlog
         for info in doomed:

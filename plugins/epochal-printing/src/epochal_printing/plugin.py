@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, TextIO
 
 from epochal import PluginError, hookimpl
+from epochal.console import fit_lines, metric_order, terminal_width
 from epochal.protocol import Phase, Rank
 
 #: log keys the loop itself writes, not metrics.
@@ -44,11 +45,19 @@ def _format(value: Any, digits: int) -> str | None:
 def format_metrics(row: Mapping[str, Any], digits: int = 4, exclude: Sequence[str] = ()) -> str:
     """``train loss=0.18 | valid loss=0.20``: a row's records grouped by stream.
 
-    Keys matching a pattern of *exclude* (``fnmatch``: ``"timing.*"``) are left out.
+    Within a stream the metrics come in :func:`epochal.console.metric_order` (losses first,
+    then alphabetical: the same on 1 and N processes). Keys matching a pattern of *exclude*
+    (``fnmatch``: ``"timing.*"``) and flags (``valid.loss.best_so_far = true``: booleans, not
+    metrics) are left out.
     """
     groups: dict[str, list[str]] = {}
-    for key, value in row.items():
-        if key in SKIPPED or any(fnmatch.fnmatchcase(key, pattern) for pattern in exclude):
+    for key in metric_order(row):
+        value = row[key]
+        if (
+            key in SKIPPED
+            or isinstance(value, bool)
+            or any(fnmatch.fnmatchcase(key, pattern) for pattern in exclude)
+        ):
             continue
         shown = _format(value, digits)
         if shown is None:
@@ -99,7 +108,9 @@ class Printing:
         return sys.stdout if self.stream == "stdout" else sys.stderr
 
     def _print(self, line: str) -> None:
-        print(line, file=self._out(), flush=True)
+        out = self._out()
+        # within $COLUMNS when set (or a terminal's width with tty = true); a pipe: one line
+        print("\n".join(fit_lines(line, terminal_width(out))), file=out, flush=True)
 
     @staticmethod
     def _epoch(loop: Any, number: int) -> str:

@@ -25,6 +25,7 @@ from operator import itemgetter
 from typing import Any, ClassVar, Literal
 
 from epochal import PluginError, hookimpl
+from epochal.console import format_seconds, metric_order
 from epochal.protocol import Phase, Rank
 
 
@@ -61,6 +62,9 @@ def _columns(stream: Any) -> int:
 
 #: the most batches between two clock reads, and so between two folds of the running means.
 _FOLD_EVERY = 1024
+#: the narrowest bar drawn beside the metrics (metrics that would need it narrower are left
+#: out), and the width tqdm gives a bar when asked for no width.
+_MIN_BAR, _DEFAULT_BAR, _SLACK = 10, 10, 3
 
 
 class _Bar:
@@ -187,11 +191,31 @@ class Progress:
     def _flush(self, state: _Bar, postfix: Mapping[str, str] | None) -> None:
         """Update *state*'s bar with its pending batches (and *postfix*) now."""
         if postfix:
-            state.bar.set_postfix(postfix, refresh=False)
+            self._set_postfix(state.bar, postfix)
         pending, state.pending = state.pending, 0
         state.due = state.stride
         state.bar.update(pending)
         state.next_refresh = self._clock() + self.mininterval
+
+    def _set_postfix(self, bar: Any, postfix: Mapping[str, str]) -> None:
+        """Show as many of *postfix*'s ``name=value`` items as fit the bar's line whole.
+
+        tqdm shrinks the bar to make room for a long postfix, then cuts the line at the
+        terminal's edge (a bar one character wide, ``accuracy=0``); the items are chosen here
+        instead, losses first, so the bar keeps :data:`_MIN_BAR` characters and no value is cut.
+        """
+        width = (self.ncols or _columns(self._stream())) - 1
+        meter = bar.format_meter(**{**bar.format_dict, "ncols": None, "postfix": None})
+        # measured before this refresh's batches are counted: _SLACK for the counts and the
+        # rate growing by a digit or two
+        room = width - (len(meter) - _DEFAULT_BAR) - _MIN_BAR - _SLACK
+        items: list[str] = []
+        for name in metric_order(postfix):
+            item = f"{name}={postfix[name]}"
+            if len(", ".join([*items, item])) + 2 > room:
+                break
+            items.append(item)
+        bar.set_postfix_str(", ".join(items), refresh=False)
 
     def _shown(self, name: str) -> bool:
         return self.metrics is None or name in self.metrics
@@ -263,12 +287,12 @@ class Progress:
         too wide every stream gets its own indented line, and a stream's metrics wrap in turn.
         """
         limit = f"/{loop.max_epochs}" if loop.max_epochs else ""
-        head = f"epoch {loop.epoch}{limit} · {self._clock() - self._epoch_started:.2f}s"
+        head = f"epoch {loop.epoch}{limit} · {format_seconds(self._clock() - self._epoch_started)}"
         groups = []
         row = loop.log.current_row  # the monitor plugin's exact epoch means, where it wrote them
         train = {k: row.get(f"train.{k}", v) for k, v in self._means().items()}
         for stream, metrics in [("train", train), *self._eval_metrics.items()]:
-            items = [f"{name} {text}" for name, value in metrics.items() if (text := _format(value))]
+            items = [f"{name} {text}" for name in metric_order(metrics) if (text := _format(metrics[name]))]
             if items:
                 groups.append((stream, items))
         line = " · ".join([head, *(f"{stream} {' '.join(items)}" for stream, items in groups)])
@@ -291,9 +315,9 @@ class Progress:
         bar = state.bar
         try:
             if state.pending or postfix:
-                if postfix:
-                    bar.set_postfix(postfix, refresh=False)
                 bar.n += state.pending  # drawn once, by close
+                if postfix:
+                    self._set_postfix(bar, postfix)
                 state.pending = 0
             if bar.leave:
                 bar.delay = 0  # a bar never drawn yet is drawn (once) when left on screen

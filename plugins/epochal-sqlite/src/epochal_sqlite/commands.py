@@ -26,8 +26,8 @@ import click
 
 from epochal.console import print_csv, print_table
 from epochal_sqlite import reader as reading
-from epochal_sqlite import store
-from epochal_sqlite.plugin import default_path
+from epochal_sqlite import store, views
+from epochal_sqlite.plugin import CONFIG_FILE, default_path
 
 ENV_DB = "EPOCHAL_SQLITE_DB"
 DEFAULT_MAXIMIZE = ("*acc*", "*accuracy*", "*auc*", "*f1*", "*precision*", "*recall*", "*score*", "*iou*")
@@ -108,27 +108,42 @@ def log_group() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (every column).")
 @click.option("--csv", "as_csv", is_flag=True, help="Print the table as CSV.")
 def runs_command(db: str | None, config: str | None, as_json: bool, as_csv: bool) -> None:
-    """List the runs: id, status, start, duration, epochs, iterations, resumed from."""
+    """List the runs: id, status, start, duration, epochs, iterations, config, run directory,
+    resumed from, reason.
+
+    With --config, only the runs of that config (its file, or for runs logged before the file
+    was recorded, its run_dir). The table wraps onto further blocks when the terminal is too
+    narrow (each repeating the run id); ids are cut to 12 characters there (any unique prefix
+    names a run), --csv and --json give them whole.
+    """
     if as_csv and as_json:
         raise click.UsageError("--csv and --json exclude each other")
     with _reading(db, config) as reader:
         runs = reader.runs()
+    if config:
+        runs = _of_config(runs, config)
     if as_json:
         click.echo(json.dumps([run.as_dict() for run in runs], indent=2))
         return
     if not runs and not as_csv:
-        click.echo("no runs")
+        click.echo(f"no runs of {config}" if config else "no runs")
         return
-    header = ("run_id", "status", "started", "duration", "epochs", "iterations", "resumed_from", "reason")
+    header = (
+        "run_id", "status", "started", "duration", "epochs", "iterations", "config", "run_dir",
+        "resumed_from", "reason",
+    )  # fmt: skip
+    cut = (lambda text: text) if as_csv else (lambda text: text[:12])
     rows = [
         (
-            run.run_id,
+            cut(run.run_id),
             run.status,
-            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.started)),
+            time.strftime("%Y-%m-%d %H:%M:%S" if as_csv else "%Y-%m-%d %H:%M", time.localtime(run.started)),
             _duration((run.ended or run.updated or run.started) - run.started),
             str(run.epochs_done),
             str(run.iterations_done),
-            (run.resumed_from or "-") if as_csv else (run.resumed_from or "-")[:12],
+            _config_file(run, as_csv),
+            run.run_dir or "-",
+            cut(run.resumed_from or "-"),
             run.error or run.finish_reason or "",
         )
         for run in runs
@@ -139,10 +154,41 @@ def runs_command(db: str | None, config: str | None, as_json: bool, as_csv: bool
     print_table(header, rows, numeric=(3, 4, 5), no_wrap=(0, 2))
 
 
+def _config_file(run: reading.Run, whole: bool) -> str:
+    """The config file *run* was started from: relative to the working directory when under it."""
+    recorded = run.config.get(CONFIG_FILE) if isinstance(run.config, dict) else None
+    if not isinstance(recorded, str):
+        return "-"
+    if whole:
+        return recorded
+    with contextlib.suppress(ValueError):
+        return str(Path(recorded).relative_to(Path.cwd()))
+    return recorded
+
+
+def _of_config(runs: Sequence[reading.Run], config: str) -> list[reading.Run]:
+    """The runs started from config file *config*; a run logged without its file, by its run_dir."""
+    import os
+
+    from epochal.config import load_config
+
+    source = str(Path(config).resolve())
+    run_dir = os.path.normpath(str(load_config(config)["loop"]["run_dir"]))
+    chosen = []
+    for run in runs:
+        recorded = run.config.get(CONFIG_FILE) if isinstance(run.config, dict) else None
+        if recorded == source or (
+            recorded is None and run.run_dir and os.path.normpath(run.run_dir) == run_dir
+        ):
+            chosen.append(run)
+    return chosen
+
+
 @log_group.command(name="show")
 @click.argument("run")
 @_db_options
 @click.option("--keys", "keys", multiple=True, help="Keys to show (glob patterns; a,b or repeated).")
+@click.option("--timing", is_flag=True, help="Also the profiling records (timing.*) without --keys.")
 @click.option("--csv", "as_csv", is_flag=True, help="Print CSV: iteration, run_id, one column per key.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: the run and its rows.")
 @click.option(
@@ -161,12 +207,16 @@ def show_command(
     db: str | None,
     config: str | None,
     keys: tuple[str, ...],
+    timing: bool,
     as_csv: bool,
     as_json: bool,
     with_superseded: bool,
     chain: bool,
 ) -> None:
-    """Show the log of RUN: one row per iteration, one column per key."""
+    """Show the log of RUN: one row per iteration, one column per key.
+
+    The metrics come first; the profiling records (timing.*) only with --timing or --keys.
+    """
     if as_csv and as_json:
         raise click.UsageError("--csv and --json exclude each other")
     patterns = _split(keys)
@@ -183,14 +233,20 @@ def show_command(
                 sys.stdout.write("".join([f"{i},{owner},{v!r}\n" for i, owner, v in series]))
                 return
         rows = reader.timeline(target, patterns, chain=chain, superseded=with_superseded)
-    columns = sorted({key for _, _, record in rows for key in record})
+    present = {key for _, _, record in rows for key in record}
+    columns = views.order_keys(present) if patterns else views.visible(present, timing)
+    if "epochs_done" in columns:  # the loop's counter: beside the iteration, as an index
+        columns = ["epochs_done", *(c for c in columns if c != "epochs_done")]
     if patterns and not columns:
         raise store.SQLiteLogError(f"run {target.run_id}: no key matches {', '.join(patterns)}")
     if as_json:
         payload = {
             "run": target.as_dict(),
             "chain": [r.run_id for r in runs],
-            "rows": [{"iteration": i, "run_id": owner, "values": record} for i, owner, record in rows],
+            "rows": [
+                {"iteration": i, "run_id": owner, "values": {c: record[c] for c in columns if c in record}}
+                for i, owner, record in rows
+            ],
         }
         click.echo(json.dumps(payload, indent=2, default=str))
         return
@@ -227,8 +283,10 @@ def show_command(
     "--key",
     "keys",
     multiple=True,
-    help="A key or glob pattern to plot (repeat; default: every numeric key).",
+    help="A key or glob pattern to plot (repeat; default: the losses and the monitored metrics).",
 )
+@click.option("--all", "every", is_flag=True, help="Plot every metric (not only losses and monitored ones).")
+@click.option("--timing", is_flag=True, help="Also the profiling records (timing.*).")
 @click.option(
     "-o",
     "--output",
@@ -251,11 +309,17 @@ def plot_command(
     db: str | None,
     config: str | None,
     keys: tuple[str, ...],
+    every: bool,
+    timing: bool,
     output: str,
     chain: bool,
     smooth: float,
 ) -> None:
-    """Plot keys of RUNS against the iteration: one panel per metric, train and valid together."""
+    """Plot keys of RUNS against the iteration: one panel per metric, train and valid together.
+
+    Without --key: the losses and the metrics the run's config monitors (--all: every metric;
+    --timing adds the profiling records).
+    """
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -267,7 +331,7 @@ def plot_command(
 
     with _reading(db, config) as reader:
         targets = list({r.run_id: r for r in (reader.resolve(ref) for ref in runs)}.values())
-        series = plot.read_series(reader, targets, _split(keys), chain)
+        series = plot.read_series(reader, targets, _split(keys), chain, every, timing)
     plot.write(series, output, smooth)
     click.echo(f"wrote {output}")
 
@@ -283,6 +347,7 @@ def plot_command(
     multiple=True,
     help=f"Glob patterns of keys where higher is better (default: {', '.join(DEFAULT_MAXIMIZE)}).",
 )
+@click.option("--timing", is_flag=True, help="Also the profiling records (timing.*) without --keys.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--csv", "as_csv", is_flag=True, help="Print the table as CSV (full run ids).")
 def compare_command(
@@ -291,13 +356,15 @@ def compare_command(
     config: str | None,
     keys: tuple[str, ...],
     maximize: tuple[str, ...],
+    timing: bool,
     as_json: bool,
     as_csv: bool,
 ) -> None:
     """Compare the final and best values of the numeric keys RUNS have in common.
 
     Best is the minimum, or the maximum for keys matching --maximize. Each run is read as its
-    whole resume chain.
+    whole resume chain. The metrics come first; the profiling records (timing.*) only with
+    --timing or --keys.
     """
     if len(runs) < 2:
         raise click.UsageError("compare needs at least two runs")
@@ -315,7 +382,8 @@ def compare_command(
                     if number is not None:
                         values.setdefault(key, []).append(number)
             series.append(values)
-    common = sorted(set.intersection(*(set(s) for s in series)))
+    shared = set.intersection(*(set(s) for s in series))
+    common = views.order_keys(shared) if keys else views.visible(shared, timing)
     if not common:
         raise store.SQLiteLogError(
             f"runs {', '.join(t.run_id[:12] for t in targets)} have no numeric key in common"

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from epochal_sqlite import reader as reading
-from epochal_sqlite import store
+from epochal_sqlite import store, views
 
 #: line styles of the streams within a panel, in order of appearance.
 STYLES = ("-", "--", ":", "-.")
@@ -42,15 +42,29 @@ def split_key(key: str) -> tuple[str, str]:
 
 
 def read_series(
-    reader: reading.Reader, runs: Sequence[reading.Run], keys: Sequence[str], chain: bool
+    reader: reading.Reader,
+    runs: Sequence[reading.Run],
+    keys: Sequence[str],
+    chain: bool,
+    every: bool = False,
+    timing: bool = False,
 ) -> list[Series]:
-    """The finite numeric points of every key of every run (patterns allowed in *keys*)."""
+    """The finite numeric points of every key of every run (patterns allowed in *keys*).
+
+    Without *keys*: each run's losses and monitored metrics (:func:`views.plot_keys`), or with
+    *every* all its keys but the profiling records; *timing* adds those.
+    """
     found: list[Series] = []
     for run in runs:
         members = reader.chain(run) if chain else [run]
         available = reader.keys(m.run_id for m in members)
         match = reading.key_matcher(keys)
-        wanted = [k for k in available if match(k)] if keys else available
+        if keys:
+            wanted = [k for k in views.order_keys(available) if match(k)]
+        elif every:
+            wanted = views.visible(available, timing)
+        else:
+            wanted = views.plot_keys(available, run.config, timing)
         missing = [k for k in keys if not any(ch in k for ch in "*?[") and k not in available]
         if missing:
             raise store.SQLiteLogError(

@@ -46,6 +46,22 @@ _Series = dict[str, tuple[list[int], list[_V]]]
 _INSERT = "INSERT INTO chunks (run, key, first, last, steps, vals, kind) VALUES (?, ?, ?, ?, ?, ?, ?)"
 
 
+#: the key of the stored configuration naming its file (no TOML section has this name).
+CONFIG_FILE = "config_file"
+
+
+def _config_document(loop: Loop) -> Any:
+    """The run's configuration as stored, with the absolute path of its file when it has one
+    (``epochal log runs`` shows it and ``--config`` selects by it)."""
+    config, command = loop.config, loop.command
+    source = getattr(config, "source", None)
+    if source is None and command[:2] == ["epochal", "run"] and len(command) > 2:
+        source = command[2]  # `epochal run CONFIG ...`: the loop keeps the config as a plain dict
+    if not isinstance(config, dict) or not isinstance(source, str) or source.startswith("<"):
+        return config
+    return {CONFIG_FILE: str(Path(source).resolve()), **config}
+
+
 def default_path(run_dir: str | Path | None) -> Path:
     """The database a run in *run_dir* writes to when ``path`` is not set (see :class:`SQLiteLog`)."""
     if os.environ.get("EPOCHAL_SQLITE_DB"):
@@ -155,7 +171,7 @@ class SQLiteLog:
                 loop.iteration,
                 loop.iteration,
                 loop.resumed_from,
-                store.dumps(loop.config),
+                store.dumps(_config_document(loop)),
                 store.dumps(_plugin_versions(loop)),
                 store.dumps(status),
                 None if loop.run_dir is None else str(loop.run_dir),

@@ -22,7 +22,9 @@ one warning naming the plugin and what failed, and the plugin stops writing for 
 
 from __future__ import annotations
 
+import fnmatch
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -45,6 +47,8 @@ class TensorBoard:
     :param histogram_every: write a histogram of every model parameter every this many epochs
         (0: never).
     :param hparams: write the run configuration as hyperparameters at the end of the run.
+    :param exclude: log keys not written, as ``fnmatch`` patterns (default: the ``timing``
+        plugin's profiling records, which would outnumber the metrics' cards; ``[]`` writes them).
     """
 
     #: write after monitor, early stopping and checkpoint have logged the epoch's records.
@@ -61,6 +65,7 @@ class TensorBoard:
         flush_every: int = 100,
         histogram_every: int = 0,
         hparams: bool = True,
+        exclude: Sequence[str] = ("timing.*",),
     ) -> None:
         if flush_every < 1:
             raise ValueError(f"flush_every must be at least 1, not {flush_every!r}")
@@ -70,6 +75,8 @@ class TensorBoard:
         self.flush_every = flush_every
         self.histogram_every = histogram_every
         self.hparams = hparams
+        self.exclude = tuple(exclude)
+        self._excluded: dict[str, bool] = {}
         self.log_dir: Path | None = None
         self._writer: Any = None
         self._cursor = Cursor()
@@ -147,7 +154,7 @@ class TensorBoard:
 
     def write(self, loop: Loop) -> int:
         """Write the numeric records new since the last write; return their count."""
-        records = list(self._cursor.collect(loop.log, loop.iteration))
+        records = [r for r in self._cursor.collect(loop.log, loop.iteration) if not self._skip(r[1])]
         writer = self._writer
         if writer is None or not records:
             return 0
@@ -171,6 +178,12 @@ class TensorBoard:
             return 0
         self.scalars_written += len(records)
         return len(records)
+
+    def _skip(self, key: str) -> bool:
+        skip = self._excluded.get(key)
+        if skip is None:
+            skip = self._excluded[key] = any(fnmatch.fnmatchcase(key, p) for p in self.exclude)
+        return skip
 
     def write_histograms(self, loop: Loop) -> None:
         """A histogram of every parameter of the model, at the current iteration."""

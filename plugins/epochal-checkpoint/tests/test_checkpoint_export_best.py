@@ -1,0 +1,85 @@
+"""``epochal export --best`` (issue 29): the best checkpoint survives ``keep_last``, export says
+what it wrote, and refuses with one line when the best checkpoint is gone.
+
+The runs train the digits example for three epochs through the CLI with ``monitor =
+"valid.loss"`` and ``mode = "max"``: the loss falls every epoch, so by that (odd) ranking the
+first epoch is the best and ``keep_last = 1`` would otherwise prune it.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from epochal_checkpoint import list_checkpoints
+
+from epochal.testing import epochal_command
+
+pytestmark = pytest.mark.slow
+
+CONFIG = """\
+[loop]
+max_epochs = 3
+seed = 0
+run_dir = "run"
+
+[model]
+factory = "epochal.examples.digits:make_model"
+hidden = 16
+
+[data]
+factory = "epochal.examples.digits:make_data"
+batch_size = 256
+
+[plugins]
+order = ["checkpoint"]
+autoload = false
+
+[plugins.checkpoint]
+keep_last = 1
+monitor = "valid.loss"
+mode = "max"
+"""
+
+
+@pytest.fixture
+def trained(tmp_path: Path) -> Path:
+    (tmp_path / "run.toml").write_text(CONFIG)
+    done = epochal_command("run", "run.toml", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    return tmp_path
+
+
+def test_keep_last_keeps_the_best_and_export_best_names_it(trained: Path) -> None:
+    infos = list_checkpoints(trained / "run" / "checkpoints")[0]
+    epochs = [info.manifest["epoch"] for info in infos]
+    assert epochs == [1, 3]  # the best (epoch 1 by mode = "max") and the newest
+    best = infos[0].manifest
+    assert best["metric"] == max(info.manifest["metric"] for info in infos)
+
+    exported = epochal_command("export", "run/checkpoints", "--best", "-o", "best.safetensors", cwd=trained)
+    assert exported.returncode == 0, exported.stderr
+    line = exported.stdout.strip()
+    assert f"checkpoint {Path('run/checkpoints') / infos[0].name} (epoch 1," in line
+    assert f"best valid.loss={best['metric']:.6g}) to best.safetensors" in line
+    assert (trained / "best.safetensors").is_file()
+
+    newest = epochal_command("export", "run/checkpoints", "-o", "newest.safetensors", cwd=trained)
+    assert newest.returncode == 0, newest.stderr
+    assert f"{infos[1].name} (epoch 3, iteration {infos[1].manifest['iteration']}," in newest.stdout
+
+
+def test_export_best_refuses_when_the_best_checkpoint_is_gone(trained: Path) -> None:
+    directory = trained / "run" / "checkpoints"
+    infos = list_checkpoints(directory)[0]
+    shutil.rmtree(infos[0].path)  # the best, deleted by hand (or pruned by an older version)
+
+    refused = epochal_command("export", "run/checkpoints", "--best", "-o", "w.safetensors", cwd=trained)
+    assert refused.returncode == 2, refused.stderr
+    assert "Traceback" not in refused.stderr
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1, refused.stderr
+    assert "the best checkpoint of the run" in errors[0] and "(epoch 1, iteration" in errors[0]
+    assert f"is gone; the best left is {infos[1].name} (epoch 3" in errors[0]
+    assert not (trained / "w.safetensors").exists()
