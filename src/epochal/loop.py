@@ -120,7 +120,9 @@ class Loop:
             raise ConfigError(
                 f"the data mapping has no 'train' stream (it has: {', '.join(data) or 'nothing'})"
             )
-        self._source: str | None = getattr(config, "source", None)
+        #: the file the run configuration was read from (None: not from a file).
+        self.config_file: str | None = getattr(config, "source", None)
+        self._source = self.config_file
         options = {key: value for key, value in locals().items() if key in OPTIONS}
         where = f"{self._source}: [loop]" if self._source else "Loop()"
         check_options("loop", Loop, options, where, ConfigError, keys=OPTIONS)

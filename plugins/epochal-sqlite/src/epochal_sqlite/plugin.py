@@ -53,10 +53,7 @@ CONFIG_FILE = "config_file"
 def _config_document(loop: Loop) -> Any:
     """The run's configuration as stored, with the absolute path of its file when it has one
     (``epochal log runs`` shows it and ``--config`` selects by it)."""
-    config, command = loop.config, loop.command
-    source = getattr(config, "source", None)
-    if source is None and command[:2] == ["epochal", "run"] and len(command) > 2:
-        source = command[2]  # `epochal run CONFIG ...`: the loop keeps the config as a plain dict
+    config, source = loop.config, loop.config_file
     if not isinstance(config, dict) or not isinstance(source, str) or source.startswith("<"):
         return config
     return {CONFIG_FILE: str(Path(source).resolve()), **config}
