@@ -52,6 +52,17 @@ STATE_FORMAT = 1
 _NO_ITEM = object()
 
 
+def _says_empty(stream: Any) -> bool:
+    """Whether *stream* has a ``len()`` and it is 0 (a stream without one, or whose ``len()``
+    fails, is found empty only when it yields no batch)."""
+    if not hasattr(type(stream), "__len__"):
+        return False
+    try:
+        return len(stream) == 0
+    except Exception:  # an IterableDataset's DataLoader raises TypeError: its length is unknown
+        return False
+
+
 class EmptyDataError(EpochalError):
     """A stream yielded an empty batch or no batch at all, and the policy is ``error``."""
 
@@ -140,6 +151,8 @@ class Loop:
         self.model = model
         #: what differs on several processes (sharding, reductions, agreed stops).
         self.strategy = strategy_for(self.world)
+        #: the streams that say (``len()``) they hold no batch, as given (not this rank's shard).
+        self._sized_empty = [name for name, stream in data.items() if _says_empty(stream)]
         wrapped = {name: adapt_stream(stream, seed) for name, stream in data.items()}
         self.data = self.strategy.shard_data(wrapped, uneven_shards, seed, self._source or "")
         self._plugin_set = plugins if isinstance(plugins, PluginSet) else compose(plugins or {})
@@ -352,6 +365,7 @@ class Loop:
         return state
 
     def _start(self) -> None:
+        self._check_sized_streams()
         state = self.strategy.resume_state(self._resume_state)
         if state is not None:
             self.load_state_dict(state)
@@ -527,6 +541,20 @@ class Loop:
             for _ in range(skip):
                 next(iterator, None)
         return iterator
+
+    def _check_sized_streams(self) -> None:
+        """Apply ``on_empty_stream`` to the streams whose ``len()`` is 0 before anything runs:
+        no plugin has written anything yet, and no epoch is spent before an empty evaluation
+        stream is found. Evaluation streams that are never evaluated are left alone."""
+        schedule = self._schedule(self.eval_every_n_epochs)
+        for stream in self._sized_empty:
+            if stream == "train" or schedule.get(stream) or self.eval_at_start:
+                message = f"stream {stream!r} is empty (its len() is 0)"
+                if self.on_empty_stream == "error":
+                    raise EmptyDataError(
+                        f'{message}; set [loop] on_empty_stream = "warn" or "ignore" to run anyway'
+                    )
+                self._apply(self.on_empty_stream, message, f"stream:{stream}")
 
     def _empty_batch(self, stream: str) -> bool:
         """Apply the empty-batch policy; return True to skip the batch."""
