@@ -712,7 +712,20 @@ class Load:
 
 def read_from(path: Path, model_only: bool = False) -> tuple[dict[str, Any], Path]:
     """Read the checkpoint at *path*: a checkpoint, its manifest or ``latest`` file, or a
-    directory of checkpoints (its newest complete one). Return ``(state, checkpoint path)``."""
+    directory of checkpoints (its newest complete one). Return ``(state, checkpoint path)``.
+
+    :raises CheckpointError: one error naming the path, also when the path cannot be looked at
+        (a name too long, a link loop...).
+    """
+    try:
+        return _read_from(path, model_only)
+    except OSError as error:  # pathlib's checks raise for a name too long, permission denied...
+        raise CheckpointNotFoundError(
+            f"cannot read a checkpoint at {str(error.filename or path)!r:.300}: {error.strerror or error}"
+        ) from None
+
+
+def _read_from(path: Path, model_only: bool) -> tuple[dict[str, Any], Path]:
     if not path.exists():
         raise CheckpointNotFoundError(f"no checkpoint at {str(path)!r} (the path does not exist)")
     if path.is_file() and path.name == storage.MANIFEST:

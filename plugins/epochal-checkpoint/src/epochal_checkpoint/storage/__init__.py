@@ -103,7 +103,6 @@ from epochal_checkpoint.storage.read import (
     read_manifest,
     read_regular,
 )
-from epochal_checkpoint.storage.sign import KEY_ENV, SIGNATURE, UnsignedCheckpointError, signing_key
 from epochal_checkpoint.storage.segments import (
     LOG_FORMAT,
     SEGMENT_HEAD,
@@ -114,6 +113,7 @@ from epochal_checkpoint.storage.segments import (
     encode_segment,
     segment_name,
 )
+from epochal_checkpoint.storage.sign import KEY_ENV, SIGNATURE, UnsignedCheckpointError, signing_key
 from epochal_checkpoint.storage.write import (
     Flushes,
     fsync_dir,
