@@ -549,7 +549,9 @@ class Loop:
         schedule = self._schedule(self.eval_every_n_epochs)
         for stream in self._sized_empty:
             if stream == "train" or schedule.get(stream) or self.eval_at_start:
-                message = f"stream {stream!r} is empty (its len() is 0)"
+                message = (
+                    f"stream {stream!r} yielded no batch: it is empty (its len() is 0; found before training)"
+                )
                 if self.on_empty_stream == "error":
                     raise EmptyDataError(
                         f'{message}; set [loop] on_empty_stream = "warn" or "ignore" to run anyway'

@@ -152,7 +152,9 @@ def test_an_empty_sized_stream_is_one_line_before_anything_is_written(
     before = sorted(p.name for p in empty_project.iterdir())
     result = epochal_command("run", "run.toml", "--set", f"data.empty={stream}", cwd=empty_project)
     line = one_error_line(result)
-    assert f"stream {stream!r} is empty" in line and "[loop] on_empty_stream" in line, line
+    assert f"stream {stream!r} yielded no batch: it is empty" in line and "[loop] on_empty_stream" in line, (
+        line
+    )
     assert sorted(p.name for p in empty_project.iterdir() if p.name != "__pycache__") == before
 
 
@@ -171,7 +173,9 @@ def test_the_on_empty_stream_policy_lets_a_run_with_an_empty_eval_stream_go_on(
         cwd=empty_project,
     )
     assert result.returncode == 0, result.stderr
-    warned = [line for line in result.stderr.splitlines() if "stream 'valid' is empty" in line]
+    warned = [
+        line for line in result.stderr.splitlines() if "stream 'valid' yielded no batch: it is empty" in line
+    ]
     assert len(warned) == (1 if policy == "warn" else 0), result.stderr
     assert [info.name for info in list_checkpoints(empty_project / "run" / "checkpoints")[0]]
 
