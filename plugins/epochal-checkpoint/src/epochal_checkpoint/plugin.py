@@ -547,7 +547,7 @@ class Checkpoint:
         holder = live_holder(directory) if directory.is_dir() else None
         if holder is not None:
             return (
-                f"checkpoint directory {str(directory)!r} is in use: {holder} is running there now. "
+                f"checkpoint directory {str(directory)!r} is in use by {holder}, which is running now. "
                 "Two runs must not write one directory: wait for it to end (or stop it), or choose "
                 "another directory (--set loop.run_dir=DIR, or --set plugins.checkpoint.dir=DIR when "
                 "the config sets it)."
