@@ -53,13 +53,10 @@ _NO_ITEM = object()
 
 
 def _says_empty(stream: Any) -> bool:
-    """Whether *stream* has a ``len()`` and it is 0 (a stream without one, or whose ``len()``
-    fails, is found empty only when it yields no batch)."""
-    if not hasattr(type(stream), "__len__"):
-        return False
-    try:
-        return len(stream) == 0
-    except Exception:  # an IterableDataset's DataLoader raises TypeError: its length is unknown
+    """Whether *stream*'s ``len()`` is 0 (without one, or when it fails: found at its first pass)."""
+    try:  # an IterableDataset's DataLoader raises TypeError: its length is unknown
+        return hasattr(type(stream), "__len__") and len(stream) == 0
+    except Exception:
         return False
 
 
@@ -543,20 +540,19 @@ class Loop:
         return iterator
 
     def _check_sized_streams(self) -> None:
-        """Apply ``on_empty_stream`` to the streams whose ``len()`` is 0 before anything runs:
-        no plugin has written anything yet, and no epoch is spent before an empty evaluation
-        stream is found. Evaluation streams that are never evaluated are left alone."""
-        schedule = self._schedule(self.eval_every_n_epochs)
+        """``on_empty_stream`` for streams whose ``len()`` is 0 (never-evaluated ones aside),
+        before any hook: nothing written yet, no epoch spent before an empty eval stream."""
+        schedule, policy = self._schedule(self.eval_every_n_epochs), self.on_empty_stream
         for stream in self._sized_empty:
             if stream == "train" or schedule.get(stream) or self.eval_at_start:
                 message = (
                     f"stream {stream!r} yielded no batch: it is empty (its len() is 0; found before training)"
                 )
-                if self.on_empty_stream == "error":
+                if policy == "error":
                     raise EmptyDataError(
                         f'{message}; set [loop] on_empty_stream = "warn" or "ignore" to run anyway'
                     )
-                self._apply(self.on_empty_stream, message, f"stream:{stream}")
+                self._apply(policy, message, f"stream:{stream}")
 
     def _empty_batch(self, stream: str) -> bool:
         """Apply the empty-batch policy; return True to skip the batch."""
