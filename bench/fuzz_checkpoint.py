@@ -63,6 +63,9 @@ def main() -> None:
     print(f"files: {', '.join(f'{name} {n}' for name, n in sorted(report.per_file.items()))}")
     print(f"kinds: {', '.join(f'{kind} {n}' for kind, n in sorted(report.per_kind.items()))}")
     print(f"clean loads of the newest (harmless damage or log rows lost): {report.newest}")
+    print(
+        f"  of which re-signing had undone the damage (files byte for byte the pristine): {report.unchanged}"
+    )
     print(f"fallbacks to the previous good checkpoint (one warning each): {report.fallbacks}")
     print(f"clean errors (CheckpointError; only for a damaged latest link): {report.clean_errors}")
     print(
