@@ -52,6 +52,14 @@ STATE_FORMAT = 1
 _NO_ITEM = object()
 
 
+def _says_empty(stream: Any) -> bool:
+    """Whether *stream*'s ``len()`` is 0 (without one, or when it fails: found at its first pass)."""
+    try:  # an IterableDataset's DataLoader raises TypeError: its length is unknown
+        return hasattr(type(stream), "__len__") and len(stream) == 0
+    except Exception:
+        return False
+
+
 class EmptyDataError(EpochalError):
     """A stream yielded an empty batch or no batch at all, and the policy is ``error``."""
 
@@ -131,6 +139,8 @@ class Loop:
         self.model = model
         #: what differs on several processes (sharding, reductions, agreed stops).
         self.strategy = strategy_for(self.world)
+        #: the streams that say (``len()``) they hold no batch, as given (not this rank's shard).
+        self._sized_empty = [name for name, stream in data.items() if _says_empty(stream)]
         wrapped = {name: adapt_stream(stream, seed) for name, stream in data.items()}
         self.data = self.strategy.shard_data(wrapped, uneven_shards, seed, self._source or "")
         self._plugin_set = plugins if isinstance(plugins, PluginSet) else compose(plugins or {})
@@ -343,6 +353,7 @@ class Loop:
         return state
 
     def _start(self) -> None:
+        self._check_sized_streams()
         state = self.strategy.resume_state(self._resume_state)
         if state is not None:
             self.load_state_dict(state)
@@ -518,6 +529,21 @@ class Loop:
             for _ in range(skip):
                 next(iterator, None)
         return iterator
+
+    def _check_sized_streams(self) -> None:
+        """``on_empty_stream`` for streams whose ``len()`` is 0 (never-evaluated ones aside),
+        before any hook: nothing written yet, no epoch spent before an empty eval stream."""
+        schedule, policy = self._schedule(self.eval_every_n_epochs), self.on_empty_stream
+        for stream in self._sized_empty:
+            if stream == "train" or schedule.get(stream) or self.eval_at_start:
+                message = (
+                    f"stream {stream!r} yielded no batch: it is empty (its len() is 0; found before training)"
+                )
+                if policy == "error":
+                    raise EmptyDataError(
+                        f'{message}; set [loop] on_empty_stream = "warn" or "ignore" to run anyway'
+                    )
+                self._apply(policy, message, f"stream:{stream}")
 
     def _empty_batch(self, stream: str) -> bool:
         """Apply the empty-batch policy; return True to skip the batch."""

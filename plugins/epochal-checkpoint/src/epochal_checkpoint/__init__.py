@@ -23,6 +23,7 @@ from epochal_checkpoint.errors import (
     ForeignCheckpointError,
     StateMismatchError,
     UnsafeCheckpointError,
+    UnsignedCheckpointError,
     UnsupportedStateError,
 )
 
@@ -54,6 +55,7 @@ __all__ = [
     "Load",
     "StateMismatchError",
     "UnsafeCheckpointError",
+    "UnsignedCheckpointError",
     "UnsupportedStateError",
     "list_checkpoints",
     "load_latest",

@@ -21,6 +21,11 @@ class CorruptCheckpointError(CheckpointError):
     """A checkpoint's files are missing, truncated or fail their checksum."""
 
 
+class UnsignedCheckpointError(CorruptCheckpointError):
+    """``EPOCHAL_CHECKPOINT_KEY`` is set and a checkpoint's signature is missing, malformed or
+    does not verify (forged, or signed with another key)."""
+
+
 class ForeignCheckpointError(CheckpointError):
     """A path holds something that is not an epochal checkpoint (or a newer format)."""
 

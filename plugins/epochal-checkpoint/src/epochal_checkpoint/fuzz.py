@@ -12,11 +12,20 @@ that the parsers are reached as well as the checks) and reads it with
 load (of the newest checkpoint when the damage is harmless or costs only log rows, else of the
 older one: a fallback) within the limits, with one warning naming the damaged checkpoint.
 
+The directory's ``latest`` link is fuzzed too (a link to a missing, foreign or outside name, to
+``/dev/zero`` or itself, a regular file, a FIFO, a directory...), read as ``load``'s ``path``
+does (:func:`epochal_checkpoint.plugin.read_from`): a load or one clean
+:class:`~epochal_checkpoint.errors.CheckpointError`. Every case must end within
+:data:`HANG_S` seconds and no single read may ask for more than :data:`MAX_READ_BYTES`.
+With *key*, the pristine checkpoints are signed (``EPOCHAL_CHECKPOINT_KEY``) and read with the
+key: then no damage to ``data.bin`` or the manifest, re-signed with CRC-32s or not, may load.
+
 ``bench/fuzz_checkpoint.py`` runs it with more cases and prints the figures.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -35,7 +44,7 @@ from typing import Any
 
 from epochal_checkpoint.errors import CheckpointError
 from epochal_checkpoint.storage.codec import DATA, MANIFEST, seal
-from epochal_checkpoint.storage.layout import list_checkpoints
+from epochal_checkpoint.storage.layout import POINTER, list_checkpoints
 from epochal_checkpoint.storage.load import find_latest
 from epochal_checkpoint.testing import resign
 
@@ -56,6 +65,25 @@ KINDS = (
     "directory",
     "missing",
 )
+#: the kinds of damage to the ``latest`` link.
+POINTER_KINDS = (
+    "pointer-missing-name",
+    "pointer-older",
+    "pointer-path",
+    "pointer-outside",
+    "pointer-dev-zero",
+    "pointer-self",
+    "pointer-long",
+    "pointer-garbage",
+    "pointer-regular-file",
+    "pointer-fifo",
+    "pointer-directory",
+    "pointer-missing",
+)
+#: a case that takes longer than this (wall seconds) is a hang.
+HANG_S = 5
+#: the largest read a case may ask for (bytes).
+MAX_READ_BYTES = 512 << 20
 _WRONG = ["3a", 5, -1, 10**20, None, [], {}, 1.5, True, "x" * 10_000, [[[[1]]]], {"a": {"b": 1}}]
 
 
@@ -70,6 +98,8 @@ class FuzzReport:
     fallbacks: int = 0
     #: cases that ended in a clean CheckpointError (only when the damage hit both checkpoints).
     clean_errors: int = 0
+    #: cases whose damage re-signing undid (the files are the pristine ones byte for byte).
+    unchanged: int = 0
     #: cases that did not end cleanly: (file, kind, what happened).
     failures: list[tuple[str, str, str]] = field(default_factory=list)
     #: cases per damaged file and per kind.
@@ -80,12 +110,16 @@ class FuzzReport:
     worst_cpu_s: float = 0.0
     worst_wall_s: float = 0.0
     worst_memory_mb: float = 0.0
+    #: the largest single read (``os.read``/``pread``/``preadv``) a case asked for, in bytes.
+    largest_read: int = 0
 
 
-def make_pristine(directory: Path) -> Path:
-    """Write two checkpoints (with log segments) of a small run into *directory*; return it."""
+def make_pristine(directory: Path, key: str | None = None) -> Path:
+    """Write two checkpoints (with log segments) of a small run into *directory*; return it.
+    With *key*, they are signed with it."""
     from epochal import Loop
     from epochal_checkpoint.plugin import Checkpoint
+    from epochal_checkpoint.storage.sign import KEY_ENV
     from epochal_checkpoint.testing import BatchRecorder, make_data, make_model
 
     plugin = Checkpoint(dir=str(directory), every_n_batches=8, every_n_epochs=0, keep_last=2)
@@ -96,7 +130,15 @@ def make_pristine(directory: Path) -> Path:
         max_iterations=16,
         handle_signals=False,
     )
-    loop.run()
+    saved = os.environ.pop(KEY_ENV, None)
+    if key is not None:
+        os.environ[KEY_ENV] = key
+    try:
+        loop.run()
+    finally:
+        os.environ.pop(KEY_ENV, None)
+        if saved is not None:
+            os.environ[KEY_ENV] = saved
     return directory
 
 
@@ -208,6 +250,50 @@ def _damage(rng: random.Random, kind: str, file: Path) -> None:
         _resign_file(checkpoint, name)
 
 
+def _damage_pointer(rng: random.Random, kind: str, pointer: Path, older: str) -> None:
+    """Damage the ``latest`` link *pointer* as *kind* says."""
+    pointer.unlink(missing_ok=True)
+    targets = {
+        "pointer-missing-name": "ckpt-e9999-i999999",
+        "pointer-older": older,
+        "pointer-path": f"./{older}",
+        "pointer-outside": "../" + rng.choice(["pristine", "etc", "outside"]),
+        "pointer-dev-zero": "/dev/zero",
+        "pointer-self": "latest",
+        "pointer-long": "ckpt-e" + "9" * rng.choice([20, 300, 4000]),
+    }
+    if kind in targets:
+        with contextlib.suppress(OSError):  # a name longer than the system takes: no link at all
+            pointer.symlink_to(targets[kind])
+    elif kind == "pointer-garbage":
+        pointer.symlink_to(
+            rng.randbytes(rng.randrange(1, 64)).replace(b"\0", b"x").replace(b"/", b"x").decode("latin-1")
+        )
+    elif kind == "pointer-regular-file":
+        pointer.write_bytes(
+            older.encode() if rng.random() < 0.5 else rng.randbytes(rng.choice([1, 100, 100_000]))
+        )
+    elif kind == "pointer-fifo":
+        os.mkfifo(pointer)
+    elif kind == "pointer-directory":
+        pointer.mkdir()
+
+
+def _same(pristine: Path, case: Path, name: str) -> bool:
+    """Whether file *name* and the manifest of *case* are byte for byte *pristine*'s: re-signing
+    can undo a damage (JSON re-encoded: ``1E-05`` becomes ``1e-05`` again, appended whitespace
+    goes), and such a case holds nothing to detect."""
+    for file in {name, MANIFEST}:
+        target = case / file
+        if (
+            target.is_symlink()
+            or not target.is_file()
+            or target.read_bytes() != (pristine / file).read_bytes()
+        ):
+            return False
+    return True
+
+
 def _child(pristine: Path, work: Path, seed: int, count: int, memory_mb: int) -> dict[str, Any]:
     """Run *count* cases (in this process: a child started by :func:`fuzz`); return the results."""
     import numpy as np  # imported before the limit is set
@@ -216,11 +302,26 @@ def _child(pristine: Path, work: Path, seed: int, count: int, memory_mb: int) ->
     work.mkdir(parents=True, exist_ok=True)
     os.chdir(work)  # a crafted header that ran code would leave PWNED here
 
+    from epochal_checkpoint.plugin import read_from
+
     infos, _ = list_checkpoints(pristine)
     older, newest = infos[-2], infos[-1]
-    files = sorted(p.name for p in newest.path.iterdir())
+    files = [*sorted(p.name for p in newest.path.iterdir()), POINTER]
     find_latest(pristine)  # warm up every code path before measuring
+    read_from(pristine / POINTER)
     np.zeros(1)
+    largest = [0]
+
+    def counted(read: Any, size: Any) -> Any:
+        def wrapper(fd: int, what: Any, *args: Any) -> Any:
+            largest[0] = max(largest[0], size(what))
+            return read(fd, what, *args)
+
+        return wrapper
+
+    os.read = counted(os.read, int)
+    os.pread = counted(os.pread, int)
+    os.preadv = counted(os.preadv, lambda buffers: sum(memoryview(b).nbytes for b in buffers))
     usage = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     with open("/proc/self/status") as status:
         vm = next(int(line.split()[1]) for line in status if line.startswith("VmSize:")) * 1024
@@ -234,20 +335,30 @@ def _child(pristine: Path, work: Path, seed: int, count: int, memory_mb: int) ->
     results = []
     for k in range(count):
         name = files[k % len(files)]
-        kind = KINDS[rng.randrange(len(KINDS))]
         case = work / f"case-{seed}-{k}"
         shutil.copytree(pristine, case, symlinks=True)
-        _damage(rng, kind, case / newest.name / name)
+        if name == POINTER:
+            kind = POINTER_KINDS[rng.randrange(len(POINTER_KINDS))]
+            _damage_pointer(rng, kind, case / POINTER, older.name)
+        else:
+            kind = KINDS[rng.randrange(len(KINDS))]
+            _damage(rng, kind, case / newest.name / name)
+        changed = name == POINTER or not _same(newest.path, case / newest.name, name)
         outcome, detail, warned = "", "", 0
+        largest[0] = 0
         started, cpu = time.perf_counter(), time.process_time()
-        signal.alarm(10)
+        signal.alarm(HANG_S)
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                read, _ = find_latest(case)
+                if name == POINTER:
+                    _, where = read_from(case / POINTER)
+                else:
+                    read, _ = find_latest(case)
+                    where = read.path
             warned = sum(newest.name in str(w.message) for w in caught)
-            outcome = {newest.name: "newest", older.name: "older"}.get(read.name, "other")
-            detail = read.name
+            outcome = {newest.name: "newest", older.name: "older"}.get(where.name, "other")
+            detail = where.name
         except CheckpointError as error:
             outcome, detail = "clean-error", str(error)[:300]
         except BaseException as error:  # what the fuzzing is for: anything else is a failure
@@ -263,6 +374,8 @@ def _child(pristine: Path, work: Path, seed: int, count: int, memory_mb: int) ->
                 "warned": warned,
                 "cpu": time.process_time() - cpu,
                 "wall": time.perf_counter() - started,
+                "read": largest[0],
+                "changed": changed,
             }
         )
         shutil.rmtree(case, ignore_errors=True)
@@ -280,11 +393,24 @@ def child_main() -> None:
 
 
 def fuzz(
-    pristine: Path, work: Path, cases: int = 300, children: int = 2, memory_mb: int = 200, seed: int = 0
+    pristine: Path,
+    work: Path,
+    cases: int = 300,
+    children: int = 2,
+    memory_mb: int = 200,
+    seed: int = 0,
+    key: str | None = None,
 ) -> FuzzReport:
-    """Run *cases* damaged reads of *pristine*'s newest checkpoint in *children* processes."""
+    """Run *cases* damaged reads of *pristine*'s newest checkpoint (and its ``latest`` link) in
+    *children* processes; with *key*, read with that signing key (*pristine* signed with it)."""
+    from epochal_checkpoint.storage.sign import KEY_ENV
+
+    pristine, work = Path(pristine).resolve(), Path(work).resolve()  # the children run in *work*
     work.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    env = {k: v for k, v in os.environ.items() if k != KEY_ENV}
+    env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    if key is not None:
+        env[KEY_ENV] = key
     per_child = [cases // children + (k < cases % children) for k in range(children)]
     procs = [
         subprocess.Popen(
@@ -313,28 +439,37 @@ def fuzz(
         report.worst_memory_mb = max(report.worst_memory_mb, data["memory_mb"])
         for result in data["results"]:
             report.cases += 1
+            report.unchanged += not result["changed"]
             report.per_file[result["file"]] += 1
             report.per_kind[result["kind"]] += 1
             report.worst_cpu_s = max(report.worst_cpu_s, result["cpu"])
             report.worst_wall_s = max(report.worst_wall_s, result["wall"])
-            outcome = result["outcome"]
+            report.largest_read = max(report.largest_read, result["read"])
+            outcome, pointer = result["outcome"], result["file"] == POINTER
             where = (result["file"], result["kind"], f"{outcome}: {result['detail']}")
             if outcome == "newest":
                 report.newest += 1
-                checked = result["file"] in (MANIFEST, DATA)
-                if checked and result["kind"] in ("flip", "truncate", "append", "missing"):
+                checked = result["file"] in (MANIFEST, DATA) and result["changed"]
+                if checked and (
+                    key is not None or result["kind"] in ("flip", "truncate", "append", "missing")
+                ):
                     report.failures.append((*where[:2], "damage not detected: the newest was loaded"))
             elif outcome == "older":
                 report.fallbacks += 1
-                if result["warned"] != 1:
+                if result["warned"] != 1 and not pointer:
                     report.failures.append((*where[:2], f"{result['warned']} warnings naming it, not 1"))
             elif outcome == "clean-error":
                 report.clean_errors += 1
-                report.failures.append(where)  # the older checkpoint is intact: must fall back
+                if not pointer:  # the older checkpoint is intact: must fall back
+                    report.failures.append(where)
             else:
                 report.failures.append(where)
             if result["cpu"] > 1.0:
                 report.failures.append((*where[:2], f"took {result['cpu']:.2f} s of CPU"))
+            if result["wall"] > HANG_S:
+                report.failures.append((*where[:2], f"took {result['wall']:.2f} s (a hang)"))
+            if result["read"] > MAX_READ_BYTES:
+                report.failures.append((*where[:2], f"read {result['read']} bytes at once"))
     return report
 
 

@@ -40,6 +40,27 @@ def _read_holder(directory: Path) -> Any:
         return None
 
 
+def live_holder(directory: Path) -> str | None:
+    """Who holds the lock of *directory* now, described (None: no live run holds it).
+
+    The OS lock is tried without waiting and dropped at once; no lock file is created where
+    none exists (a directory no run ever locked has no live run).
+    """
+    if not (directory / LOCK).is_file():
+        return None
+    import filelock
+
+    probe = filelock.FileLock(directory / LOCK, timeout=0, thread_local=False)
+    try:
+        probe.acquire(timeout=0)
+    except filelock.Timeout:
+        return _describe(_read_holder(directory))
+    except OSError:  # cannot even open it (permissions): the lock itself will say so
+        return None
+    probe.release(force=True)
+    return None
+
+
 class DirectoryLock:
     """An exclusive lock on a checkpoint directory for the run *run_id*."""
 

@@ -30,7 +30,7 @@ from epochal_checkpoint.errors import (
     StateMismatchError,
 )
 from epochal_checkpoint.export import export_weights
-from epochal_checkpoint.lock import DirectoryLock
+from epochal_checkpoint.lock import DirectoryLock, live_holder
 
 if TYPE_CHECKING:
     from epochal.loop import Loop
@@ -542,7 +542,11 @@ class Checkpoint:
 
     @hookimpl
     def check_fresh_run(self, run_dir: Path | None, command: Sequence[str]) -> str | None:
-        """Refuse a fresh run into a directory that holds an earlier run's checkpoints.
+        """Refuse a fresh run into a directory a live run holds, or that holds an earlier run's
+        checkpoints.
+
+        A live run (the directory's lock is held) is named (run, pid, host, since) and no
+        ``--resume`` is advised: resuming would fail the same way while it runs.
 
         Mixing two runs' checkpoints in one directory makes ``--resume`` pick whichever is
         newest; the user says which they want: continue (``--resume``) or another directory.
@@ -551,6 +555,14 @@ class Checkpoint:
             directory = self._directory_for(run_dir)
         except ConfigError:
             return None  # no directory configured: the plugin says so when training starts
+        holder = live_holder(directory) if directory.is_dir() else None
+        if holder is not None:
+            return (
+                f"checkpoint directory {str(directory)!r} is in use by {holder}, which is running now. "
+                "Two runs must not write one directory: wait for it to end (or stop it), or choose "
+                "another directory (--set loop.run_dir=DIR, or --set plugins.checkpoint.dir=DIR when "
+                "the config sets it)."
+            )
         found = sorted(p.name for p in directory.glob("ckpt-*") if p.is_dir()) if directory.is_dir() else []
         if not found:
             return None
@@ -717,7 +729,20 @@ class Load:
 
 def read_from(path: Path, model_only: bool = False) -> tuple[dict[str, Any], Path]:
     """Read the checkpoint at *path*: a checkpoint, its manifest or ``latest`` file, or a
-    directory of checkpoints (its newest complete one). Return ``(state, checkpoint path)``."""
+    directory of checkpoints (its newest complete one). Return ``(state, checkpoint path)``.
+
+    :raises CheckpointError: one error naming the path, also when the path cannot be looked at
+        (a name too long, a link loop...).
+    """
+    try:
+        return _read_from(path, model_only)
+    except OSError as error:  # pathlib's checks raise for a name too long, permission denied...
+        raise CheckpointNotFoundError(
+            f"cannot read a checkpoint at {str(error.filename or path)!r:.300}: {error.strerror or error}"
+        ) from None
+
+
+def _read_from(path: Path, model_only: bool) -> tuple[dict[str, Any], Path]:
     if not path.exists():
         raise CheckpointNotFoundError(f"no checkpoint at {str(path)!r} (the path does not exist)")
     if path.is_file() and path.name == storage.MANIFEST:

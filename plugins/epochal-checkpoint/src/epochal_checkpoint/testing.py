@@ -1,5 +1,6 @@
 """A synthetic numpy model and data for crash tests and benchmarks (no scikit-learn needed);
-crafting damaged checkpoints (:func:`resign`, :func:`replace_state`) for tests and fuzzing.
+crafting damaged checkpoints (:func:`resign`, :func:`replace_state`, :func:`force_crc32`) for
+tests and fuzzing.
 
 ``make_model(size=...)`` holds ``size`` float32 parameters updated deterministically by every
 batch; ``make_data(...)`` returns a seeded :class:`epochal.data.BatchStream`. Used by this
@@ -388,3 +389,33 @@ def _resign_data(file: Path, entry: Mapping[str, Any]) -> dict[str, Any]:
         blob[at:] = json.dumps(document, separators=(",", ":"), allow_nan=True).encode("ascii")
         file.write_bytes(blob)
     return {**entry, "size": len(blob), "crc32": f"{crc32(blob[at:]):08x}", "state": at}
+
+
+def force_crc32(data: bytearray, at: int, crc: int) -> None:
+    """Change the 4 bytes ``data[at:at + 4]`` so that ``zlib.crc32(data) == crc``: a forgery that
+    CRC-32 cannot see (the manifest and the index stay as they were), for tests of the keyed
+    signature. CRC-32 is affine over GF(2): the effect of each of the 32 bits is computed, and
+    the bits to flip are found by Gaussian elimination."""
+    from zlib import crc32
+
+    if not 0 <= at <= len(data) - 4:
+        raise ValueError(f"no 4 bytes at {at} in {len(data)} bytes")
+    zero = crc32(bytes(len(data)))
+    rows = []  # (effect on the CRC, bits flipped), one per bit of the 4 bytes
+    for bit in range(32):
+        probe = bytearray(len(data))
+        probe[at + bit // 8] = 1 << (bit % 8)
+        rows.append((crc32(probe) ^ zero, 1 << bit))
+    want, flips = crc32(data) ^ crc, 0
+    for target in range(32):  # eliminate: find a row with bit *target*, clear it in the others
+        pivot = next((k for k in range(target, 32) if rows[k][0] >> target & 1), None)
+        if pivot is None:
+            raise ValueError("these 4 bytes cannot set the CRC-32")  # never for 4 adjacent bytes
+        rows[target], rows[pivot] = rows[pivot], rows[target]
+        for k in range(32):
+            if k != target and rows[k][0] >> target & 1:
+                rows[k] = (rows[k][0] ^ rows[target][0], rows[k][1] ^ rows[target][1])
+    for target in range(32):
+        if want >> target & 1:
+            flips ^= rows[target][1]
+    data[at : at + 4] = (int.from_bytes(data[at : at + 4], "little") ^ flips).to_bytes(4, "little")

@@ -43,7 +43,9 @@ The concerns live in modules of their own, as Orbax's ``path``/``metadata`` and
 - :mod:`~epochal_checkpoint.storage.segments`: the log segments (encoding, merges, reading);
 - :mod:`~epochal_checkpoint.storage.layout`: names, ``latest``, listing, deletion, leftovers;
 - :mod:`~epochal_checkpoint.storage.write`: the atomic write and the concurrent fsyncs;
-- :mod:`~epochal_checkpoint.storage.load`: a checkpoint's state read back, the newest that verifies.
+- :mod:`~epochal_checkpoint.storage.load`: a checkpoint's state read back, the newest that verifies;
+- :mod:`~epochal_checkpoint.storage.sign`: the optional keyed signature (HMAC-SHA256,
+  ``signature.json``) written and checked when ``EPOCHAL_CHECKPOINT_KEY`` is set.
 
 This package re-exports their public names (``storage.write_checkpoint``...).
 
@@ -111,6 +113,7 @@ from epochal_checkpoint.storage.segments import (
     encode_segment,
     segment_name,
 )
+from epochal_checkpoint.storage.sign import KEY_ENV, SIGNATURE, UnsignedCheckpointError, signing_key
 from epochal_checkpoint.storage.write import (
     Flushes,
     fsync_dir,
@@ -124,6 +127,7 @@ __all__ = [
     "DATA",
     "FORMAT",
     "FORMAT_VERSION",
+    "KEY_ENV",
     "LOG_FORMAT",
     "MANIFEST",
     "NAME_RE",
@@ -133,6 +137,7 @@ __all__ = [
     "SEGMENTS",
     "SEGMENT_HEAD",
     "SEGMENT_RE",
+    "SIGNATURE",
     "TMP_MARK",
     "TMP_RE",
     "CheckpointInfo",
@@ -143,6 +148,7 @@ __all__ = [
     "ReadCheckpoint",
     "Segment",
     "Snapshot",
+    "UnsignedCheckpointError",
     "check_manifest",
     "checkpoint_name",
     "clean_temporaries",
@@ -169,6 +175,7 @@ __all__ = [
     "read_state_document",
     "seal",
     "segment_name",
+    "signing_key",
     "temp_name",
     "unique_name",
     "warn_damaged_segments",

@@ -13,7 +13,7 @@ import math
 import os
 import re
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,7 +24,8 @@ from epochal_checkpoint.errors import (
     ForeignCheckpointError,
     UnsafeCheckpointError,
 )
-from epochal_checkpoint.storage.codec import DATA, FORMAT, crc32, key_path
+from epochal_checkpoint.storage import sign
+from epochal_checkpoint.storage.codec import DATA, FORMAT, MANIFEST, crc32, key_path
 from epochal_checkpoint.storage.layout import CheckpointInfo, list_checkpoints
 from epochal_checkpoint.storage.npy import NPY_HEADER_MAX, parse_npy_header
 from epochal_checkpoint.storage.read import (
@@ -212,16 +213,35 @@ def _state_document(path: Path, data: bytes | bytearray) -> tuple[Any, Any, Any]
     return tree, index, ints
 
 
+_Signed = tuple[bytes, dict[str, str]] | None
+
+
+def _signature(path: Path) -> _Signed:
+    """The key and *path*'s signature when ``EPOCHAL_CHECKPOINT_KEY`` is set (None: unsigned reads)."""
+    key = sign.signing_key()
+    return None if key is None else (key, sign.read_signature(path))
+
+
+def _manifest_check(path: Path, signed: _Signed) -> Callable[[bytearray], None] | None:
+    if signed is None:
+        return None
+    key, signature = signed
+    return lambda data: sign.check_file(path, MANIFEST, data, key, signature)
+
+
 def _only_model(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for e in entries if e["path"][:1] == ["model"]]
 
 
-def _read_data(path: Path, expected: Mapping[str, Any], model_only: bool) -> Any:
+def _read_data(path: Path, expected: Mapping[str, Any], model_only: bool, signed: _Signed = None) -> Any:
     """The state tree of ``data.bin``: the JSON state (checked against the manifest's CRC-32) and
     then its arrays (all, or the model's), read into one buffer and each checked against its
-    own CRC-32 on the way (see :func:`_read_records`)."""
+    own CRC-32 on the way (see :func:`_read_records`). With *signed* (key, signature), the
+    whole file is checked against its signature first."""
     fd, size = open_regular(path, DATA, MAX_FILE_BYTES, expected["size"])
     try:
+        if signed is not None:
+            sign.check_stream(path, DATA, fd, size, *signed)
         at = expected["state"]
         state = bytearray(size - at)
         crc = read_into(path, DATA, fd, memoryview(state), at)
@@ -254,11 +274,22 @@ def read_checkpoint_info(path: Path, model_only: bool = False) -> ReadCheckpoint
         if not path.exists():
             raise CheckpointNotFoundError(f"no checkpoint at {str(path)!r}")
         raise foreign_file_error(path)
-    manifest = read_manifest(path)
-    tree = _read_data(path, manifest["files"][DATA], model_only)
+    signed = _signature(path)
+    manifest = read_manifest(path, _manifest_check(path, signed))
+    tree = _read_data(path, manifest["files"][DATA], model_only, signed)
     if not isinstance(tree, dict):
         raise corrupt(path, DATA, "key tree is not a table (the state is a dict)")
-    segments, inline, damaged = ([], [], []) if model_only else read_segments(path, manifest, tree)
+    check = None
+    if signed is not None:
+        key, signature = signed
+
+        def check(name: str, data: bytearray) -> None:
+            sign.check_file(path, name, data, key, signature)
+
+    segments, inline, damaged = ([], [], []) if model_only else read_segments(path, manifest, tree, check)
+    if signed is not None:
+        for segment in segments:  # a later save that links it signs it without reading it again
+            segment.mac = signed[1].get(segment.name)
     return ReadCheckpoint(path, manifest, segments, inline, tree, damaged)
 
 
@@ -283,8 +314,12 @@ def read_state_document(path: Path) -> dict[str, Any]:
     arrays sit, the array index), checked against the manifest's checksum; for tools and tests
     that look inside."""
     path = Path(path)
-    entry = read_manifest(path)["files"][DATA]
-    data = read_regular(path, DATA, MAX_FILE_BYTES, entry["size"])[entry["state"] :]
+    signed = _signature(path)
+    entry = read_manifest(path, _manifest_check(path, signed))["files"][DATA]
+    whole = read_regular(path, DATA, MAX_FILE_BYTES, entry["size"])
+    if signed is not None:
+        sign.check_file(path, DATA, whole, *signed)
+    data = whole[entry["state"] :]
     if f"{crc32(data):08x}" != entry["crc32"]:
         raise corrupt(path, DATA, "state fails its checksum")
     document = parse_json(path, DATA, data)

@@ -18,7 +18,7 @@ import json
 import os
 import re
 import stat
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -250,8 +250,11 @@ def check_manifest(path: Path, manifest: Any) -> dict[str, Any]:
     return manifest
 
 
-def read_manifest(path: Path) -> dict[str, Any]:
+def read_manifest(path: Path, verify: Callable[[bytearray], None] | None = None) -> dict[str, Any]:
     """Read ``<path>/manifest.json``, check its commit record (its last key) and its keys.
+
+    *verify*, when given, is called with the manifest's bytes before anything else looks at
+    them (the signature check: :mod:`~epochal_checkpoint.storage.sign`).
 
     :raises ForeignCheckpointError: if *path* has no manifest, or one of another format or version.
     :raises CorruptCheckpointError: if the manifest is damaged or was never committed, naming why.
@@ -265,6 +268,8 @@ def read_manifest(path: Path) -> dict[str, Any]:
     except OSError:
         pass  # read_regular names the problem
     data = read_regular(path, MANIFEST, MAX_MANIFEST_BYTES)
+    if verify is not None:
+        verify(data)
     sealed = SEAL_RE.search(data, max(len(data) - 64, 0))
     if sealed is not None and f"{crc32(memoryview(data)[: sealed.start(1)]):08x}" != sealed[1].decode():
         raise corrupt(path, MANIFEST, "fails its checksum (its commit record does not match)")

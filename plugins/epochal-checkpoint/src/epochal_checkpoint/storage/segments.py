@@ -66,6 +66,8 @@ class Segment:
     #: the checkpoint holding the bytes when not the one listing it (None: that one): a copy
     #: taken from another checkpoint because the listing one lost its own.
     origin: Path | None = None
+    #: its HMAC under the signing key, once known (a save that links it need not read it).
+    mac: str | None = None
 
 
 @dataclass
@@ -181,14 +183,19 @@ def _rows_of(path: Path, name: str, data: bytes | bytearray) -> dict[str, Any]:
 
 
 def read_segments(
-    path: Path, manifest: Mapping[str, Any], tree: dict[str, Any]
+    path: Path,
+    manifest: Mapping[str, Any],
+    tree: dict[str, Any],
+    check: Callable[[str, bytearray], None] | None = None,
 ) -> tuple[list[Segment], list[int], list[tuple[str, str]]]:
     """Read the log segments of *manifest* into ``tree["log"]["rows"]`` (rows in iteration order).
 
     Return the segments read, the rows found in the state and the damaged segments with why. A
     damaged segment costs only its rows: the others and the rest of the state are used. A
     segment whose file here is missing or fails its checksum is read from an intact copy in
-    another checkpoint of the directory (:attr:`Segment.origin` names it).
+    another checkpoint of the directory (:attr:`Segment.origin` names it). *check*, when given,
+    is called with each segment's name and bytes before its rows are parsed (the signature
+    check); a segment it refuses counts as damaged.
     """
     names = manifest.get(SEGMENTS, [])
     if not names:
@@ -206,11 +213,15 @@ def read_segments(
         try:
             try:
                 data = verified(path, name, expected)
+                if check is not None:
+                    check(name, data)
             except CorruptCheckpointError:
                 copy = _intact_copy(path, name, expected)
                 if copy is None:
                     raise
                 origin, data = copy
+                if check is not None:
+                    check(name, data)
             rows = _rows_of(origin or path, name, data)
         except CorruptCheckpointError as error:
             damaged.append((name, str(error)))

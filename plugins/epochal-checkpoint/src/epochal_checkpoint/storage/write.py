@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from epochal_checkpoint.errors import CheckpointWriteError, CorruptCheckpointError
+from epochal_checkpoint.storage import sign
 from epochal_checkpoint.storage.codec import (
     DATA,
     FORMAT,
@@ -256,7 +257,9 @@ def write_checkpoint(
     segment and the manifest (its commit record last) are written, the earlier segments
     hard-linked; every new file and the temporary directory are fsynced together
     (:class:`Flushes`: each begins as soon as its file is complete); only then is the
-    directory renamed into place (the publish point) and the parent directory fsynced.
+    directory renamed into place (the publish point) and the parent directory fsynced. With
+    ``EPOCHAL_CHECKPOINT_KEY`` set, ``signature.json`` (every file's HMAC-SHA256) is written
+    beside the manifest before that (:mod:`~epochal_checkpoint.storage.sign`).
 
     :raises CheckpointWriteError: naming the path, when the disk is full, permission is denied
         or any other OS error occurs; the temporary directory is removed and every earlier
@@ -281,12 +284,18 @@ def write_checkpoint(
             os.close(fd)
         flushes.start(current)
         current = tmp
+        key = sign.signing_key()
+        macs = {DATA: sign.file_mac(key, DATA, pieces)} if key is not None else {}
         written = []
         for source in segments:
             segment, wrote = _add_segment(tmp, source)
             written.append(segment)
             if wrote:  # hard-linked ones were fsynced when first written
                 flushes.start(tmp / segment.name)
+            if key is not None:
+                if segment.mac is None:  # written here, or linked from an unsigned checkpoint
+                    segment.mac = sign.file_mac(key, segment.name, [(tmp / segment.name).read_bytes()])
+                macs[segment.name] = segment.mac
         now = time.time_ns()
         document = {
             "format": FORMAT,
@@ -299,8 +308,14 @@ def write_checkpoint(
             "files": {DATA: data, **{s.name: {"size": s.size, "crc32": s.crc32} for s in written}},
         }
         current = tmp / MANIFEST  # its commit record is its last key: written last
-        write_file(current, [seal(manifest_text(document))], sync=False)
+        sealed = seal(manifest_text(document))
+        write_file(current, [sealed], sync=False)
         flushes.start(current)
+        if key is not None:
+            macs[MANIFEST] = sign.file_mac(key, MANIFEST, [sealed])
+            current = tmp / sign.SIGNATURE
+            write_file(current, [sign.signature_text(macs)], sync=False)
+            flushes.start(current)
         current = tmp
         flushes.start(tmp)
         flushes.wait()  # unpublished until the rename below: every new file and the directory durable
