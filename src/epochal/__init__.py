@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from epochal._markers import hookimpl, hookspec
     from epochal.composite import CompositePlugin
+    from epochal.empty import EmptyDataError
     from epochal.errors import ConfigError, EpochalError, OrderError, PluginError
     from epochal.log import TrainingLog
-    from epochal.loop import EmptyDataError, Loop
+    from epochal.loop import Loop
     from epochal.model import Model
     from epochal.plugins import PluginSet, compose, load_plugins
 
@@ -31,7 +32,7 @@ _LAZY = {
     "OrderError": "epochal.errors",
     "PluginError": "epochal.errors",
     "TrainingLog": "epochal.log",
-    "EmptyDataError": "epochal.loop",
+    "EmptyDataError": "epochal.empty",
     "Loop": "epochal.loop",
     "Model": "epochal.model",
     "PluginSet": "epochal.plugins",

@@ -22,6 +22,7 @@ from epochal.adapters import adapt_stream
 from epochal.data import _empty_rule, _mapping_empty, _ndarray, _sequence_empty, batch_size
 from epochal.distributed.strategy import strategy_for
 from epochal.distributed.world import World, current_world
+from epochal.empty import EmptyData
 from epochal.errors import ConfigError, EpochalError
 from epochal.evaluation import MetricSums, means
 from epochal.log import TrainingLog
@@ -50,18 +51,6 @@ STATE_FORMAT = 1
 
 #: the first item of an empty tuple, list or dict batch (in the batch loop).
 _NO_ITEM = object()
-
-
-def _says_empty(stream: Any) -> bool:
-    """Whether *stream*'s ``len()`` is 0 (without one, or when it fails: found at its first pass)."""
-    try:  # an IterableDataset's DataLoader raises TypeError: its length is unknown
-        return hasattr(type(stream), "__len__") and len(stream) == 0
-    except Exception:
-        return False
-
-
-class EmptyDataError(EpochalError):
-    """A stream yielded an empty batch or no batch at all, and the policy is ``error``."""
 
 
 class Loop:
@@ -139,8 +128,8 @@ class Loop:
         self.model = model
         #: what differs on several processes (sharding, reductions, agreed stops).
         self.strategy = strategy_for(self.world)
-        #: the streams that say (``len()``) they hold no batch, as given (not this rank's shard).
-        self._sized_empty = [name for name, stream in data.items() if _says_empty(stream)]
+        #: the empty-batch and empty-stream policies (and the streams whose len() is 0, as given).
+        self._empty = EmptyData(data)
         wrapped = {name: adapt_stream(stream, seed) for name, stream in data.items()}
         self.data = self.strategy.shard_data(wrapped, uneven_shards, seed, self._source or "")
         self._plugin_set = plugins if isinstance(plugins, PluginSet) else compose(plugins or {})
@@ -187,7 +176,6 @@ class Loop:
         self._in_epoch = False
         #: the iteration at which the current epoch started (``batch_in_epoch`` is counted from it).
         self._epoch_start = 0
-        self._warned: set[str] = set()
         #: when training stops, and why (on several processes: as every rank agreed).
         self.stopping = self.strategy.make_stop()
         added = self.strategy.hook_objects(self.stopping)
@@ -353,7 +341,8 @@ class Loop:
         return state
 
     def _start(self) -> None:
-        self._check_sized_streams()
+        evaluated = self._schedule(self.eval_every_n_epochs)
+        self._empty.check_sized(self.on_empty_stream, evaluated, self.eval_at_start)
         state = self.strategy.resume_state(self._resume_state)
         if state is not None:
             self.load_state_dict(state)
@@ -530,37 +519,13 @@ class Loop:
                 next(iterator, None)
         return iterator
 
-    def _check_sized_streams(self) -> None:
-        """``on_empty_stream`` for streams whose ``len()`` is 0 (never-evaluated ones aside),
-        before any hook: nothing written yet, no epoch spent before an empty eval stream."""
-        schedule, policy = self._schedule(self.eval_every_n_epochs), self.on_empty_stream
-        for stream in self._sized_empty:
-            if stream == "train" or schedule.get(stream) or self.eval_at_start:
-                message = (
-                    f"stream {stream!r} yielded no batch: it is empty (its len() is 0; found before training)"
-                )
-                if policy == "error":
-                    raise EmptyDataError(
-                        f'{message}; set [loop] on_empty_stream = "warn" or "ignore" to run anyway'
-                    )
-                self._apply(policy, message, f"stream:{stream}")
-
     def _empty_batch(self, stream: str) -> bool:
         """Apply the empty-batch policy; return True to skip the batch."""
-        message = f"stream {stream!r} yielded an empty batch (epoch {self.epoch}, iteration {self.iteration})"
-        self._apply(self.on_empty_batch, message, f"batch:{stream}")
+        self._empty.batch(self.on_empty_batch, stream, self.epoch, self.iteration)
         return True
 
     def _empty_stream(self, stream: str) -> None:
-        message = f"stream {stream!r} yielded no batch (epoch {self.epoch})"
-        self._apply(self.on_empty_stream, message, f"stream:{stream}")
-
-    def _apply(self, policy: str, message: str, key: str) -> None:
-        if policy == "error":
-            raise EmptyDataError(message + "; set [loop] on_empty_batch/on_empty_stream to warn or ignore")
-        if policy == "warn" and key not in self._warned:
-            self._warned.add(key)
-            warnings.warn(message + " (reported once)", RuntimeWarning, stacklevel=3)
+        self._empty.stream(self.on_empty_stream, stream, self.epoch)
 
     # -- signals ------------------------------------------------------------------------------
 
