@@ -1,0 +1,38 @@
+"""``epochal.CompositePlugin``: several plugins ordered, disabled and named as one unit."""
+
+from __future__ import annotations
+
+import pytest
+
+from epochal import CompositePlugin, hookimpl
+from epochal.plugins import compose
+
+
+class Named:
+    def __init__(self, name: str, calls: list[str]) -> None:
+        self.name, self.calls = name, calls
+
+    @hookimpl
+    def before_training(self, loop):
+        self.calls.append(self.name)
+
+
+def test_children_run_together_at_the_composites_place_named_parent_slash_child():
+    calls: list[str] = []
+    bundle = CompositePlugin({"one": Named("one", calls), "two": Named("two", calls)})
+    plugins = compose({"first": Named("first", calls), "bundle": bundle, "last": Named("last", calls)})
+    assert plugins.call_order("before_training") == ["first", "bundle/one", "bundle/two", "last"]
+    assert "bundle/two" in plugins.plugins
+
+
+def test_one_child_can_be_left_out():
+    calls: list[str] = []
+    bundle = CompositePlugin({"one": Named("one", calls), "two": Named("two", calls)})
+    plugins = compose({"bundle": bundle}, disable=["bundle/one"])
+    assert plugins.call_order("before_training") == ["bundle/two"]
+
+
+@pytest.mark.parametrize("name", ["", "a/b"])
+def test_a_child_name_must_be_a_plain_name(name):
+    with pytest.raises(ValueError, match="invalid child plugin name"):
+        CompositePlugin({name: object()})
