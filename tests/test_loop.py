@@ -431,3 +431,72 @@ def test_state_for_plugins_not_in_the_run_is_kept_and_reported():
     with pytest.warns(RuntimeWarning, match="not in this run.*rec"):
         second.load_state_dict(state)
     assert second.state_dict()["plugins"]["rec"]["state"] == {"batches": 2}
+
+
+# -- min_epochs / min_steps: a plugin's stop waits for them -------------------------------------
+
+
+class StopAt:
+    """Asks to stop after batch *batch* (counted over the run), or at the end of epoch *epoch*."""
+
+    def __init__(self, batch: int = 0, epoch: int = 0, signal_instead: bool = False) -> None:
+        self.batch, self.epoch, self.signal_instead = batch, epoch, signal_instead
+
+    @hookimpl
+    def after_batch(self, loop):
+        if loop.iteration == self.batch:
+            if self.signal_instead:
+                import signal
+
+                loop.stopping.interrupt(signal.SIGTERM)
+            else:
+                loop.request_stop("asked")
+
+    @hookimpl
+    def after_epoch(self, loop):
+        if loop.epoch == self.epoch:
+            loop.request_stop("asked at an epoch end")
+
+
+def run_tiny(plugin: object, **options: object) -> Loop:
+    from epochal.examples.tiny import TinyModel, tiny_data
+
+    loop = Loop(TinyModel(), tiny_data(), plugins={"stop": plugin}, handle_signals=False, **options)
+    loop.run()
+    return loop
+
+
+def test_a_stop_asked_before_min_epochs_waits_for_them():
+    loop = run_tiny(StopAt(epoch=1), max_epochs=10, min_epochs=3)
+    assert (loop.epoch, loop.iteration) == (3, 12)
+    assert (
+        loop.log.status["finish_reason"] == "asked at an epoch end (deferred until min_epochs=3, min_steps=0)"
+    )
+    assert run_tiny(StopAt(epoch=1), max_epochs=10).epoch == 1  # without a minimum: at once
+
+
+def test_a_stop_asked_before_min_steps_takes_effect_at_that_batch():
+    loop = run_tiny(StopAt(batch=2), max_epochs=10, min_steps=7)
+    assert loop.iteration == 7 and loop.log.status["finish_reason"].startswith("asked (deferred until")
+    both = run_tiny(StopAt(batch=2), max_epochs=10, min_epochs=2, min_steps=5)
+    assert both.iteration == 8 and both.epoch == 2  # min_steps passed during epoch 2: at its end
+
+
+def test_limits_and_signals_are_not_deferred():
+    assert run_tiny(StopAt(batch=99), max_epochs=2, min_steps=6).iteration == 8
+    signalled = run_tiny(StopAt(batch=2, signal_instead=True), max_epochs=10, min_epochs=5)
+    assert signalled.iteration == 2 and signalled.log.status["status"] == "interrupted"
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"min_epochs": 5, "max_epochs": 3}, r"Loop\(\): min_epochs = 5 is more than max_epochs = 3"),
+        ({"min_steps": 9, "max_iterations": 4}, r"Loop\(\): min_steps = 9 is more than max_iterations = 4"),
+    ],
+)
+def test_a_minimum_above_its_limit_is_one_error(options, message):
+    from epochal.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        run_tiny(StopAt(), **options)

@@ -37,6 +37,8 @@ Policy = Literal["error", "warn", "ignore"]
 OPTIONS = (
     "max_epochs",
     "max_iterations",
+    "min_epochs",
+    "min_steps",
     "seed",
     "eval_every_n_epochs",
     "epoch_size",
@@ -63,6 +65,10 @@ class Loop:
         objects by name in call order, or None.
     :param max_epochs: stop after this many epochs (None: no limit).
     :param max_iterations: stop after this many training batches (None: no limit).
+    :param min_epochs: a plugin's stop request (early stopping, ``finish_after``) made before this
+        many epochs are done is deferred until then (Lightning's ``min_epochs``); limits and
+        signals are not.
+    :param min_steps: likewise, until this many training batches are done.
     :param seed: seed Python's, numpy's (and torch's) global generators at the start of a fresh
         run (None: leave them alone).
     :param eval_every_n_epochs: evaluate every eval stream after every n-th epoch (0: never); a
@@ -99,6 +105,8 @@ class Loop:
         plugins: PluginSet | Mapping[str, object] | None = None,
         max_epochs: NonNegativeInt | None = None,
         max_iterations: NonNegativeInt | None = None,
+        min_epochs: NonNegativeInt = 0,
+        min_steps: NonNegativeInt = 0,
         seed: Seed | None = None,
         eval_every_n_epochs: NonNegativeInt | Mapping[str, NonNegativeInt] = 1,
         eval_at_start: bool = False,
@@ -178,6 +186,8 @@ class Loop:
         self._epoch_start = 0
         #: when training stops, and why (on several processes: as every rank agreed).
         self.stopping = self.strategy.make_stop()
+        self.stopping.minimum(min_epochs, min_steps, (max_epochs, max_iterations), where)
+        self.stopping.progress = lambda: (self.epoch, self.iteration)
         added = self.strategy.hook_objects(self.stopping)
         for name, hooks in added.items():
             self._plugin_set.pm.register(hooks, name=name)
@@ -364,9 +374,7 @@ class Loop:
             if self.max_epochs is not None and self.epoch >= self.max_epochs:
                 stopping.decide(f"max_epochs={self.max_epochs} reached")
                 break
-            if not self._run_epoch():
-                break
-            if stopping.finish_epoch:
+            if not self._run_epoch() or stopping.release() or stopping.finish_epoch:
                 break
 
     def _run_epoch(self) -> bool:
@@ -426,7 +434,7 @@ class Loop:
             if after is not None:
                 after(self, batch, outputs)
             if self.iteration >= stopping.halt:
-                if stopping.reason is None:
+                if not stopping.release():  # a deferred stop's min_steps, else the limit
                     stopping.decide(f"max_iterations={self.max_iterations} reached")
                 return False
         if self.batch_in_epoch == 0 and started == 0:

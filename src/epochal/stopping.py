@@ -19,6 +19,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from epochal.errors import ConfigError
+
 
 class Stop:
     """The stop decision of a run on one process."""
@@ -35,6 +37,15 @@ class Stop:
         #: a first SIGINT asked to finish the current epoch.
         self.finish_asked = False
         self._interrupts = 0
+        #: ``[loop] min_epochs`` / ``min_steps``: a plugin's stop asked before both are reached
+        #: is deferred until then (Lightning's); limits and signals are never deferred.
+        self.min_epochs = 0
+        self.min_steps = 0
+        #: the reason of a stop deferred until the minimum (None: none).
+        self.deferred: str | None = None
+        self._signalled = False
+        #: (epochs completed, training batches completed), read when a stop may be deferred.
+        self.progress: Callable[[], tuple[int, int]] = lambda: (0, 0)
 
     @property
     def done(self) -> bool:
@@ -52,20 +63,68 @@ class Stop:
         return self.signum
 
     def arm(self, limit: int) -> None:
-        """At an epoch's start: the batch loop runs to *limit* unless a stop is decided."""
-        self.halt = limit if self.reason is None else -1
+        """At an epoch's start: the batch loop runs to *limit* unless a stop is decided (or to
+        ``min_steps``, where a deferred stop takes effect, when that comes first)."""
+        if self.reason is not None:
+            self.halt = -1
+        elif self.deferred is not None and self.progress()[0] >= self.min_epochs:
+            self.halt = min(limit, self.min_steps)
+        else:
+            self.halt = limit
 
-    def decide(self, reason: str) -> None:
-        """Training stops after the current batch, for *reason* (the first reason stays)."""
+    def decide(self, reason: str, deferrable: bool = False) -> None:
+        """Training stops after the current batch, for *reason* (the first reason stays).
+
+        *deferrable* (a plugin's request): before ``min_epochs``/``min_steps`` the stop waits
+        for them (:meth:`release` takes it then).
+        """
+        if deferrable and not self.minimum_reached():
+            if self.deferred is None:
+                self.deferred = reason
+                epochs, _ = self.progress()
+                if epochs >= self.min_epochs:  # only the steps are missing: stop at min_steps
+                    self.halt = min(self.halt, self.min_steps)
+            return
         if self.reason is None:
             self.reason = reason
         self.halt = -1
 
+    def minimum(self, epochs: int, steps: int, limits: tuple[int | None, int | None], where: str) -> None:
+        """Defer plugins' stops until *epochs* epochs and *steps* batches are done.
+
+        :raises ConfigError: naming *where* when a minimum is above its limit (``max_epochs``,
+            ``max_iterations``: the two *limits*).
+        """
+        for low, high, value, limit in zip(
+            ("min_epochs", "min_steps"),
+            ("max_epochs", "max_iterations"),
+            (epochs, steps),
+            limits,
+            strict=True,
+        ):
+            if limit is not None and value > limit:
+                raise ConfigError(f"{where}: {low} = {value} is more than {high} = {limit}")
+        self.min_epochs, self.min_steps = epochs, steps
+
+    def minimum_reached(self) -> bool:
+        """Whether ``min_epochs`` epochs and ``min_steps`` batches are completed."""
+        epochs, steps = self.progress()
+        return epochs >= self.min_epochs and steps >= self.min_steps
+
+    def release(self) -> bool:
+        """Take a deferred stop once the minimum is reached; whether training stops now."""
+        if self.deferred is not None and self.reason is None and self.minimum_reached():
+            self.decide(
+                f"{self.deferred} (deferred until min_epochs={self.min_epochs}, min_steps={self.min_steps})"
+            )
+        return self.reason is not None
+
     def request(self, reason: str, agreed: bool = False) -> None:
-        """A stop asked for by a plugin or a signal; on one process it is decided at once."""
+        """A stop asked for by a plugin or a signal; on one process it is decided at once
+        (a plugin's, deferred until the minimum)."""
         if self.requested is None:
             self.requested = reason
-        self.decide(reason)
+        self.decide(reason, deferrable=not self._signalled)
 
     def interrupt(self, signum: int) -> str | None:
         """Take signal *signum*; return the message to print (None: none).
@@ -73,6 +132,7 @@ class Stop:
         :raises KeyboardInterrupt: at the third SIGINT (stop at once, nothing saved).
         """
         self.signum = signum
+        self._signalled = True
         self._interrupts += signum == signal.SIGINT
         name = signal.Signals(signum).name
         if signum == signal.SIGINT and self._interrupts == 1:

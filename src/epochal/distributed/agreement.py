@@ -78,7 +78,7 @@ class AgreedStop(Stop):
         if self.requested is None:
             self.requested = reason
         if agreed:
-            self.decide(reason)
+            self.decide(reason, deferrable=not self._signalled)
 
     def _flags(self, loop: Loop, kind: int) -> list[float]:
         count = loop.batch_in_epoch
@@ -112,14 +112,14 @@ class AgreedStop(Stop):
 
     def _decide(self, loop: Loop, values: list[float]) -> None:
         """Adopt the agreed flags: a stop (with its agreed reason), finishing the epoch."""
-        if values[0] and self.reason is None:
+        if values[0] and self.reason is None and self.deferred is None:
             reasons = self.world.all_gather_object(self.requested)
             asked = [(rank, reason) for rank, reason in enumerate(reasons) if reason is not None]
             reason = asked[0][1]
             if len(asked) < len(reasons):  # a local event: say where it happened
                 ranks = ", ".join(str(r) for r, _ in asked)
                 reason = f"{reason} (on rank{'s' if len(asked) > 1 else ''} {ranks})"
-            self.decide(reason)
+            self.decide(reason, deferrable=not values[2])  # a signal is never deferred
         if values[1]:
             self._finish_agreed = True
         if values[2]:
