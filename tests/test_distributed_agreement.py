@@ -508,7 +508,8 @@ def test_six_standard_plugins_add_at_most_one_collective_per_n_steps(monkeypatch
     # beyond the model's gradients, after the calibration: one agreement per n steps, nothing else
     others = [(i, name) for i, name in steps if name != "all_reduce_arrays"]
     steady = [(i, name) for i, name in others if i > CALIBRATION_BATCHES]
-    assert len(steady) <= (loop.iteration - CALIBRATION_BATCHES) / every
     assert {name for _, name in steady} == {"all_reduce_async"}
+    assert all(i % every == 0 for i, _ in steady)
+    assert len(steady) == loop.iteration // every - CALIBRATION_BATCHES // every <= loop.iteration / every
     # the calibration's one-off: one agreement per batch, its round trips and the proposal
     assert len(others) - len(steady) == CALIBRATION_BATCHES - 1 + ROUND_TRIPS + 1
