@@ -11,6 +11,10 @@ counted). The cases, each on 1 process (plain ``python``) and on 2 (``torch.dist
   ``zero_grad / forward / loss / backward / step``, the loss read on the host every 100 steps.
 * ``epochal``: ``Loop(TorchModel(module, ...), {"train": BatchStream(...)}, plugins={})``: the
   loop shards the stream and wraps the module in DDP itself.
+* ``six`` and ``six-before`` (issue 32): the same with the six standard plugins (monitor writing
+  a running record every batch, early_stopping, checkpoint, sqlite_log, timing, progress);
+  ``six`` with the defaults, ``six-before`` with the options that keep the collectives of
+  before issue 32 (``agree_every_n_batches = 1``, monitor ``reduce = "step"``).
 
 Rounds are interleaved (every case once per round); the medians are reported with the ratios
 epochal/raw (time per example: goal <= 1.05) and 2 processes / 1 process (throughput).
@@ -35,7 +39,8 @@ EPOCHS = int(os.environ.get("BENCH_EPOCHS", 2))
 N = int(os.environ.get("BENCH_N", 12800))
 BATCH = int(os.environ.get("BENCH_BATCH", 64))
 WIDTH = int(os.environ.get("BENCH_WIDTH", 256))
-CASES = ("raw", "epochal")
+CASES = ("raw", "epochal", "six", "six-before")
+SIX = ("monitor", "early_stopping", "checkpoint", "sqlite_log", "timing", "progress")
 
 
 def setup() -> tuple[Any, Any, Any, Any]:
@@ -86,16 +91,36 @@ def run_raw(world: Any, module: Any, optimizer: Any, x: Any, y: Any) -> Callable
     return run
 
 
-def run_epochal(world: Any, module: Any, optimizer: Any, x: Any, y: Any) -> Callable[[], int]:
+def run_epochal(
+    world: Any, module: Any, optimizer: Any, x: Any, y: Any, case: str = "epochal"
+) -> Callable[[], int]:
+    import atexit
+    import shutil
+    import tempfile
+    from dataclasses import replace
+
     import torch
 
-    from epochal import Loop
+    from epochal import Loop, load_plugins
     from epochal.data import BatchStream
     from epochal.torch import TorchModel
 
     model = TorchModel(module, optimizer, torch.nn.functional.cross_entropy, device="cpu")
     data = {"train": BatchStream(x, y, batch_size=BATCH, seed=0)}
-    loop = Loop(model, data, plugins={}, max_epochs=EPOCHS, world=world, handle_signals=False)
+    plugins: Any = {}
+    if case.startswith("six"):
+        before = case == "six-before"
+        world = replace(world, agree_every_n_batches=1 if before else "auto")
+        directory = tempfile.mkdtemp(prefix="bench-ddp-")
+        atexit.register(shutil.rmtree, directory, ignore_errors=True)
+        options = {
+            "monitor": {"every_n_batches": 1, "reduce": "step" if before else "epoch"},
+            "early_stopping": {"monitor": "train.loss"},
+            "checkpoint": {"dir": f"{directory}/checkpoints"},
+            "sqlite_log": {"path": f"{directory}/log.sqlite"},
+        }
+        plugins = load_plugins(order=SIX, autoload=False, options=options)
+    loop = Loop(model, data, plugins=plugins, max_epochs=EPOCHS, world=world, handle_signals=False)
 
     def run() -> int:
         loop.run()
@@ -110,7 +135,10 @@ def worker(case: str) -> None:
 
     world = init_from_env()
     module, optimizer, x, y = setup()
-    run = (run_raw if case == "raw" else run_epochal)(world, module, optimizer, x, y)  # built off the clock
+    if case == "raw":
+        run = run_raw(world, module, optimizer, x, y)  # built off the clock
+    else:
+        run = run_epochal(world, module, optimizer, x, y, case)
     world.barrier()
     started = time.perf_counter()
     steps = run()
@@ -159,8 +187,9 @@ def main() -> None:
         print(f"| {case} | {nproc} | {value:.2f} | {1e6 / value:,.0f} | {versus:.3f}x | {scaling:.2f}x |")
     print("\nmedians of the per-round ratios (each round's cases ran back to back):")
     for nproc in (1, 2):
-        paired = [e / r for e, r in zip(times[("epochal", nproc)], times[("raw", nproc)])]
-        print(f"- epochal / raw on {nproc} process(es): {statistics.median(paired):.3f}x")
+        for case in CASES[1:]:
+            paired = [e / r for e, r in zip(times[(case, nproc)], times[("raw", nproc)])]
+            print(f"- {case} / raw on {nproc} process(es): {statistics.median(paired):.3f}x")
     for case in CASES:
         paired = [one / two for one, two in zip(times[(case, 1)], times[(case, 2)])]
         print(f"- {case}: throughput of 2 processes / 1 process: {statistics.median(paired):.2f}x")

@@ -14,10 +14,17 @@ from typing import Any
 
 import pytest
 
+import epochal.distributed.agreement as agreement
 import epochal.distributed.world as world_module
-from epochal import CompositePlugin, Loop, PluginError, hookimpl
+from epochal import CompositePlugin, Loop, PluginError, hookimpl, load_plugins
 from epochal.distributed import World
-from epochal.distributed.agreement import RanksOutOfStepError
+from epochal.distributed.agreement import (
+    CALIBRATION_BATCHES,
+    MAX_EVERY,
+    ROUND_TRIPS,
+    RanksOutOfStepError,
+    choose_every,
+)
 from epochal.distributed.state import WorldSizeError
 from epochal.plugins import compose
 from epochal.stopping import Stop
@@ -56,7 +63,12 @@ class PeerWorld:
     peer_finish: bool = False
     peer_signal: int = 0
     peer_out_of_step: bool = False
-    agree_every_n_batches: int = 1
+    #: the n the peer proposes at the end of an "auto" calibration (None: this rank's)
+    peer_every: int | None = None
+    agree_every_n_batches: int | str = 1
+    #: seconds each collective takes on *clock* (a scripted clock, when given)
+    round_trip: float = 0.0
+    clock: Any = None
     rank: int = 0
     size: int = 2
     local_rank: int = 0
@@ -81,11 +93,17 @@ class PeerWorld:
         peer[2] = float(self.peer_signal)
         if self.peer_out_of_step:
             peer[3], peer[4] = float(1 - kind if kind < 2 else 0), -float(1 - kind if kind < 2 else 0)
+        if len(values) == 8 and self.peer_every is not None:  # the calibration's proposal
+            peer[7] = float(self.peer_every)
         return peer
 
     def all_reduce(self, values: Any, op: str = "sum") -> list[float]:
         values = [float(v) for v in values]
         self.reductions.append(values)
+        if self.clock is not None:
+            self.clock.now += self.round_trip
+        if len(values) < 7:  # not stop flags: the timed round trips, evaluation sums
+            return [2 * v for v in values] if op == "sum" else values
         if op == "sum":  # the peer evaluated the same batches: everything doubles
             return [2 * v for v in values]
         peer = self._peer(values)
@@ -308,3 +326,190 @@ def test_an_instance_attribute_named_rank_is_not_a_declaration():
             pass
 
     assert {i.name: i.rank for i in compose({"mine": Mine()}).infos}["mine"] == "all"
+
+
+# -- agree_every_n_batches = "auto" ------------------------------------------------------------
+
+
+class Clock:
+    """A scripted clock: collectives and steps advance it by what they are said to take."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Step:
+    """Each training step takes *seconds* on the scripted clock."""
+
+    def __init__(self, clock: Clock, seconds: float) -> None:
+        self.clock, self.seconds = clock, seconds
+
+    @hookimpl
+    def before_batch(self) -> None:
+        self.clock.now += self.seconds
+
+
+def auto_world(monkeypatch: pytest.MonkeyPatch, round_trip: float, **peer: Any) -> tuple[PeerWorld, Clock]:
+    clock = Clock()
+    monkeypatch.setattr(agreement, "_clock", clock)
+    return PeerWorld(agree_every_n_batches="auto", round_trip=round_trip, clock=clock, **peer), clock
+
+
+def test_choose_every_keeps_one_round_trip_within_one_percent_of_n_steps():
+    assert choose_every(0.001, 0.01) == 10  # 1 ms per 10 steps of 10 ms: 1%
+    assert choose_every(0.001, 0.2) == 1
+    assert choose_every(0.0005, 0.0007) == 72
+    assert choose_every(0.001, 1e-6) == MAX_EVERY  # bounded: a request waits at most 2n batches
+    assert choose_every(0.001, 0.0) == MAX_EVERY and choose_every(0.0, 0.01) == 1
+    for round_trip, step in [(0.001, 0.01), (0.0005, 0.0007), (0.003, 0.05)]:
+        n = choose_every(round_trip, step)
+        assert round_trip <= 0.01 * n * step and (n == 1 or round_trip > 0.01 * (n - 1) * step)
+
+
+def test_auto_calibrates_from_the_measured_round_trip_and_step_then_agrees_every_n(monkeypatch):
+    world, clock = auto_world(monkeypatch, round_trip=0.001)
+    loop = run(world, {"step": Step(clock, 0.01)}, examples=1024, max_epochs=1)  # 64 batches
+    stop = loop.stopping
+    assert stop.calibration is not None
+    assert stop.calibration["round_trip"] == pytest.approx(0.001)
+    assert stop.calibration["step"] == pytest.approx(0.01)
+    assert stop.every == 10
+    flags = [values for values in world.reductions if len(values) >= 7 and values[3] == 0]
+    # every batch while calibrating, the calibration's own (with the proposal), then at 20 … 60
+    assert len(flags) == CALIBRATION_BATCHES - 1 + 1 + 5
+    assert len([values for values in world.reductions if len(values) == 1]) == ROUND_TRIPS
+
+
+def test_auto_every_rank_adopts_the_largest_proposal(monkeypatch):
+    world, clock = auto_world(monkeypatch, round_trip=0.001, peer_every=32)
+    loop = run(world, {"step": Step(clock, 0.01)}, examples=1024, max_epochs=1)
+    assert loop.stopping.calibration is not None and loop.stopping.calibration["proposed"] == 10
+    assert loop.stopping.every == 32
+
+
+def test_auto_a_request_of_the_peer_stops_every_rank_within_2n_batches(monkeypatch):
+    world, clock = auto_world(monkeypatch, round_trip=0.001, peer_stop_after=25)
+    loop = run(world, {"step": Step(clock, 0.01)}, examples=1024, max_epochs=2)
+    # n = 10: the agreement started after batch 30 carries the request; it is read after 40
+    assert loop.iteration == 40
+    assert loop.log.status["finish_reason"] == "peer asked (on rank 1)"
+
+
+def test_auto_a_request_while_calibrating_stops_one_batch_later(monkeypatch):
+    world, clock = auto_world(monkeypatch, round_trip=0.001, peer_stop_after=5)
+    loop = run(world, {"step": Step(clock, 0.01)}, examples=1024, max_epochs=1)
+    assert loop.iteration == 6 and loop.stopping.calibration is None
+
+
+def test_auto_is_the_default_of_the_distributed_section():
+    import inspect
+
+    assert World().agree_every_n_batches == "auto"
+    default = inspect.signature(world_module.init_from_env).parameters["agree_every_n_batches"].default
+    assert default == "auto"
+
+
+# -- collectives per step with the six standard plugins ----------------------------------------
+
+
+class Phases:
+    """Names the stage the loop is in, for the collectives counted by :class:`CountingWorld`."""
+
+    def __init__(self) -> None:
+        self.phase, self.iteration = "start", 0
+
+    @hookimpl(tryfirst=True)
+    def before_batch(self, loop: Any) -> None:
+        self.phase, self.iteration = "step", loop.iteration + 1
+
+    @hookimpl(tryfirst=True)
+    def before_evaluation(self) -> None:
+        self.phase = "evaluation"
+
+    @hookimpl(tryfirst=True)
+    def after_epoch(self) -> None:
+        self.phase = "epoch end"
+
+    @hookimpl(tryfirst=True)
+    def after_training(self) -> None:
+        self.phase = "end"
+
+
+@dataclass
+class CountingWorld(PeerWorld):
+    """Records every collective with the stage and the training step it was made in."""
+
+    phases: Phases = field(default_factory=Phases)
+    calls: list[tuple[str, int, str]] = field(default_factory=list)
+
+    def _count(self, name: str) -> None:
+        self.calls.append((self.phases.phase, self.phases.iteration, name))
+
+    def all_reduce(self, values: Any, op: str = "sum") -> list[float]:
+        self._count("all_reduce")
+        return super().all_reduce(values, op)
+
+    def all_reduce_async(self, values: Any, op: str = "max") -> Any:
+        self._count("all_reduce_async")
+        result = PeerWorld.all_reduce(self, values, op)  # the same reduction, counted once
+
+        class Done:
+            def wait(self) -> list[float]:
+                return result
+
+        return Done()
+
+    def all_reduce_arrays(self, arrays: Any, op: str = "sum") -> list[Any]:
+        self._count("all_reduce_arrays")
+        return super().all_reduce_arrays(arrays, op)
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        self._count("all_gather_object")
+        return super().all_gather_object(obj)
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        self._count("broadcast_object")
+        return super().broadcast_object(obj, src)
+
+    def barrier(self) -> None:
+        self._count("barrier")
+
+
+@pytest.mark.parametrize("running", [0, 1])
+def test_six_standard_plugins_add_at_most_one_collective_per_n_steps(monkeypatch, tmp_path, running):
+    clock = Clock()
+    monkeypatch.setattr(agreement, "_clock", clock)
+    world = CountingWorld(agree_every_n_batches="auto", round_trip=0.001, clock=clock)
+    six = ["monitor", "early_stopping", "checkpoint", "sqlite_log", "timing", "progress"]
+    plugins = load_plugins(
+        order=six,
+        autoload=False,
+        options={"monitor": {"every_n_batches": running}, "early_stopping": {"monitor": "valid.loss"}},
+        extra={"phases": world.phases, "counter": Counter(world), "step": Step(clock, 0.005)},
+    )
+    assert [name for name in plugins.plugins if name in six] == six
+    loop = Loop(
+        TinyModel(),
+        tiny_data(examples=2048),  # 128 batches of 8 per rank and epoch
+        plugins=plugins,
+        world=world,  # type: ignore[arg-type]
+        max_epochs=2,
+        run_dir=tmp_path,
+        handle_signals=False,
+    )
+    loop.run()
+    every = loop.stopping.every
+    assert every == 20  # 1 ms per 20 steps of 5 ms: 1%
+    steps = [(i, name) for phase, i, name in world.calls if phase == "step"]
+    assert len([1 for _, name in steps if name == "all_reduce_arrays"]) == loop.iteration == 256
+    # beyond the model's gradients, after the calibration: one agreement per n steps, nothing else
+    others = [(i, name) for i, name in steps if name != "all_reduce_arrays"]
+    steady = [(i, name) for i, name in others if i > CALIBRATION_BATCHES]
+    assert {name for _, name in steady} == {"all_reduce_async"}
+    assert all(i % every == 0 for i, _ in steady)
+    assert len(steady) == loop.iteration // every - CALIBRATION_BATCHES // every <= loop.iteration / every
+    # the calibration's one-off: one agreement per batch, its round trips and the proposal
+    assert len(others) - len(steady) == CALIBRATION_BATCHES - 1 + ROUND_TRIPS + 1

@@ -5,9 +5,15 @@ signal (SIGTERM, a first or second SIGINT) or a wish to finish the epoch arrives
 process. Acted on locally it leaves the other ranks waiting in their next collective for a peer
 that is gone. So on several processes the loop acts only on what the ranks agree:
 
-* after every training batch each rank starts an asynchronous MAX all-reduce of its few local
-  flags over the gloo control group and reads the previous batch's result (already there, as a
-  rule): a request made on any rank during batch *k* stops every rank after batch *k + 1*;
+* after every n-th training batch each rank starts an asynchronous MAX all-reduce of its few
+  local flags over the gloo control group and reads the previous agreement's result (already
+  there, as a rule): with n = 1 a request made on any rank during batch *k* stops every rank
+  after batch *k + 1*; with n > 1 within 2n batches, on every rank at the same one;
+* n is ``[distributed] agree_every_n_batches``; ``"auto"`` (the default) agrees after every batch
+  during the run's first :data:`CALIBRATION_BATCHES` batches, then times a few blocking
+  all-reduces and picks the smallest n (1 … :data:`MAX_EVERY`) for which one round trip per n
+  steps costs at most :data:`BUDGET` (1%) of those n steps; the ranks adopt the largest n any of
+  them proposed (one more all-reduce, once per run), so they agree at the same batches;
 * at every epoch end a blocking all-reduce agrees on the flags raised during the epoch's last
   batch and its evaluation (so early stopping on an evaluated metric stops at that epoch's end,
   as on one process) and checks that every rank ran the same number of batches;
@@ -22,6 +28,9 @@ that is gone. So on several processes the loop acts only on what the ranks agree
 
 from __future__ import annotations
 
+import math
+import statistics
+import time
 from typing import TYPE_CHECKING, Any
 
 from epochal._markers import hookimpl
@@ -38,6 +47,28 @@ Loop = Any
 _BATCH, _EPOCH_END, _END = 0, 1, 2
 _WHERE = {_BATCH: "after a training batch", _EPOCH_END: "at an epoch end", _END: "at the end of training"}
 
+#: with ``agree_every_n_batches = "auto"``: batches agreed one by one while the steps are timed.
+CALIBRATION_BATCHES = 16
+#: blocking all-reduces timed at the end of the calibration (their median is the round trip).
+ROUND_TRIPS = 5
+#: the share of the steps' time one agreement may cost.
+BUDGET = 0.01
+#: the largest n "auto" picks: a local stop request waits at most 2n batches.
+MAX_EVERY = 128
+
+#: the clock the calibration reads (tests replace it with a scripted one).
+_clock = time.perf_counter
+
+
+def choose_every(round_trip: float, step: float) -> int:
+    """The smallest n in 1 … MAX_EVERY such that *round_trip* ≤ BUDGET × n × *step* (seconds)."""
+    if round_trip <= 0:
+        return 1
+    if step <= 0:
+        return MAX_EVERY
+    # a relative 1e-6 off the ratio: 10.000000000000002 (float noise of timed seconds) is 10
+    return max(1, min(MAX_EVERY, math.ceil(round_trip / (BUDGET * step) * (1 - 1e-6))))
+
 
 class RanksOutOfStepError(EpochalError):
     """The ranks ran different numbers of batches (their streams are not sharded evenly)."""
@@ -49,7 +80,16 @@ class AgreedStop(Stop):
     def __init__(self, world: World) -> None:
         super().__init__()
         self.world = world
-        self.every = max(1, int(getattr(world, "agree_every_n_batches", 1)))
+        every = getattr(world, "agree_every_n_batches", 1)
+        #: agree after every n-th batch (1 during the calibration of ``"auto"``).
+        self.every = 1 if every == "auto" else max(1, int(every))
+        #: ``"auto"``: the batches still to time before n is chosen (0: chosen, or fixed).
+        self._calibrating = CALIBRATION_BATCHES if every == "auto" else 0
+        #: the calibration's measures: seconds between this hook's calls, less its own time.
+        self._steps: list[float] = []
+        self._left: float | None = None
+        #: what the calibration measured and chose (None before it ends): for reports and tests.
+        self.calibration: dict[str, float] | None = None
         self._pending: Any = None
         self._pending_kind = _BATCH
         #: every rank agreed to finish the epoch.
@@ -136,10 +176,18 @@ class AgreedStop(Stop):
         """Read the previous batch's agreement (stop now if any rank asked), start this one's.
 
         With ``agree_every_n_batches = n`` only after every n-th batch of the run: the
-        previous agreement is then n batches old.
+        previous agreement is then n batches old. With ``"auto"``, the calibration's last batch
+        chooses n (:meth:`_calibrate`).
         """
+        if self._calibrating:
+            self._time_step(loop)
+            return
         if self.every > 1 and loop.iteration % self.every:
             return
+        self._agree_now(loop)
+
+    def _agree_now(self, loop: Loop) -> None:
+        """Read the pending agreement (stop if any rank asked), start the next one."""
         pending, self._pending = self._pending, None
         if pending is not None:
             values = pending.wait()
@@ -149,6 +197,40 @@ class AgreedStop(Stop):
         if self.reason is None:
             self._pending = self.world.all_reduce_async(self._flags(loop, _BATCH), "max")
             self._pending_kind = _BATCH
+
+    def _time_step(self, loop: Loop) -> None:
+        """A calibration batch: agree as with n = 1, and time the step this hook ends."""
+        entered = _clock()
+        if self._left is not None:
+            self._steps.append(entered - self._left)
+        self._calibrating -= 1
+        if self._calibrating:
+            self._agree_now(loop)
+        else:
+            self._calibrate(loop)
+        self._left = _clock()
+
+    def _calibrate(self, loop: Loop) -> None:
+        """Time a few round trips; every rank adopts the largest n any rank proposes.
+
+        Blocking, at the same batch on every rank; the last all-reduce carries this batch's
+        flags too, so no agreement is skipped.
+        """
+        self._settle_pending(loop)
+        times = []
+        for _ in range(ROUND_TRIPS):
+            started = _clock()
+            self.world.all_reduce([0.0], "max")
+            times.append(_clock() - started)
+        round_trip = statistics.median(times)
+        step = statistics.median(self._steps) if self._steps else 0.0
+        proposed = choose_every(round_trip, step)
+        values = self.world.all_reduce([*self._flags(loop, _BATCH), proposed], "max")
+        self._check(loop, values, _BATCH)
+        self.every = int(values[-1])
+        self.calibration = {"round_trip": round_trip, "step": step, "proposed": proposed, "every": self.every}
+        if values[0]:
+            self._decide(loop, values)
 
     @hookimpl(trylast=True)
     def after_epoch(self, loop: Loop) -> None:

@@ -63,7 +63,8 @@ class World:
     backend: str | None = None
     #: how often the ranks agree on stop requests: after every n-th training batch (and at every
     #: epoch end); a request is honoured within 2n batches, on every rank at the same one.
-    agree_every_n_batches: int = 1
+    #: ``"auto"``: n chosen from the measured round trip and step time (see ``agreement``).
+    agree_every_n_batches: int | Literal["auto"] = "auto"
     _control: Any = field(default=None, repr=False, compare=False)
 
     @property
@@ -240,7 +241,7 @@ def check_backend(backend: str | None, where: str = "[distributed] backend") -> 
 def init_from_env(
     backend: Literal["auto", "gloo", "nccl"] | None = None,
     timeout: PositiveFloat = DEFAULT_TIMEOUT,
-    agree_every_n_batches: PositiveInt = 1,
+    agree_every_n_batches: PositiveInt | Literal["auto"] = "auto",
 ) -> World:
     """Join the process group the launcher's environment describes; return this process's world.
 
@@ -252,8 +253,9 @@ def init_from_env(
     :param timeout: seconds a collective waits for a peer before the run fails (a dead rank must
         not hang the others).
     :param agree_every_n_batches: how often the ranks agree on stop requests and signals: after
-        every n-th batch (and at every epoch end); a request is honoured within 2n batches. Raise
-        it when training steps are shorter than a network round trip.
+        every n-th batch (and at every epoch end); a request is honoured within 2n batches.
+        ``"auto"`` (the default) times the first batches and a few round trips, then picks the
+        smallest n (1 to 128) for which the agreement costs at most 1% of the steps' time.
     """
     global _current
     options = {"backend": backend, "timeout": timeout, "agree_every_n_batches": agree_every_n_batches}

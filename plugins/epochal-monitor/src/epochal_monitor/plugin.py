@@ -9,6 +9,10 @@ non-finite values once per metric.
 Sums are kept in float64 and added in batch order; the accumulators of an unfinished epoch are part
 of :meth:`Monitor.state_dict`, so a run resumed in the middle of an epoch writes bitwise the same
 ``train.*`` records as an uninterrupted one.
+
+On several processes the epoch records are reduced across the ranks at the epoch end (one
+collective per epoch); the running records are each rank's own, so that logging every step adds
+no collective to a step (``reduce = "step"`` reduces each running record too, as before).
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from epochal.protocol import Phase, Rank
 from epochal.triggers import every_n_batches as _every_n_batches
 
 Aggregation = Literal["mean", "sum", "min", "max", "last"]
+#: which records are reduced across the ranks: the epoch's only, or the running ones too.
+Reduce = Literal["epoch", "step"]
 AGGREGATIONS: tuple[str, ...] = ("mean", "sum", "min", "max", "last")
 _MEAN, _SUM, _MIN, _MAX, _LAST = range(5)
 #: aggregations that need no comparison, so device scalars are summed without being read.
@@ -81,11 +87,15 @@ class Monitor:
         mean (weighted by batch size), sum, min, max, last.
     :param default_aggregation: the aggregation of metrics not named in *aggregation*.
     :param prefix: the prefix of the records (``train`` gives ``train.loss``).
+    :param reduce: on several processes, which records are reduced across the ranks: ``"epoch"``
+        (``train.<metric>`` at the epoch end, one collective per epoch; the running records are
+        each rank's own, rank 0's in the log) or ``"step"`` (the running records too, one
+        collective per running record: with ``every_n_batches = 1``, one per step).
     """
 
     phase: ClassVar[Phase] = "measure"  # its records come first
-    #: on several processes every rank accumulates its own batches, and each record is reduced
-    #: across the ranks when it is written (one collective per record), so all ranks log it alike.
+    #: on several processes every rank accumulates its own batches; the epoch records are reduced
+    #: across the ranks at the epoch end, so all ranks log them alike (see *reduce*).
     rank: ClassVar[Rank] = "all"
 
     def __init__(
@@ -96,6 +106,7 @@ class Monitor:
         aggregation: dict[str, str] | None = None,
         default_aggregation: Aggregation = "mean",
         prefix: str = "train",
+        reduce: Reduce = "epoch",
     ) -> None:
         self.every_n_epochs = _non_negative("every_n_epochs", every_n_epochs)
         self.at_start = at_start
@@ -115,11 +126,14 @@ class Monitor:
         if not prefix or not isinstance(prefix, str):
             raise _option_error("prefix", f"must be a non-empty string, not {prefix!r}")
         self.prefix = prefix
+        self.reduce = reduce
         self._running_due = _every_n_batches(self.every_n_batches)
         self._reset()
         self._batch_size: Any = None
         #: the run's world when it has several processes (records are reduced across them).
         self._world: Any = None
+        #: the running records are reduced across the ranks (several processes, reduce="step").
+        self._reduce_steps = False
 
     def _reset(self) -> None:
         """Forget every accumulator and report: the state of a plugin that has seen no run."""
@@ -190,14 +204,14 @@ class Monitor:
             return float(a / b) if b else _NAN
         return float(a) if a is not None else _NAN
 
-    def _results(self, accs: dict[str, list[Any]]) -> dict[str, float]:
-        """The records of *accs*; on several processes, of every rank's accumulators together.
+    def _results(self, accs: dict[str, list[Any]], across: bool = True) -> dict[str, float]:
+        """The records of *accs*; on several processes (and *across*), of every rank's together.
 
         One all-gather per record; every rank combines the same values in rank order, so every
         rank writes bitwise the same records: mean = the sums over the ranks' summed sizes, sum,
         min and max over every rank's batches, last = the mean of the ranks' last values.
         """
-        if self._world is None:
+        if self._world is None or not across:
             return {key: self._result(acc) for key, acc in accs.items()}
         for acc in accs.values():
             self._settle(acc)
@@ -246,6 +260,7 @@ class Monitor:
         self._batch_size = batch_size
         world = getattr(loop, "world", None)
         self._world = world if world is not None and world.distributed else None
+        self._reduce_steps = self._world is not None and self.reduce == "step"
 
     @hookimpl
     def before_epoch(self) -> None:
@@ -256,7 +271,7 @@ class Monitor:
     def after_batch(self, loop: Any, batch: Any, outputs: Mapping[str, Any]) -> None:
         """Add the batch's metrics to the accumulators (and write running records when due)."""
         every = self.every_n_batches
-        if every > 1 or self._world is not None:
+        if every > 1 or self._reduce_steps:
             self._after_batch(loop, batch, outputs)
             return
         if every == 0:
@@ -374,7 +389,7 @@ class Monitor:
         if running and self._running_due(loop):
             row = loop.log.current_row
             prefix = self.prefix
-            for key, value in self._results(window).items():
+            for key, value in self._results(window, self._reduce_steps).items():
                 row[f"{prefix}.{key}.running"] = value
             self._window = {}
 
