@@ -23,7 +23,9 @@ an untimed warm-up round first; medians):
 The adapter's own share is printed beneath each table: the time of ``loop.state_dict()`` in
 the save and of ``loop.load_state_dict()`` in the load (the rest is the storage layer).
 Save and load ratios are the raw time over the case's time (1.0: as fast as the floor; the
-targets of issue 32: epochal >= 0.8 from 64 MB to 1 GB). Each case also gives the median of
+targets of issue 32: epochal >= 0.8 from 64 MB to 1 GB), in wall time and in process CPU time
+(user + system: on a shared virtual machine the wall time of a first touch of fresh memory
+swings by up to 10x between rounds; a save's CPU time leaves out the wait for the disk). Each case also gives the median of
 its minor page faults (``ru_minflt``: fresh memory touched, e.g. a buffer allocated per save).
 From 256 MB on, ``os.sync()`` runs (untimed) before each save, so no case pays for the
 previous one's writeback. Loads read from the page cache (the files were just written).
@@ -167,13 +169,13 @@ def epochal_load(path: Path, loop: Loop, parts: dict[str, float]) -> None:
     parts["adapter"] = time.perf_counter() - started
 
 
-def timed(call: Callable[[], Any]) -> tuple[float, int]:
-    """Wall seconds and minor page faults of one call."""
+def timed(call: Callable[[], Any]) -> tuple[float, float, int]:
+    """Wall seconds, process CPU seconds and minor page faults of one call."""
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     call()
-    elapsed = time.perf_counter() - started
-    return elapsed, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+    return elapsed, cpu, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
 
 
 SAVES = ("raw", "torch.save", "safetensors", "epochal")
@@ -188,6 +190,7 @@ def measure(directory: Path, size_mb: int, rounds: int) -> dict[str, Any]:
     state_bytes = sum(a.nbytes for a in arrays)
     names = [f"save {k}" for k in SAVES] + [f"load {k}" for k in LOADS]
     times: dict[str, list[float]] = {k: [] for k in names}
+    cpu: dict[str, list[float]] = {k: [] for k in names}
     faults: dict[str, list[int]] = {k: [] for k in times}
     adapter: dict[str, list[float]] = {"save": [], "load": []}
     parts: dict[str, float] = {}
@@ -205,9 +208,10 @@ def measure(directory: Path, size_mb: int, rounds: int) -> dict[str, Any]:
         for name in order:
             if size_mb >= 256:
                 os.sync()
-            seconds, count = timed(saves[name])
+            seconds, cpu_seconds, count = timed(saves[name])
             if number >= 0:
                 times[f"save {name}"].append(seconds)
+                cpu[f"save {name}"].append(cpu_seconds)
                 faults[f"save {name}"].append(count)
                 if name == "epochal":
                     adapter["save"].append(parts["adapter"])
@@ -218,9 +222,10 @@ def measure(directory: Path, size_mb: int, rounds: int) -> dict[str, Any]:
             "epochal": lambda: epochal_load(paths["epochal"], target_loop, parts),  # noqa: B023
         }
         for name in LOADS[number % len(LOADS) :] + LOADS[: number % len(LOADS)]:
-            seconds, count = timed(loads[name])
+            seconds, cpu_seconds, count = timed(loads[name])
             if number >= 0:
                 times[f"load {name}"].append(seconds)
+                cpu[f"load {name}"].append(cpu_seconds)
                 faults[f"load {name}"].append(count)
                 if name == "epochal":
                     adapter["load"].append(parts["adapter"])
@@ -228,6 +233,8 @@ def measure(directory: Path, size_mb: int, rounds: int) -> dict[str, Any]:
         assert all(torch.equal(a, b) for a, b in zip(module.parameters(), target.parameters(), strict=True))
         shutil.rmtree(here)
     medians = {k: statistics.median(v) for k, v in times.items()}
+    cpu_medians = {k: statistics.median(v) for k, v in cpu.items()}
+    raw = {"save": "save raw", "load": "load raw"}
     return {
         "MB": size_mb,
         "bytes": state_bytes,
@@ -236,24 +243,34 @@ def measure(directory: Path, size_mb: int, rounds: int) -> dict[str, Any]:
         "ratio": {
             k: medians[f"{k.split()[0]} raw"] / v for k, v in medians.items() if not k.endswith(" raw")
         },
+        "cpu_ratio": {
+            k: cpu_medians[f"{k.split()[0]} raw"] / v
+            for k, v in cpu_medians.items()
+            if not k.endswith(" raw")
+        },
         "faults": {k: int(statistics.median(v)) for k, v in faults.items()},
         "adapter_ms": {k: statistics.median(v) * 1e3 for k, v in adapter.items()},
     }
 
 
 def report(result: dict[str, Any]) -> None:
-    ms, ratio, faults = result["ms"], result["ratio"], result["faults"]
+    ms, ratio, faults, cpu = result["ms"], result["ratio"], result["faults"], result["cpu_ratio"]
     size, count = result["MB"], result["rounds"]
     print(f"\n### {size} MB state ({result['bytes'] / MB:.0f} MiB of tensors), {count} rounds\n")
-    print("| case | save ms | save: raw / case | save faults | load ms | load: raw / case | load faults |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| case | save ms | save: raw / case | save, CPU: raw / case | save faults "
+        "| load ms | load: raw / case | load, CPU: raw / case | load faults |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for save, load in zip(SAVES, LOADS, strict=True):
         label = save if save == load else f"{save} / {load}"
         save_ratio = "1" if save == "raw" else f"**{ratio[f'save {save}']:.2f}x**"
         load_ratio = "1" if load == "raw" else f"**{ratio[f'load {load}']:.2f}x**"
+        save_cpu = "1" if save == "raw" else f"{cpu[f'save {save}']:.2f}x"
+        load_cpu = "1" if load == "raw" else f"{cpu[f'load {load}']:.2f}x"
         print(
-            f"| {label} | {ms[f'save {save}']:.1f} | {save_ratio} | {faults[f'save {save}']} "
-            f"| {ms[f'load {load}']:.1f} | {load_ratio} | {faults[f'load {load}']} |"
+            f"| {label} | {ms[f'save {save}']:.1f} | {save_ratio} | {save_cpu} | {faults[f'save {save}']} "
+            f"| {ms[f'load {load}']:.1f} | {load_ratio} | {load_cpu} | {faults[f'load {load}']} |"
         )
     parts = result["adapter_ms"]
     print(
