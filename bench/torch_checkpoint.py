@@ -25,8 +25,9 @@ the save and of ``loop.load_state_dict()`` in the load (the rest is the storage 
 Save and load ratios are the raw time over the case's time (1.0: as fast as the floor; the
 targets of issue 32: epochal >= 0.8 from 64 MB to 1 GB), in wall time and in process CPU time
 (user + system: on a shared virtual machine the wall time of a first touch of fresh memory
-swings by up to 10x between rounds; a save's CPU time leaves out the wait for the disk). Each case also gives the median of
-its minor page faults (``ru_minflt``: fresh memory touched, e.g. a buffer allocated per save).
+swings by up to 10x between rounds; a save's CPU time leaves out the wait for the disk). Each
+case also gives the median of its minor page faults (``ru_minflt``: fresh memory touched, e.g.
+a buffer allocated per save).
 From 256 MB on, ``os.sync()`` runs (untimed) before each save, so no case pays for the
 previous one's writeback. Loads read from the page cache (the files were just written).
 
@@ -234,7 +235,6 @@ def measure(directory: Path, size_mb: int, rounds: int) -> dict[str, Any]:
         shutil.rmtree(here)
     medians = {k: statistics.median(v) for k, v in times.items()}
     cpu_medians = {k: statistics.median(v) for k, v in cpu.items()}
-    raw = {"save": "save raw", "load": "load raw"}
     return {
         "MB": size_mb,
         "bytes": state_bytes,
