@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable
 
@@ -109,13 +110,86 @@ def test_a_model_that_has_not_stepped_round_trips_both_ways() -> None:
     assert params(stepped) == params(make(seed=3))
 
 
-def test_the_saved_state_never_aliases_the_live_tensors() -> None:
+def _shares(array: np.ndarray, tensor: torch.Tensor) -> bool:
+    return np.shares_memory(array, tensor.detach().view(-1).view(torch.uint8).numpy())
+
+
+def test_the_saved_state_is_read_only_views_of_the_cpu_tensors_and_deepcopy_keeps_it() -> None:
     model = make()
+    model.train_step(batches(1)[0])  # Adam's moments exist
     state = model.state_dict()
-    saved = {k: v.copy() for k, v in state["module"].items()}
+    kept = copy.deepcopy(state)
+    module, optimizer = model.module.state_dict(), model.optimizer.state_dict()["state"]
+    for name, array in state["module"].items():  # no copy: a synchronous save writes these
+        assert _shares(array, module[name]), name
+        assert not array.flags.writeable, name
+        with pytest.raises(ValueError, match="read-only"):
+            array[...] = 0  # the live model cannot be changed through its state
+    for pid, entry in state["optimizer"]["state"].items():
+        assert _shares(entry["exp_avg"], optimizer[int(pid)]["exp_avg"]), pid
+    model.train_step(batches(2)[1])
+    assert all(np.array_equal(state["module"][k], v.numpy()) for k, v in module.items())
+    assert any(not np.array_equal(kept["module"][k], v) for k, v in state["module"].items())
+    fresh = make(seed=4)
+    fresh.load_state_dict(kept)  # the copy taken before the step is what loads
+    assert {k: v.tobytes() for k, v in kept["module"].items()} == params(fresh)
+
+
+def test_loading_another_models_live_state_copies_it() -> None:
+    model = make(seed=1)
     model.train_step(batches(1)[0])
-    assert all(np.array_equal(saved[k], v) for k, v in state["module"].items())
-    assert params(model) != {k: v.tobytes() for k, v in saved.items()}
+    fresh = make(seed=2)
+    fresh.load_state_dict(model.state_dict())
+    live = dict(model.module.named_parameters())
+    for name, param in fresh.module.named_parameters():
+        assert not np.shares_memory(param.detach().numpy(), live[name].detach().numpy()), name
+    assert params(fresh) == params(model)
+    before = params(model)
+    fresh.train_step(batches(2)[1])
+    assert params(model) == before  # training the copy leaves the original alone
+
+
+def test_a_state_read_from_disk_becomes_the_tensors_memory_once() -> None:
+    model = make(seed=1)
+    for batch in batches(3):
+        model.train_step(batch)
+    read = copy.deepcopy(model.state_dict())  # writable arrays of their own, as a checkpoint read
+    first, second = make(seed=2), make(seed=3)
+    weights = [p for p in first.module.parameters()]
+    first.load_state_dict(read)
+    assert [p for p in first.module.parameters()] == weights  # the same objects: the optimizer's
+    assert [p for g in first.optimizer.param_groups for p in g["params"]] == weights
+    for name, tensor in first.module.state_dict().items():
+        assert _shares(read["module"][name], tensor), name
+        assert not read["module"][name].flags.writeable, name  # taken
+    moments = first.optimizer.state_dict()["state"]
+    for pid, entry in read["optimizer"]["state"].items():
+        assert _shares(entry["exp_avg_sq"], moments[int(pid)]["exp_avg_sq"]), pid
+    second.load_state_dict(read)  # a second load copies: the two models share nothing
+    for a, b in zip(first.module.parameters(), second.module.parameters(), strict=True):
+        assert not np.shares_memory(a.detach().numpy(), b.detach().numpy())
+    assert params(first) == params(second) == params(model)
+    rng = torch_rng_state()
+    data = batches(4, seed=5)
+    original = [float(model.train_step(b)["loss"]) for b in data]
+    for resumed in (first, second):
+        set_torch_rng_state(rng)
+        assert [float(resumed.train_step(b)["loss"]) for b in data] == original
+        assert params(resumed) == params(model)
+
+
+def test_a_module_with_a_load_hook_is_loaded_by_copying() -> None:
+    model = make(seed=1)
+    model.train_step(batches(1)[0])
+    read = copy.deepcopy(model.state_dict())
+    fresh = make(seed=2)
+    calls: list[int] = []
+    fresh.module[2].register_load_state_dict_post_hook(lambda module, keys: calls.append(1))
+    fresh.load_state_dict(read)
+    assert calls == [1]  # torch's load_state_dict ran, with its hooks
+    for name, tensor in fresh.module.state_dict().items():
+        assert not _shares(read["module"][name], tensor), name
+    assert params(fresh) == params(model)
 
 
 def test_load_state_dict_lists_mismatches_and_changes_nothing() -> None:

@@ -475,3 +475,90 @@ def test_a_compiled_module_trains_and_its_state_uses_the_original_names() -> Non
     assert [float(model.train_step(b)["loss"]) for b in data[3:]] == [
         float(copy.train_step(b)["loss"]) for b in data[3:]
     ]
+
+
+class _StopAt:
+    def __init__(self, iteration: int) -> None:
+        self.iteration = iteration
+
+    @hookimpl
+    def after_batch(self, loop: Any) -> None:
+        if loop.iteration == self.iteration:
+            loop.request_stop("test stop")
+
+
+def _checkpointed_run(run_dir: Path, async_save: bool, stop: int | None = None, resume: bool = False) -> Loop:
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 3))
+    model = TorchModel(
+        module,
+        torch.optim.SGD(module.parameters(), lr=0.1, momentum=0.9),
+        torch.nn.functional.cross_entropy,
+        device="cpu",
+    )
+    plugins: dict[str, object] = {"stop": _StopAt(stop)} if stop else {}
+    plugins["checkpoint"] = Checkpoint(every_n_batches=1, keep_last=2, async_save=async_save)
+    data = {"train": regression_batches(6), "valid": regression_batches(2, seed=1)}
+    loop = Loop(
+        model,
+        data,
+        plugins=plugins,
+        max_epochs=3,
+        seed=0,
+        run_dir=run_dir,
+        resume=resume,
+        handle_signals=False,
+    )
+    loop.run()
+    return loop
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_checkpoints_saved_every_batch_while_training_goes_on_resume_bitwise(
+    async_save: bool, tmp_path: Path
+) -> None:
+    # the synchronous save writes the tensors' own memory before the next batch changes it; the
+    # asynchronous one writes its snapshot while the next batches change the tensors
+    straight = _checkpointed_run(tmp_path / "straight", async_save)
+    _checkpointed_run(tmp_path / "resumed", async_save, stop=7)
+    resumed = _checkpointed_run(tmp_path / "resumed", async_save, resume=True)
+    assert resumed.resumed and resumed.iteration == straight.iteration == 18
+    for name, tensor in straight.model.module.state_dict().items():
+        assert _bits(resumed.model.module.state_dict()[name]) == _bits(tensor), name
+    moments = resumed.model.optimizer.state_dict()["state"]
+    for pid, entry in straight.model.optimizer.state_dict()["state"].items():
+        assert _bits(moments[pid]["momentum_buffer"]) == _bits(entry["momentum_buffer"]), pid
+    read, _ = read_from(tmp_path / "resumed" / "checkpoints")
+    fresh = _checkpointed_run(tmp_path / "unused", async_save, stop=1).model
+    fresh.load_state_dict(read["model"])  # a checkpoint just read: taken, not copied
+    for name, tensor in fresh.module.state_dict().items():
+        array = read["model"]["module"][name]
+        assert np.shares_memory(array, tensor.view(-1).view(torch.uint8).numpy()), name
+        assert _bits(tensor) == _bits(straight.model.module.state_dict()[name]), name
+
+
+def _overlap(array: np.ndarray, tensor: torch.Tensor) -> bool:
+    start, storage = array.__array_interface__["data"][0], tensor.untyped_storage()
+    return start < storage.data_ptr() + storage.nbytes() and storage.data_ptr() < start + array.nbytes
+
+
+def test_a_synchronous_save_hands_the_tensors_memory_and_an_asynchronous_one_copies_once(
+    tmp_path: Path,
+) -> None:
+    storage = pytest.importorskip("epochal_checkpoint.storage")
+    module = Buffers()
+    model = TorchModel(module, torch.optim.SGD(module.parameters()), None, device="cpu")
+    loop = Loop(model, {"train": []}, plugins={}, run_dir=tmp_path)
+    state = loop.state_dict(log_rows=False)
+    synchronous = storage.flatten(state)  # what the checkpoint plugin writes from, sync_save
+    snapshot = storage.flatten(state, copy_arrays=True)  # its snapshot, async_save
+    arrays = {tuple(e["path"]): a for e, a in zip(synchronous.index, synchronous.arrays, strict=True)}
+    copies = {tuple(e["path"]): a for e, a in zip(snapshot.index, snapshot.arrays, strict=True)}
+    for name, tensor in module.state_dict().items():
+        if not tensor.numel():
+            continue
+        path = ("model", "module", name)
+        path += ("bits",) if (*path, "bits") in arrays else ()
+        # no copy, but of a transposed tensor (made contiguous once: the checkpoint's layout)
+        assert _overlap(arrays[path], tensor) == tensor.is_contiguous(), name
+        assert not _overlap(copies[path], tensor), name

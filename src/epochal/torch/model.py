@@ -9,7 +9,9 @@ model protocol of epochal (``train_step``, ``eval_step``, ``state_dict``, ``load
                        gradient_clip_val=1.0)
 
 Its state holds numpy arrays and plain values only (:mod:`epochal.torch.state`), so a
-checkpoint needs neither pickle nor torch to be read, and restoring it is bitwise exact.
+checkpoint needs neither pickle nor torch to be read, and restoring it is bitwise exact. Saving
+and loading copy no tensor on CPU (issue 32): the state's arrays are read-only views of the
+tensors, and a state just read from a checkpoint becomes the tensors' memory.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
@@ -26,11 +29,29 @@ from epochal._options import PositiveFloat, PositiveInt, check_options
 from epochal.errors import ConfigError
 from epochal.torch.checks import check_module, check_optimizer, compare_keys
 from epochal.torch.device import Precision, move_to, resolve_device
-from epochal.torch.state import from_plain, to_plain
+from epochal.torch.state import from_plain, is_tensor_record, reading_tensor, shareable, to_plain
 
 __all__ = ["TorchModel"]
 
 Metric = Callable[[Any, Any], Any]
+
+# What a module may define as its _load_from_state_dict for its parameters and buffers to be
+# loaded by taking the saved arrays' memory: these only copy (_NormBase adds a missing
+# num_batches_tracked first; the state of a TorchModel always has it).
+_PLAIN_LOADERS = (
+    torch.nn.Module._load_from_state_dict,
+    torch.nn.modules.batchnorm._NormBase._load_from_state_dict,
+)
+
+
+def _loads_plainly(module: torch.nn.Module) -> bool:
+    """Whether ``module.load_state_dict`` does no more than copy each value into its tensor."""
+    return all(
+        not m._load_state_dict_pre_hooks
+        and not m._load_state_dict_post_hooks
+        and type(m)._load_from_state_dict in _PLAIN_LOADERS
+        for m in module.modules()
+    )
 
 
 def is_stream_metric(metric: Any) -> bool:
@@ -302,6 +323,9 @@ class TorchModel:
     def state_dict(self) -> dict[str, Any]:
         """``{"module", "optimizer", "steps"}`` (+ ``"scaler"`` under 16-mixed) as plain data.
 
+        Like torch's ``state_dict``, the arrays of CPU tensors are views of them, not copies
+        (read-only): they change as training goes on. ``copy.deepcopy`` the state to keep it.
+
         ``steps`` holds the accumulation window's position and, inside a window, the
         gradients gathered so far, so a run resumed mid-window continues exactly. On several
         processes those are each rank's own (``steps.rank_grads``, gathered from every rank: a
@@ -310,15 +334,16 @@ class TorchModel:
         module = self.raw_module
         optimizer = self.optimizer.state_dict()
         state: dict[str, Any] = {
-            "module": {k: to_plain(v) for k, v in module.state_dict().items()},
+            "module": {k: to_plain(v, share=True) for k, v in module.state_dict().items()},
             "optimizer": {
-                "state": {str(pid): to_plain(s) for pid, s in optimizer["state"].items()},
+                "state": {str(pid): to_plain(s, share=True) for pid, s in optimizer["state"].items()},
                 "param_groups": [to_plain(group) for group in optimizer["param_groups"]],
             },
             "steps": {"accumulated": self.accumulated, "optimizer_steps": self.optimizer_steps},
         }
         if self.accumulated:
-            grads = {name: to_plain(p.grad) for name, p in module.named_parameters() if p.grad is not None}
+            params = module.named_parameters()
+            grads = {name: to_plain(p.grad, share=True) for name, p in params if p.grad is not None}
             if self._ddp is not None:
                 state["steps"]["rank_grads"] = self.world.all_gather_object(grads)
             else:
@@ -364,6 +389,10 @@ class TorchModel:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a state returned by :meth:`state_dict`, bitwise, onto the model's device.
 
+        On CPU, writable arrays (a checkpoint just read) become the memory of the parameters,
+        buffers and optimizer state, without a copy, and are marked read-only: a second load of
+        the same state copies. Other arrays are copied once, into the tensors.
+
         :raises ValueError: naming every missing or unexpected key and every shape or dtype
             mismatch, before anything is changed.
         """
@@ -371,14 +400,14 @@ class TorchModel:
         if problems:
             raise ValueError("cannot load TorchModel state: " + "; ".join(problems))
         module = self.raw_module
-        live = module.state_dict()
-        module.load_state_dict({k: from_plain(v, live[k]) for k, v in state["module"].items()})
+        self._load_module(module, state["module"])
         saved = state["optimizer"]
         current = self.optimizer.state_dict()
         self.optimizer.load_state_dict(
             {
                 # on the host: torch moves each value where its parameter's policy wants it
-                "state": {int(pid): from_plain(s) for pid, s in saved["state"].items()},
+                # (no copy where it is there already)
+                "state": {int(pid): from_plain(s, share=True) for pid, s in saved["state"].items()},
                 "param_groups": [
                     from_plain(group, template)
                     for group, template in zip(saved["param_groups"], current["param_groups"], strict=True)
@@ -392,6 +421,37 @@ class TorchModel:
         if "rank_grads" in steps:
             grads = steps["rank_grads"][self.world.rank]
         for name, param in module.named_parameters():
-            param.grad = from_plain(grads[name], param) if name in grads else None
+            param.grad = from_plain(grads[name], param, share=True) if name in grads else None
         if self.precision.scaler is not None and "scaler" in state:
             self.precision.scaler.load_state_dict(from_plain(state["scaler"]))
+
+    def _load_module(self, module: torch.nn.Module, saved: Mapping[str, Any]) -> None:
+        """Load *saved* (checked) into *module*: its CPU parameters and buffers take the arrays'
+        memory where they can (``tensor.data = ...``, as ``module.to()`` does: the optimizer's
+        references stay valid); the rest is copied into the tensors by ``load_state_dict``,
+        from tensors that read the arrays in place (one copy, the transfer to the device)."""
+        live = module.state_dict(keep_vars=True)
+        owned: set[int] = set()
+        if self._ddp is None and _loads_plainly(module):
+            owned = {id(t) for _, t in module.named_parameters(remove_duplicate=False)}
+            owned |= {id(t) for _, t in module.named_buffers(remove_duplicate=False)}
+        rest: dict[str, Any] = {}
+        with torch.no_grad():
+            for key, value in saved.items():
+                target = live[key]
+                array = isinstance(value, np.ndarray) or is_tensor_record(value)
+                if (
+                    id(target) in owned
+                    and type(target) in (torch.Tensor, torch.nn.Parameter)  # no DTensor, no subclass
+                    and target.device.type == "cpu"
+                    and target.is_contiguous()  # its layout stays (a transposed or channels_last one)
+                    and shareable(value)
+                ):
+                    target.data = from_plain(value, target, share=True)
+                elif array and isinstance(target, torch.Tensor):
+                    rest[key] = reading_tensor(value)
+                else:
+                    rest[key] = from_plain(value, target)
+        if rest:
+            # the keys were checked; those taken above are missing from rest
+            module.load_state_dict(rest, strict=len(rest) == len(saved))

@@ -1,22 +1,46 @@
 """Tensors as plain data: numpy arrays, numbers, strings, lists and dicts, never pickle.
 
 A checkpoint of epochal holds numpy arrays and JSON values. Tensors of a dtype numpy has
-(float16/32/64, complex64/128, bool, signed and unsigned integers) become a numpy copy of
+(float16/32/64, complex64/128, bool, signed and unsigned integers) become a numpy array of
 themselves. Tensors of a dtype numpy lacks (bfloat16, the float8 and float4 variants, complex32)
 become a *tagged record* ``{"__tensor__": "bfloat16", "bits": uint16 array}``: their raw bits
 in an unsigned array of the same item size, and torch's name of the dtype. Both round-trip
 bitwise, 0-d, empty and non-contiguous tensors included, and load onto any device.
+
+By default both directions copy: the arrays of :func:`to_plain` and the tensors of
+:func:`from_plain` share no memory with their source. With ``share=True`` (what
+:class:`~epochal.torch.TorchModel` uses for checkpoints, issue 32) no byte is copied that need
+not be:
+
+- :func:`to_plain` hands out **read-only views** of contiguous CPU tensors, as torch's own
+  ``state_dict`` hands out aliases: they change when the tensors do (a synchronous checkpoint
+  writes them before training goes on; an asynchronous one snapshots them once). A tensor on
+  another device is copied to the host once, a non-contiguous one made contiguous once.
+- :func:`from_plain` makes tensors **on** writable, aligned, C-contiguous arrays of native byte
+  order (a checkpoint just read) and marks each such array read-only: the tensor now owns that
+  memory, and a second load of the same array copies instead of sharing it with a second model.
+  Any other array (read-only, Fortran-ordered, big-endian, bound for another device) is copied
+  once.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["TENSOR_TAG", "from_plain", "is_tensor_record", "plain_dtype_and_shape", "to_plain"]
+__all__ = [
+    "TENSOR_TAG",
+    "from_plain",
+    "is_tensor_record",
+    "plain_dtype_and_shape",
+    "reading_tensor",
+    "shareable",
+    "to_plain",
+]
 
 #: The key that marks a tagged tensor record.
 TENSOR_TAG = "__tensor__"
@@ -31,18 +55,32 @@ _NUMPY_DTYPES = {
 }  # fmt: skip
 
 
-def tensor_to_plain(tensor: torch.Tensor) -> np.ndarray | dict[str, Any]:
-    """A C-contiguous numpy copy of *tensor*, or a tagged record when numpy lacks its dtype."""
-    tensor = tensor.detach()
+def _read_only(array: np.ndarray) -> np.ndarray:
+    view = array.view()  # the flag is the view's own: the tensor stays writable
+    view.flags.writeable = False
+    return view
+
+
+def tensor_to_plain(tensor: torch.Tensor, share: bool = False) -> np.ndarray | dict[str, Any]:
+    """A C-contiguous numpy array of *tensor*, or a tagged record when numpy lacks its dtype.
+
+    A copy; with *share*, a read-only view of a contiguous CPU tensor (see the module's docstring).
+    """
+    tensor = tensor.detach().resolve_conj().resolve_neg()
+    fresh = tensor.device.type != "cpu" or not tensor.is_contiguous()
+    tensor = tensor.contiguous().cpu()  # each a no-op where it need not copy
     if tensor.dtype in _NUMPY_DTYPES:
-        if tensor.device.type != "cpu":  # the copy to the host is already a fresh array
-            return tensor.contiguous().cpu().numpy()
-        return np.array(tensor.numpy(), copy=True, order="C")
-    bits = _BITS.get(tensor.dtype.itemsize)
-    if bits is None or tensor.is_quantized:
-        raise TypeError(f"tensors of dtype {tensor.dtype} cannot be saved")
-    raw = tensor.contiguous().view(bits).cpu().numpy()
-    return {TENSOR_TAG: str(tensor.dtype).removeprefix("torch."), "bits": np.array(raw, copy=True)}
+        raw = tensor.numpy()
+    else:
+        bits = _BITS.get(tensor.dtype.itemsize)
+        if bits is None or tensor.is_quantized:
+            raise TypeError(f"tensors of dtype {tensor.dtype} cannot be saved")
+        raw = tensor.view(bits).numpy()
+    if not fresh:
+        raw = _read_only(raw) if share else np.array(raw, copy=True)
+    if tensor.dtype in _NUMPY_DTYPES:
+        return raw
+    return {TENSOR_TAG: str(tensor.dtype).removeprefix("torch."), "bits": raw}
 
 
 def is_tensor_record(value: Any) -> bool:
@@ -50,23 +88,78 @@ def is_tensor_record(value: Any) -> bool:
     return isinstance(value, Mapping) and TENSOR_TAG in value
 
 
-def plain_to_tensor(
-    value: np.ndarray | Mapping[str, Any], device: torch.device | None = None
-) -> torch.Tensor:
-    """Undo :func:`tensor_to_plain`: a fresh tensor (never sharing the caller's memory).
+def _array_and_dtype(value: np.ndarray | Mapping[str, Any]) -> tuple[np.ndarray, torch.dtype | None]:
+    """The array behind a plain tensor and, for a tagged record, the torch dtype to view it as.
 
     :raises ValueError: for a record naming an unknown dtype or whose bits do not fit it.
     """
     if isinstance(value, np.ndarray):
-        tensor = torch.from_numpy(np.array(value, copy=True))
+        return value, None
+    name, bits = value.get(TENSOR_TAG), value.get("bits")
+    dtype = getattr(torch, str(name), None)
+    if not isinstance(dtype, torch.dtype) or not isinstance(bits, np.ndarray):
+        raise ValueError(f"not a tensor record: dtype {name!r}, bits {type(bits).__name__}")
+    if bits.dtype.itemsize != dtype.itemsize:
+        raise ValueError(f"tensor record of {name}: bits of {bits.dtype} have the wrong item size")
+    return bits, dtype
+
+
+def _native(array: np.ndarray) -> np.ndarray:
+    """*array* in native byte order (torch refuses the other one): itself, or a copy."""
+    return array if array.dtype.isnative else array.astype(array.dtype.newbyteorder("="))
+
+
+def _shareable_array(array: np.ndarray) -> bool:
+    flags = array.flags
+    return bool(flags.writeable and flags.aligned and flags.c_contiguous and array.dtype.isnative)
+
+
+def shareable(value: Any) -> bool:
+    """Whether :func:`from_plain` with ``share=True`` would build a CPU tensor on *value*'s memory."""
+    try:
+        array, _ = _array_and_dtype(value)
+    except (ValueError, AttributeError):
+        return False
+    return _shareable_array(array)
+
+
+def reading_tensor(value: np.ndarray | Mapping[str, Any]) -> torch.Tensor:
+    """A CPU tensor on *value*'s memory (no copy, unless its byte order is not native), **to
+    read only**, e.g. as the source of one ``copy_`` into a parameter: it may alias an array
+    marked read-only.
+
+    :raises ValueError: for a record naming an unknown dtype or whose bits do not fit it.
+    """
+    array, dtype = _array_and_dtype(value)
+    array = _native(array)
+    if array.flags.writeable:
+        tensor = torch.from_numpy(array)
     else:
-        name, bits = value.get(TENSOR_TAG), value.get("bits")
-        dtype = getattr(torch, str(name), None)
-        if not isinstance(dtype, torch.dtype) or not isinstance(bits, np.ndarray):
-            raise ValueError(f"not a tensor record: dtype {name!r}, bits {type(bits).__name__}")
-        if bits.dtype.itemsize != dtype.itemsize:
-            raise ValueError(f"tensor record of {name}: bits of {bits.dtype} have the wrong item size")
-        tensor = torch.from_numpy(np.array(bits, copy=True)).view(dtype)
+        with warnings.catch_warnings():  # "not writable": it is only read
+            warnings.simplefilter("ignore", UserWarning)
+            tensor = torch.from_numpy(array)
+    return tensor.view(dtype) if dtype is not None else tensor
+
+
+def plain_to_tensor(
+    value: np.ndarray | Mapping[str, Any], device: torch.device | None = None, share: bool = False
+) -> torch.Tensor:
+    """Undo :func:`tensor_to_plain`: a fresh tensor (never sharing the caller's memory), or
+    with *share* a CPU tensor on the array's memory where it can be (the module's docstring).
+
+    :raises ValueError: for a record naming an unknown dtype or whose bits do not fit it.
+    """
+    array, dtype = _array_and_dtype(value)
+    to_host = device is None or torch.device(device).type == "cpu"
+    if share and to_host and _shareable_array(array):
+        tensor = torch.from_numpy(array)
+        array.flags.writeable = False  # taken: a second load copies
+    elif not to_host:
+        tensor = reading_tensor(array)  # the transfer to the device is the one copy
+    else:
+        tensor = torch.from_numpy(np.array(array, dtype=array.dtype.newbyteorder("="), order="C"))
+    if dtype is not None:
+        tensor = tensor.view(dtype)
     return tensor.to(device) if device is not None else tensor
 
 
@@ -83,31 +176,37 @@ def plain_dtype_and_shape(value: Any) -> tuple[str, tuple[int, ...]] | None:
     return None
 
 
-def to_plain(value: Any) -> Any:
-    """Tensors → plain records (see the module's docstring); tuples → lists; dicts kept."""
+def to_plain(value: Any, share: bool = False) -> Any:
+    """Tensors → plain records (see the module's docstring); tuples → lists; dicts kept.
+
+    With *share*, arrays are read-only views of contiguous CPU tensors instead of copies.
+    """
     if isinstance(value, torch.Tensor):
-        return tensor_to_plain(value)
+        return tensor_to_plain(value, share)
     if isinstance(value, (tuple, list)):
-        return [to_plain(v) for v in value]
+        return [to_plain(v, share) for v in value]
     if isinstance(value, Mapping):
-        return {k: to_plain(v) for k, v in value.items()}
+        return {k: to_plain(v, share) for k, v in value.items()}
     return value
 
 
-def from_plain(value: Any, template: Any = None, device: torch.device | None = None) -> Any:
+def from_plain(
+    value: Any, template: Any = None, device: torch.device | None = None, share: bool = False
+) -> Any:
     """Undo :func:`to_plain`, restoring the tuples and tensors of *template* where it has them.
 
-    Arrays and records become tensors on *device* (or the template tensor's device).
+    Arrays and records become tensors on *device* (or the template tensor's device): copies,
+    or with *share* CPU tensors on the arrays' memory where they can be (the module's docstring).
     """
     if isinstance(value, np.ndarray) or is_tensor_record(value):
         if isinstance(template, torch.Tensor):
             device = template.device
-        return plain_to_tensor(value, device)
+        return plain_to_tensor(value, device, share)
     if isinstance(value, list):
         items = template if isinstance(template, (list, tuple)) else [None] * len(value)
-        out = [from_plain(v, t, device) for v, t in zip(value, list(items) + [None] * len(value))]
+        out = [from_plain(v, t, device, share) for v, t in zip(value, list(items) + [None] * len(value))]
         return tuple(out) if isinstance(template, tuple) else out
     if isinstance(value, Mapping):
         sub = template if isinstance(template, Mapping) else {}
-        return {k: from_plain(v, sub.get(k), device) for k, v in value.items()}
+        return {k: from_plain(v, sub.get(k), device, share) for k, v in value.items()}
     return value

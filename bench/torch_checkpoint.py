@@ -1,0 +1,301 @@
+"""PyTorch checkpoints through ``TorchModel`` against raw I/O, torch.save and safetensors (issue 32).
+
+Run: ``python bench/torch_checkpoint.py [--rounds N] [--big] [--dir DIR]`` (needs torch,
+safetensors and epochal-checkpoint installed).
+
+A CPU module of float32 parameters and its SGD optimizer with momentum (the state is half
+module, half optimizer: 64 MB and 256 MB in all, 1 GB too with ``--big``) is saved and loaded,
+side by side in one run, in interleaved rounds (each case once per round, the order rotating;
+an untimed warm-up round first; medians):
+
+- **raw**: the same bytes (every parameter and momentum buffer) written to one new file with
+  ``write`` + ``fsync``; read back with one ``readinto`` into a fresh buffer. The floor.
+- **torch.save** of ``{"module": module.state_dict(), "optimizer": optimizer.state_dict()}`` +
+  ``fsync``; **torch.load** (``weights_only=True``) + ``module.load_state_dict`` +
+  ``optimizer.load_state_dict`` into a second model.
+- **safetensors** ``save_file`` of the parameters and momentum buffers + ``fsync``;
+  ``load_file`` + ``module.load_state_dict`` + a copy into the second optimizer's buffers.
+- **epochal**: what the checkpoint plugin's synchronous save does, ``loop.state_dict()`` (the
+  model's state through ``TorchModel.state_dict``, RNG, log, counters), ``storage.flatten``,
+  ``storage.write_checkpoint`` (crash-safe: files and directories fsynced, rename); the load is
+  a resume's: ``storage.read_checkpoint`` + ``loop.load_state_dict`` into the second model.
+
+The adapter's own share is printed beneath each table: the time of ``loop.state_dict()`` in
+the save and of ``loop.load_state_dict()`` in the load (the rest is the storage layer).
+Save and load ratios are the raw time over the case's time (1.0: as fast as the floor; the
+targets of issue 32: epochal >= 0.8 from 64 MB to 1 GB), in wall time and in process CPU time
+(user + system: on a shared virtual machine the wall time of a first touch of fresh memory
+swings by up to 10x between rounds; a save's CPU time leaves out the wait for the disk). Each
+case also gives the median of its minor page faults (``ru_minflt``: fresh memory touched, e.g.
+a buffer allocated per save).
+From 256 MB on, ``os.sync()`` runs (untimed) before each save, so no case pays for the
+previous one's writeback. Loads read from the page cache (the files were just written).
+
+To compare with another epochal (e.g. before a change), run the script twice with that
+epochal's ``src`` first on ``PYTHONPATH``: only the ``epochal`` columns depend on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import peers  # beside this file
+import torch
+from epochal_checkpoint.storage import flatten, read_checkpoint, write_checkpoint
+from safetensors.torch import load_file, save_file
+
+from epochal import Loop
+from epochal.torch import TorchModel
+
+MB = 1 << 20
+CHECKPOINT = "ckpt-e0001-i000001"
+PIECES = 8  # parameters of the module (each has its momentum buffer)
+
+
+class Flat(torch.nn.Module):
+    """A module of PIECES float32 parameters holding *nbytes* in all."""
+
+    def __init__(self, nbytes: int, seed: int) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(seed)
+        per = nbytes // 4 // PIECES
+        self.weights = torch.nn.ParameterList(
+            torch.nn.Parameter(torch.randn(per // 1024, 1024, generator=generator)) for _ in range(PIECES)
+        )
+
+
+def make_model(nbytes: int, seed: int, run_dir: Path) -> tuple[Loop, Flat, torch.optim.Optimizer]:
+    """A loop around a TorchModel whose state (module + momentum) is *nbytes*."""
+    module = Flat(nbytes // 2, seed)
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9)
+    for param in module.parameters():
+        param.grad = torch.ones_like(param)
+    optimizer.step()  # the momentum buffers exist
+    optimizer.zero_grad(set_to_none=True)
+    model = TorchModel(module, optimizer, torch.nn.functional.mse_loss, device="cpu")
+    loop = Loop(model, {"train": []}, plugins={}, run_dir=run_dir, handle_signals=False)
+    return loop, module, optimizer
+
+
+def tensors(module: Flat, optimizer: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    """Every tensor of the state, by a flat name (safetensors' layout)."""
+    out = {f"module.{k}": v for k, v in module.state_dict().items()}
+    for i, param in enumerate(module.parameters()):
+        out[f"momentum.{i}"] = optimizer.state[param]["momentum_buffer"]
+    return out
+
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def raw_save(path: Path, arrays: list[np.ndarray]) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        for array in arrays:
+            view = memoryview(array.reshape(-1).view(np.uint8).data)
+            while view.nbytes:
+                view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def raw_load(path: Path) -> np.ndarray:
+    nbytes = path.stat().st_size
+    buffer = np.empty(nbytes, np.uint8)
+    view = memoryview(buffer.data)
+    with open(path, "rb", buffering=0) as file:
+        got = 0
+        while got < nbytes:
+            got += file.readinto(view[got:])
+    return buffer
+
+
+def torch_save(path: Path, module: Flat, optimizer: torch.optim.Optimizer) -> None:
+    with open(path, "wb") as file:
+        torch.save({"module": module.state_dict(), "optimizer": optimizer.state_dict()}, file)
+        file.flush()
+        os.fsync(file.fileno())
+
+
+def torch_load(path: Path, module: Flat, optimizer: torch.optim.Optimizer) -> None:
+    state = torch.load(path, weights_only=True)
+    module.load_state_dict(state["module"])
+    optimizer.load_state_dict(state["optimizer"])
+
+
+def safetensors_save(path: Path, module: Flat, optimizer: torch.optim.Optimizer) -> None:
+    save_file(tensors(module, optimizer), str(path))
+    fsync_file(path)
+
+
+def safetensors_load(path: Path, module: Flat, optimizer: torch.optim.Optimizer) -> None:
+    loaded = load_file(str(path))
+    module.load_state_dict(
+        {k.removeprefix("module."): v for k, v in loaded.items() if k.startswith("module.")}
+    )
+    with torch.no_grad():
+        for i, param in enumerate(module.parameters()):
+            optimizer.state[param]["momentum_buffer"].copy_(loaded[f"momentum.{i}"])
+
+
+def epochal_save(directory: Path, name: str, loop: Loop, parts: dict[str, float]) -> Path:
+    """The checkpoint plugin's synchronous save; ``parts["adapter"]``: ``loop.state_dict()``'s share."""
+    started = time.perf_counter()
+    state = loop.state_dict(log_rows=False)
+    parts["adapter"] = time.perf_counter() - started
+    return write_checkpoint(directory, name, flatten(state), {"sequence": 1, "run_id": loop.run_id}).path
+
+
+def epochal_load(path: Path, loop: Loop, parts: dict[str, float]) -> None:
+    """A resume's load; ``parts["adapter"]``: ``loop.load_state_dict()``'s share."""
+    state, _ = read_checkpoint(path)
+    started = time.perf_counter()
+    loop.load_state_dict(state)
+    parts["adapter"] = time.perf_counter() - started
+
+
+def timed(call: Callable[[], Any]) -> tuple[float, float, int]:
+    """Wall seconds, process CPU seconds and minor page faults of one call."""
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    started, cpu = time.perf_counter(), time.process_time()
+    call()
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+    return elapsed, cpu, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+
+
+SAVES = ("raw", "torch.save", "safetensors", "epochal")
+LOADS = ("raw", "torch.load", "safetensors", "epochal")
+
+
+def measure(directory: Path, size_mb: int, rounds: int) -> dict[str, Any]:
+    nbytes = size_mb * MB
+    loop, module, optimizer = make_model(nbytes, 0, directory / "run-a")
+    target_loop, target, target_optimizer = make_model(nbytes, 1, directory / "run-b")
+    arrays = [t.detach().numpy() for t in tensors(module, optimizer).values()]
+    state_bytes = sum(a.nbytes for a in arrays)
+    names = [f"save {k}" for k in SAVES] + [f"load {k}" for k in LOADS]
+    times: dict[str, list[float]] = {k: [] for k in names}
+    cpu: dict[str, list[float]] = {k: [] for k in names}
+    faults: dict[str, list[int]] = {k: [] for k in times}
+    adapter: dict[str, list[float]] = {"save": [], "load": []}
+    parts: dict[str, float] = {}
+    for number in range(-1, rounds):  # round -1 warms up (first touches of memory, files), untimed
+        here = directory / f"round{number}"
+        here.mkdir()
+        paths = {k: here / f"{k}.bin" for k in SAVES}
+        saves: dict[str, Callable[[], Any]] = {
+            "raw": lambda: raw_save(paths["raw"], arrays),  # noqa: B023 (called in this round)
+            "torch.save": lambda: torch_save(paths["torch.save"], module, optimizer),  # noqa: B023
+            "safetensors": lambda: safetensors_save(paths["safetensors"], module, optimizer),  # noqa: B023
+            "epochal": lambda: paths.update(epochal=epochal_save(here, CHECKPOINT, loop, parts)),  # noqa: B023
+        }
+        order = SAVES[number % len(SAVES) :] + SAVES[: number % len(SAVES)]  # no case always first
+        for name in order:
+            if size_mb >= 256:
+                os.sync()
+            seconds, cpu_seconds, count = timed(saves[name])
+            if number >= 0:
+                times[f"save {name}"].append(seconds)
+                cpu[f"save {name}"].append(cpu_seconds)
+                faults[f"save {name}"].append(count)
+                if name == "epochal":
+                    adapter["save"].append(parts["adapter"])
+        loads: dict[str, Callable[[], Any]] = {
+            "raw": lambda: raw_load(paths["raw"]),  # noqa: B023
+            "torch.load": lambda: torch_load(paths["torch.save"], target, target_optimizer),  # noqa: B023
+            "safetensors": lambda: safetensors_load(paths["safetensors"], target, target_optimizer),  # noqa: B023
+            "epochal": lambda: epochal_load(paths["epochal"], target_loop, parts),  # noqa: B023
+        }
+        for name in LOADS[number % len(LOADS) :] + LOADS[: number % len(LOADS)]:
+            seconds, cpu_seconds, count = timed(loads[name])
+            if number >= 0:
+                times[f"load {name}"].append(seconds)
+                cpu[f"load {name}"].append(cpu_seconds)
+                faults[f"load {name}"].append(count)
+                if name == "epochal":
+                    adapter["load"].append(parts["adapter"])
+        # a resume is bitwise: the second model now holds the first one's state
+        assert all(torch.equal(a, b) for a, b in zip(module.parameters(), target.parameters(), strict=True))
+        shutil.rmtree(here)
+    medians = {k: statistics.median(v) for k, v in times.items()}
+    cpu_medians = {k: statistics.median(v) for k, v in cpu.items()}
+    return {
+        "MB": size_mb,
+        "bytes": state_bytes,
+        "rounds": rounds,
+        "ms": {k: v * 1e3 for k, v in medians.items()},
+        "ratio": {
+            k: medians[f"{k.split()[0]} raw"] / v for k, v in medians.items() if not k.endswith(" raw")
+        },
+        "cpu_ratio": {
+            k: cpu_medians[f"{k.split()[0]} raw"] / v
+            for k, v in cpu_medians.items()
+            if not k.endswith(" raw")
+        },
+        "faults": {k: int(statistics.median(v)) for k, v in faults.items()},
+        "adapter_ms": {k: statistics.median(v) * 1e3 for k, v in adapter.items()},
+    }
+
+
+def report(result: dict[str, Any]) -> None:
+    ms, ratio, faults, cpu = result["ms"], result["ratio"], result["faults"], result["cpu_ratio"]
+    size, count = result["MB"], result["rounds"]
+    print(f"\n### {size} MB state ({result['bytes'] / MB:.0f} MiB of tensors), {count} rounds\n")
+    print(
+        "| case | save ms | save: raw / case | save, CPU: raw / case | save faults "
+        "| load ms | load: raw / case | load, CPU: raw / case | load faults |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for save, load in zip(SAVES, LOADS, strict=True):
+        label = save if save == load else f"{save} / {load}"
+        save_ratio = "1" if save == "raw" else f"**{ratio[f'save {save}']:.2f}x**"
+        load_ratio = "1" if load == "raw" else f"**{ratio[f'load {load}']:.2f}x**"
+        save_cpu = "1" if save == "raw" else f"{cpu[f'save {save}']:.2f}x"
+        load_cpu = "1" if load == "raw" else f"{cpu[f'load {load}']:.2f}x"
+        print(
+            f"| {label} | {ms[f'save {save}']:.1f} | {save_ratio} | {save_cpu} | {faults[f'save {save}']} "
+            f"| {ms[f'load {load}']:.1f} | {load_ratio} | {load_cpu} | {faults[f'load {load}']} |"
+        )
+    parts = result["adapter_ms"]
+    print(
+        f"\nepochal's adapter (TorchModel inside loop.state_dict / loop.load_state_dict): "
+        f"save {parts['save']:.1f} ms, load {parts['load']:.1f} ms (medians; in the epochal rows)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=peers.rounds, default=5, help="interleaved rounds (default 5)")
+    parser.add_argument("--big", action="store_true", help="also 1 GB")
+    parser.add_argument("--dir", default=".", help="where the files go (a temporary directory inside)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    directory = Path(tempfile.mkdtemp(prefix="bench-torch-checkpoint-", dir=args.dir))
+    import epochal
+
+    print(f"epochal from {Path(epochal.__file__).parent}, torch {torch.__version__}, {os.cpu_count()} cores")
+    try:
+        for size in [64, 256] + ([1024] if args.big else []):
+            report(measure(directory, size, args.rounds))
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
