@@ -24,7 +24,7 @@ from epochal_checkpoint import (
 from epochal_checkpoint.storage import write
 from epochal_checkpoint.testing import TORTURE_CONFIG, make_data, make_model, resign
 
-from epochal import ConfigError, Loop, hookimpl
+from epochal import ConfigError, Loop, PluginError, hookimpl, load_plugins
 from epochal.testing import epochal_command
 
 BATCHES = 16  # make_data(): 256 examples in batches of 16
@@ -103,13 +103,19 @@ def test_keep_best_by_monitor_keeps_best_and_newest(tmp_path: Path) -> None:
     assert names(best_max) == ["ckpt-e0000-i000006", "ckpt-e0000-i000010"]
 
 
-def test_bad_options_are_config_errors() -> None:
+def test_bad_options_are_one_error_each() -> None:
     with pytest.raises(ConfigError, match="keep_best = 2 needs monitor"):
-        Checkpoint(keep_best=2)
-    with pytest.raises(ConfigError, match="every_n_batches must be a non-negative"):
-        Checkpoint(every_n_batches=-1)
-    with pytest.raises(ConfigError, match="mode must be"):
-        Checkpoint(mode="best")  # type: ignore[arg-type]
+        Checkpoint(keep_best=2)  # two options that contradict each other: the plugin says so
+
+    def options(**table: Any) -> None:
+        load_plugins(order=["checkpoint"], autoload=False, options={"checkpoint": table})
+
+    with pytest.raises(PluginError, match="'every_n_batches' of plugin 'checkpoint' must be greater than or"):
+        options(every_n_batches=-1)
+    with pytest.raises(PluginError, match="'mode' of plugin 'checkpoint' must be 'min' or 'max'"):
+        options(mode="best")
+    with pytest.raises(PluginError, match="'keep_last' of plugin 'checkpoint' must be greater than or"):
+        options(keep_last=-1)
 
 
 def test_no_directory_is_a_config_error() -> None:

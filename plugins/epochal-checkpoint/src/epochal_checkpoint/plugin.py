@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from epochal import hookimpl, triggers
 from epochal.errors import ConfigError
-from epochal.protocol import Phase, Rank
+from epochal.protocol import NonNegativeFloat, NonNegativeInt, Phase, Rank
 from epochal_checkpoint import incremental, storage
 from epochal_checkpoint.errors import (
     CheckpointNotFoundError,
@@ -87,42 +87,29 @@ class Checkpoint:
     def __init__(
         self,
         dir: str | None = None,
-        every_n_epochs: int = 1,
-        every_n_batches: int = 0,
-        every_n_seconds: float = 0.0,
+        every_n_epochs: NonNegativeInt = 1,
+        every_n_batches: NonNegativeInt = 0,
+        every_n_seconds: NonNegativeFloat = 0.0,
         save_at_end: bool = True,
         save_on_interrupt: bool = True,
         save_on_error: bool = True,
-        keep_last: int | None = 3,
-        keep_best: int = 0,
+        keep_last: NonNegativeInt | None = 3,
+        keep_best: NonNegativeInt = 0,
         monitor: str | None = None,
         mode: Literal["min", "max"] = "min",
         async_save: bool = False,
         export: Literal["none", "last", "best", "both"] = "none",
     ) -> None:
         where = "[plugins.checkpoint]"
-        if export not in ("none", "last", "best", "both"):
-            raise ConfigError(f"{where} export must be 'none', 'last', 'best' or 'both', not {export!r}")
         if export in ("best", "both") and not monitor:
             raise ConfigError(f'{where} export = "{export}" needs monitor = "<log key>" (e.g. valid.loss)')
-        if keep_last is not None and (isinstance(keep_last, bool) or keep_last < 0):
-            raise ConfigError(
-                f"{where} keep_last must be a non-negative integer or absent, not {keep_last!r}"
-            )
-        if isinstance(keep_best, bool) or keep_best < 0:
-            raise ConfigError(f"{where} keep_best must be a non-negative integer, not {keep_best!r}")
         if keep_best and not monitor:
             raise ConfigError(
                 f'{where} keep_best = {keep_best} needs monitor = "<log key>" (e.g. valid.loss)'
             )
-        if mode not in ("min", "max"):
-            raise ConfigError(f"{where} mode must be 'min' or 'max', not {mode!r}")
-        try:
-            self._epoch_due = triggers.every_n_epochs(every_n_epochs)
-            self._batch_due = triggers.every_n_batches(every_n_batches)
-            self._seconds_due = triggers.every_n_seconds(every_n_seconds)
-        except ValueError as error:
-            raise ConfigError(f"{where} {error}") from None
+        self._epoch_due = triggers.every_n_epochs(every_n_epochs)
+        self._batch_due = triggers.every_n_batches(every_n_batches)
+        self._seconds_due = triggers.every_n_seconds(every_n_seconds)
         self.dir = dir
         self.every_n_epochs, self.every_n_batches, self.every_n_seconds = (
             every_n_epochs,

@@ -22,8 +22,8 @@ import warnings
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
-from epochal import PluginError, hookimpl
-from epochal.protocol import Phase, Rank
+from epochal import hookimpl
+from epochal.protocol import NonEmptyStr, NonNegativeInt, Phase, Rank
 from epochal.triggers import every_n_batches as _every_n_batches
 
 Aggregation = Literal["mean", "sum", "min", "max", "last"]
@@ -38,16 +38,6 @@ _NAN = float("nan")
 
 class NonFiniteMetricWarning(RuntimeWarning):
     """A train or eval metric was NaN or infinite (reported once per metric)."""
-
-
-def _option_error(option: str, message: str) -> PluginError:
-    return PluginError(f"[plugins.monitor] {option}: {message}")
-
-
-def _non_negative(option: str, value: int | None) -> int | None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-        raise _option_error(option, f"must be a non-negative integer or unset, not {value!r}")
-    return value
 
 
 def _encode(value: float) -> float | str:
@@ -100,31 +90,19 @@ class Monitor:
 
     def __init__(
         self,
-        every_n_epochs: int | None = None,
+        every_n_epochs: NonNegativeInt | None = None,
         at_start: bool | None = None,
-        every_n_batches: int | None = None,
-        aggregation: dict[str, str] | None = None,
+        every_n_batches: NonNegativeInt | None = None,
+        aggregation: dict[str, Aggregation] | None = None,
         default_aggregation: Aggregation = "mean",
-        prefix: str = "train",
+        prefix: NonEmptyStr = "train",
         reduce: Reduce = "epoch",
     ) -> None:
-        self.every_n_epochs = _non_negative("every_n_epochs", every_n_epochs)
+        self.every_n_epochs = every_n_epochs
         self.at_start = at_start
-        self.every_n_batches = _non_negative("every_n_batches", every_n_batches) or 0
-        if default_aggregation not in AGGREGATIONS:
-            raise _option_error(
-                "default_aggregation", f"{default_aggregation!r} is not one of {', '.join(AGGREGATIONS)}"
-            )
+        self.every_n_batches = every_n_batches or 0
         self.aggregation: dict[str, str] = dict(aggregation or {})
-        for metric, how in self.aggregation.items():
-            if how not in AGGREGATIONS:
-                raise _option_error(
-                    "aggregation",
-                    f"{how!r} for metric {metric!r} is not one of {', '.join(AGGREGATIONS)}",
-                )
         self.default_aggregation = default_aggregation
-        if not prefix or not isinstance(prefix, str):
-            raise _option_error("prefix", f"must be a non-empty string, not {prefix!r}")
         self.prefix = prefix
         self.reduce = reduce
         self._running_due = _every_n_batches(self.every_n_batches)
