@@ -23,6 +23,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal, Protocol, TypedDict, get_args, runtime_checkable
 
+from annotated_types import Ge, Gt, Le, Lt
+
 from epochal._options import (
     NonEmptyStr,
     NonNegativeFloat,
@@ -37,6 +39,10 @@ __all__ = [
     "PHASES",
     "Declarations",
     "FailurePolicy",
+    "Ge",
+    "Gt",
+    "Le",
+    "Lt",
     "NonEmptyStr",
     "NonNegativeFloat",
     "NonNegativeInt",

@@ -83,10 +83,18 @@ def test_flags_are_not_metrics_and_the_order_is_fixed(epochal_cli: EpochalCli, t
         )
 
 
-def test_bad_options_are_refused() -> None:
-    from epochal import PluginError
+@pytest.mark.parametrize(
+    ("option", "value", "problem"),
+    [
+        ("batches", -1, "greater than or equal to 0"),
+        ("stream", "file", "'stdout' or 'stderr'"),
+        ("digits", 13, "less"),
+    ],
+)
+def test_bad_options_are_refused(option: str, value: object, problem: str) -> None:
+    from epochal import PluginError, load_plugins
 
-    with pytest.raises(PluginError, match=r"\[plugins.printing\] batches"):
-        Printing(batches=-1)
-    with pytest.raises(PluginError, match=r"\[plugins.printing\] stream"):
-        Printing(stream="file")
+    with pytest.raises(
+        PluginError, match=rf"\[plugins.printing\]: option '{option}' of plugin 'printing' must be {problem}"
+    ):
+        load_plugins(order=["printing"], autoload=False, options={"printing": {option: value}})

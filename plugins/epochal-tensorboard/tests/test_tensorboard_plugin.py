@@ -10,7 +10,7 @@ import pytest
 from epochal_tensorboard import TensorBoard
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from epochal import hookimpl
+from epochal import PluginError, hookimpl, load_plugins
 from epochal.records import number
 from epochal.testing import ResumeFrom, run_loop
 
@@ -174,11 +174,16 @@ def test_a_failing_write_warns_once_and_training_goes_on(tmp_path: Path) -> None
     assert result.loop.epoch == 3 and result.log.status["status"] == "finished"
 
 
-def test_options_are_checked() -> None:
-    with pytest.raises(ValueError, match="flush_every"):
-        TensorBoard(flush_every=0)
-    with pytest.raises(ValueError, match="histogram_every"):
-        TensorBoard(histogram_every=-1)
+@pytest.mark.parametrize("option", ["flush_every", "histogram_every"])
+def test_options_are_checked(option: str) -> None:
+    with pytest.raises(
+        PluginError, match=rf"option '{option}' of plugin 'tensorboard' must be greater than or"
+    ):
+        load_plugins(order=["tensorboard"], autoload=False, options={"tensorboard": {option: -1}})
+
+
+def test_writing_only_at_epoch_ends_leaves_after_batch_idle() -> None:
+    assert TensorBoard(flush_every=0).idle_hooks == {"after_batch"} and not TensorBoard().idle_hooks
 
 
 def test_histograms_of_a_torch_model_use_its_named_parameters(tmp_path: Path) -> None:

@@ -16,11 +16,11 @@ from __future__ import annotations
 import fnmatch
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, TextIO
+from typing import Annotated, Any, ClassVar, Literal, TextIO
 
-from epochal import PluginError, hookimpl
+from epochal import hookimpl
 from epochal.console import fit_lines, metric_order, terminal_width
-from epochal.protocol import Phase, Rank
+from epochal.protocol import Ge, Le, NonNegativeInt, Phase, Rank
 
 #: log keys the loop itself writes, not metrics.
 SKIPPED = frozenset({"epochs_done"})
@@ -86,18 +86,12 @@ class Printing:
 
     def __init__(
         self,
-        batches: int = 0,
+        batches: NonNegativeInt = 0,
         tty: bool = False,
-        digits: int = 4,
-        stream: str = "stdout",
+        digits: Annotated[int, Ge(0), Le(12)] = 4,
+        stream: Literal["stdout", "stderr"] = "stdout",
         exclude: Sequence[str] = ("timing.*",),
     ) -> None:
-        if isinstance(batches, bool) or not isinstance(batches, int) or batches < 0:
-            raise PluginError(f"[plugins.printing] batches: must be a non-negative integer, not {batches!r}")
-        if isinstance(digits, bool) or not isinstance(digits, int) or not 0 <= digits <= 12:
-            raise PluginError(f"[plugins.printing] digits: must be an integer from 0 to 12, not {digits!r}")
-        if stream not in ("stdout", "stderr"):
-            raise PluginError(f"[plugins.printing] stream: must be 'stdout' or 'stderr', not {stream!r}")
         self.batches, self.tty, self.digits, self.stream = batches, tty, digits, stream
         self.exclude = tuple(exclude)
         self.active = False

@@ -20,17 +20,13 @@ import shutil
 import sys
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from operator import itemgetter
 from typing import Any, ClassVar, Literal
 
-from epochal import PluginError, hookimpl
+from epochal import hookimpl
 from epochal.console import format_seconds, metric_order
-from epochal.protocol import Phase, Rank
-
-
-def _option_error(option: str, message: str) -> PluginError:
-    return PluginError(f"[plugins.progress] {option}: {message}")
+from epochal.protocol import NonNegativeFloat, Phase, PositiveInt, Rank
 
 
 def _format(value: Any) -> str | None:
@@ -105,23 +101,13 @@ class Progress:
         self,
         enabled: bool = True,
         force: bool = False,
-        metrics: Sequence[str] | None = None,
-        mininterval: float = 0.1,
+        metrics: list[str] | None = None,
+        mininterval: NonNegativeFloat = 0.1,
         eval_bars: bool = True,
         leave: bool = False,
         file: Literal["stderr", "stdout"] = "stderr",
-        ncols: int | None = None,
+        ncols: PositiveInt | None = None,
     ) -> None:
-        if isinstance(mininterval, bool) or not isinstance(mininterval, (int, float)) or mininterval < 0:
-            raise _option_error(
-                "mininterval", f"must be a non-negative number of seconds, not {mininterval!r}"
-            )
-        if file not in ("stderr", "stdout"):
-            raise _option_error("file", f"must be 'stderr' or 'stdout', not {file!r}")
-        if metrics is not None and (isinstance(metrics, str) or not all(isinstance(m, str) for m in metrics)):
-            raise _option_error("metrics", f"must be a list of metric names, not {metrics!r}")
-        if ncols is not None and (isinstance(ncols, bool) or not isinstance(ncols, int) or ncols < 1):
-            raise _option_error("ncols", f"must be a positive integer, not {ncols!r}")
         self.enabled = enabled
         self.force = force
         self.metrics = None if metrics is None else frozenset(metrics)

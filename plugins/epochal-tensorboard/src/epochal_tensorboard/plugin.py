@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from epochal import hookimpl
-from epochal.protocol import Phase, Rank
+from epochal.protocol import NonNegativeInt, Phase, Rank
 from epochal.records import Cursor, flat_config
 
 if TYPE_CHECKING:
@@ -62,17 +62,15 @@ class TensorBoard:
     def __init__(
         self,
         dir: str | None = None,
-        flush_every: int = 100,
-        histogram_every: int = 0,
+        flush_every: NonNegativeInt = 100,
+        histogram_every: NonNegativeInt = 0,
         hparams: bool = True,
         exclude: Sequence[str] = ("timing.*",),
     ) -> None:
-        if flush_every < 1:
-            raise ValueError(f"flush_every must be at least 1, not {flush_every!r}")
-        if histogram_every < 0:
-            raise ValueError(f"histogram_every must be >= 0, not {histogram_every!r}")
         self.dir = dir
         self.flush_every = flush_every
+        #: writing only at epoch ends (``flush_every = 0``): nothing to do after a batch.
+        self.idle_hooks = frozenset() if flush_every else frozenset({"after_batch"})
         self.histogram_every = histogram_every
         self.hparams = hparams
         self.exclude = tuple(exclude)
@@ -117,7 +115,7 @@ class TensorBoard:
     @hookimpl
     def after_batch(self, loop: Loop) -> None:
         """Write the new records every ``flush_every`` iterations."""
-        if loop.iteration - self._cursor.iteration >= self.flush_every:
+        if self.flush_every and loop.iteration - self._cursor.iteration >= self.flush_every:
             self.write(loop)
 
     @hookimpl
