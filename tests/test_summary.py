@@ -36,3 +36,23 @@ def test_the_summary_has_the_run_line_the_last_and_best_metrics_and_the_plugins_
     best = next(line for line in lines if line.startswith("epochal: best valid:"))
     assert "(epoch " in best
     assert lines[-1] == "epochal: said after 3 epochs"
+
+
+def test_a_resume_with_nothing_left_to_train_says_so(capsys):
+    from epochal.testing import ResumeFrom
+
+    first = run_loop({}, model=TinyModel(), data=tiny_data(), max_epochs=2)
+    summary = RunSummary()
+    plugins = {"resume": ResumeFrom(first.loop.state_dict()), "epochal.summary": summary}
+    again = run_loop(plugins, model=TinyModel(), data=tiny_data(), max_epochs=2)
+    err = capsys.readouterr().err
+    assert again.loop.iteration == first.loop.iteration  # nothing trained
+    assert "epochal: nothing left to train: the state resumed is at max_epochs = 2 already (2 done)" in err
+    assert "--set loop.max_epochs=N" in err
+    run_loop(
+        {"resume": ResumeFrom(first.loop.state_dict()), "epochal.summary": RunSummary()},
+        model=TinyModel(),
+        data=tiny_data(),
+        max_epochs=3,
+    )
+    assert "nothing left" not in capsys.readouterr().err

@@ -65,6 +65,20 @@ def resume_line(loop: Any) -> str:
     )
 
 
+def nothing_left(loop: Any) -> str | None:
+    """The notice for a resumed run that has nothing left to train (None: it has)."""
+    for limit, count, option in (
+        (loop.max_epochs, loop.epoch, "max_epochs"),
+        (loop.max_iterations, loop.iteration, "max_iterations"),
+    ):
+        if limit is not None and count >= limit and not loop.in_epoch:
+            return (
+                f"epochal: nothing left to train: the state resumed is at {option} = {limit} already "
+                f"({count} done); to train on, raise it (--set loop.{option}=N)"
+            )
+    return None
+
+
 class RunSummary:
     """Collects the metrics of every epoch and writes the closing summary of ``epochal run``."""
 
@@ -78,6 +92,9 @@ class RunSummary:
     def on_resumption(self, loop: Any) -> None:
         """Say what the run resumed from, before any progress bar is drawn; note its earlier epochs."""
         print(resume_line(loop), file=sys.stderr, flush=True)
+        done = nothing_left(loop)
+        if done is not None:
+            print(done, file=sys.stderr, flush=True)
         for _, row in loop.log.rows():
             epoch = row.get("epochs_done")
             if isinstance(epoch, int):
