@@ -14,13 +14,28 @@ from epochal.plugins import compose
 from epochal.protocol import DEFAULTS, PHASES, Declarations, Stateful, declared
 
 
-class Staged:
-    def __init__(self, phase: str | None) -> None:
-        self.phase = phase
+def Staged(phase: str | None) -> object:  # noqa: N802 - a class per phase, made like one
+    """A plugin whose class declares *phase*."""
 
-    @hookimpl
-    def after_epoch(self, loop):
-        pass
+    class Plugin:
+        @hookimpl
+        def after_epoch(self, loop):
+            pass
+
+    Plugin.phase = phase  # type: ignore[attr-defined]
+    return Plugin()
+
+
+def test_an_instance_attribute_called_phase_declares_nothing():
+    class Busy:
+        def __init__(self) -> None:
+            self.phase = "warming up"  # its own state, not a declaration
+
+        @hookimpl
+        def after_epoch(self, loop):
+            pass
+
+    assert compose({"busy": Busy(), "saver": Staged("save")}).call_order("after_epoch") == ["busy", "saver"]
 
 
 def test_phases_order_the_plugins_no_one_ordered_and_the_others_keep_their_places():

@@ -191,8 +191,13 @@ def plugin_rank(name: str, plugin: object, parent: object = None) -> str:
 
 
 def plugin_phase(name: str, plugin: object) -> str | None:
-    """*plugin*'s declared phase (None: none), checked against :data:`epochal.protocol.PHASES`."""
-    phase = declared(plugin, "phase")
+    """*plugin*'s declared phase (None: none), checked against :data:`epochal.protocol.PHASES`.
+
+    Read from the plugin's class (or module), as ``rank`` is: an instance attribute that happens
+    to be called ``phase`` means nothing here.
+    """
+    owner = plugin if inspect.ismodule(plugin) or inspect.isclass(plugin) else type(plugin)
+    phase = declared(owner, "phase")
     if phase is not None and phase not in PHASES:
         raise PluginError(
             f"plugin {name!r} declares phase = {phase!r}; the phases, in call order: {', '.join(PHASES)}"

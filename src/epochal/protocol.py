@@ -71,7 +71,8 @@ class Declarations(TypedDict, total=False):
     #: ``"all"`` (default): every rank runs it; ``"zero"``: rank 0 only (not even registered on
     #: the others). Anything that writes, prints or talks to a service once per run is ``"zero"``.
     rank: Rank
-    #: the plugin's stage in every hook's call order (None, the default: no phase).
+    #: the plugin's stage in every hook's call order (None, the default: no phase). Like ``rank``,
+    #: read from the class (or module): an instance attribute of that name means nothing.
     phase: Phase | None
     #: plugins this one must run before / after in every hook (names; unknown names are ignored).
     run_before: Iterable[str]
