@@ -133,7 +133,7 @@ def _observed(name: str, loop: Loop, warned: str, output: str, run_dir: Path) ->
     text = json.dumps([rows, status, output, warned, files], sort_keys=True, default=repr)
     text = text.replace(loop.run_id, "<run>").replace(str(run_dir), "<dir>")
     text = re.sub(r"\[\d\d:\d\d[^\]]*\]", "[<time>]", text)  # a bar's elapsed time and rate
-    return re.sub(r"\d+\.\d+s\b", "<seconds>", text)
+    return re.sub(r"\d+(\.\d+)?(s|ms|µs)\b", "<seconds>", text)  # an epoch's time: 1.2s, 42ms
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -45,12 +45,14 @@ def test_two_configs_share_the_project_log(project: Path) -> None:
 
 
 def test_wide_tables_are_split_not_cut_at_80_columns(project: Path) -> None:
-    shown = epochal(project, "log", "show", "latest", columns=80).stdout
+    shown = epochal(project, "log", "show", "latest", "--timing", columns=80).stdout
     lines = shown.splitlines()
     assert all(len(line) <= 80 for line in lines), max(lines, key=len)
     headers = [line for line in lines if line.startswith("iteration")]
-    assert len(headers) > 1  # the 30-odd keys went into several tables, each led by iteration
-    keys = epochal(project, "log", "show", "latest", "--csv").stdout.splitlines()[0].split(",")[2:]
+    assert len(headers) > 1  # the 30-odd keys (timing's too) went into several tables, each led by iteration
+    keys = (
+        epochal(project, "log", "show", "latest", "--timing", "--csv").stdout.splitlines()[0].split(",")[2:]
+    )
     for key in keys:
         assert key in shown, key  # every column is there, whole
     runs = epochal(project, "log", "runs", columns=80).stdout
