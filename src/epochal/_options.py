@@ -40,10 +40,30 @@ Seed = Annotated[int, Ge(0), Lt(2**32)]
 
 def option_signature(factory: Callable[..., Any]) -> inspect.Signature | None:
     """The signature whose keyword arguments are the plugin's options (None if unknown)."""
+    return _cached(_SIGNATURES, factory, _signature)
+
+
+def _signature(factory: Callable[..., Any]) -> inspect.Signature | None:
     try:
         return inspect.signature(factory)
     except (TypeError, ValueError):
         return None
+
+
+#: a callable's signature and resolved annotations, read once (``Loop()`` checks its options at
+#: every construction: ``typing.get_type_hints`` alone costs ~0.5 ms).
+_SIGNATURES: dict[Any, Any] = {}
+_HINTS: dict[Any, Any] = {}
+
+
+def _cached(cache: dict[Any, Any], factory: Callable[..., Any], compute: Callable[[Any], Any]) -> Any:
+    try:
+        return cache[factory]
+    except KeyError:
+        value = cache[factory] = compute(factory)
+        return value
+    except TypeError:  # not hashable: computed each time
+        return compute(factory)
 
 
 def check_options(
@@ -154,6 +174,11 @@ def _is_callable(hint: Any) -> bool:
 def option_hints(factory: Callable[..., Any]) -> dict[str, Any]:
     """The resolved annotations of *factory*'s options, constraints included (empty when they
     cannot be resolved)."""
+    hints: dict[str, Any] = _cached(_HINTS, factory, _hints)
+    return hints
+
+
+def _hints(factory: Callable[..., Any]) -> dict[str, Any]:
     try:
         target = factory.__init__ if inspect.isclass(factory) else factory
         return typing.get_type_hints(target, include_extras=True)
