@@ -195,6 +195,8 @@ def run(
     from epochal.distributed.world import peer_lost
     from epochal.errors import ConfigError
 
+    global _END_WITHOUT_FINALIZING
+    _END_WITHOUT_FINALIZING = nproc > 1 or launched()
     if profile:
         overrides = (*overrides, "plugins.timing.table=true")
     config = load_config(config_file, overrides)
@@ -275,7 +277,7 @@ def _train(
         )
         sys.exit(128 + signal.SIGINT)
     finally:
-        signals.ended = True
+        signals.end()
     if loop.world.is_zero:
         for line in summary.lines(loop, time.perf_counter() - started):
             click.echo(line)
@@ -707,9 +709,20 @@ def _format_warning(
     return _python_format_warning(message, category, filename, lineno, line)
 
 
+#: set by ``epochal run`` in a process of a run on several processes (a worker or the launcher).
+_END_WITHOUT_FINALIZING = False
+
+
 def main() -> None:
     """Entry point of the ``epochal`` console script."""
     warnings.formatwarning = _format_warning  # one line per warning, no source excerpt
     if os.name == "posix":  # a closed pipe (epochal plugins | head) is not an error
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    cli(prog_name="epochal")
+    try:
+        cli(prog_name="epochal")
+    except SystemExit as end:
+        if not _END_WITHOUT_FINALIZING:
+            raise
+        from epochal.distributed.launch import end_process
+
+        end_process(end.code)

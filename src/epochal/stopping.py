@@ -105,15 +105,21 @@ class ProcessSignals:
     """
 
     def __init__(self, stopping: Stop, say: Callable[[str], None] | None = None) -> None:
-        self.stopping = stopping
+        #: the loop's stop object until training ends (it may hold the process group).
+        self.stopping: Stop | None = stopping
         self.say = say
         #: training ended: later signals change nothing.
         self.ended = False
         #: the last signal received after training ended (None: none).
         self.late: int | None = None
 
+    def end(self) -> None:
+        """Training ended: from now on a signal is only noted (the stop object is let go)."""
+        self.ended = True
+        self.stopping = None
+
     def __call__(self, signum: int, frame: Any) -> None:
-        if not self.ended:
+        if not self.ended and self.stopping is not None:
             message = self.stopping.interrupt(signum)
         else:
             self.late = signum

@@ -11,6 +11,8 @@ last complete checkpoint and the command that resumes from it), and the exit sta
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import logging
 import os
@@ -18,11 +20,12 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from epochal.errors import ConfigError
 
@@ -231,3 +234,30 @@ def launch(
         finally:
             os.environ.pop(ERRORS_ENV, None)
     return 0
+
+
+def end_process(code: object) -> NoReturn:
+    """End this process as multiprocessing ends its children: wait for its non-daemon threads,
+    run its exit functions, flush stdout and stderr, then ``os._exit`` without the interpreter's
+    finalization.
+
+    torch's threads (gloo's workers, a store's) may still release a tensor made in Python when
+    the interpreter finalizes; taking the GIL then ends the thread inside C++ code, which aborts
+    the process ("terminate called without an active exception", issue 31). Finalization also
+    resets the signal handlers, so a late SIGTERM would kill the process by the signal.
+    """
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code
+    else:  # sys.exit("message"): what the interpreter would do
+        print(code, file=sys.stderr)
+        status = 1
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()  # what the interpreter's exit would run (the world's shutdown too)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(status)
