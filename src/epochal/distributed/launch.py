@@ -253,9 +253,10 @@ def end_process(code: object) -> NoReturn:
     else:  # sys.exit("message"): what the interpreter would do
         print(code, file=sys.stderr)
         status = 1
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    # what multiprocessing's children run (process.py, _bootstrap): the threading module's exit
+    # functions (concurrent.futures shuts its executors down there), then a join of every
+    # non-daemon thread
+    threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()  # what the interpreter's exit would run (the world's shutdown too)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
