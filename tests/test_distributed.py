@@ -9,6 +9,7 @@ that match a straight run bitwise, and the bad inputs refused before anything st
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -326,6 +327,32 @@ def test_torchrun_starts_the_same_run(tmp_path):
     assert done.stdout.count("epochal: run ") == 1
     assert where(tmp_path) == [f"1 {PER_EPOCH} max_epochs=1 reached"] * 2
     assert final_state(tmp_path)["world_size"] == 2
+
+
+def test_under_torchrun_a_sigterm_to_one_rank_stops_every_rank_and_torchrun_exits_1(tmp_path):
+    """What docs/scaling-out.md says of torchrun (torch's launcher, not epochal's): every rank
+    stops at the same batch and saves, each exits with 143, and torchrun reports that as its
+    ChildFailedError with exit status 1 (a requeue script cannot test for 143)."""
+    config = write_run(tmp_path, ["monitor", "checkpoint"], max_epochs=4, extra=LINGER_ON_RANK_1)
+    command = ["-m", "epochal", "run", str(config), "--set", "model.delay=0.08"]
+    run = subprocess.Popen(
+        [*TORCHRUN, "--standalone", "--nproc-per-node", "2", *command],
+        cwd=tmp_path,
+        env=environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for(lambda: checkpoints(tmp_path), process=run)
+    os.kill(worker_pids(run.pid)[1], signal.SIGTERM)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 1
+    assert "ChildFailedError" in err
+    assert set(re.findall(r"exitcode\s*:\s*(-?\d+)", err)) == {"143"}, err  # no rank killed
+    ended = where(tmp_path)
+    assert len(ended) == 2 and ended[0] == ended[1], ended
+    assert final_state(tmp_path)["iteration"] == int(ended[0].split()[1])
+    assert "interrupted after" in out
 
 
 def test_check_resume_on_two_processes(tmp_path):
