@@ -178,7 +178,8 @@ def run(
 
     Interrupted by a signal, it exits with 128 + the signal number (SIGTERM: 143, SIGINT: 130)
     after the plugins saved what they save on an interrupt; a third Ctrl-C stops at once
-    (nothing saved) with 130.
+    (nothing saved) with 130. A signal after training ended changes nothing (a finished run
+    exits 0).
 
     Every installed plugin runs unless disabled (--disable, [plugins] disable) or autoloading is
     off, but one that changes training or sends data elsewhere (early_stopping, lr_scheduler,

@@ -309,7 +309,10 @@ def shutdown() -> None:
 
         # Objects holding the group (DDP, synced metrics) may sit in reference cycles (the loop
         # and its model): freed by the interpreter's teardown after the group, they made ~1 in
-        # 5 gloo runs end in "terminate called without an active exception".
+        # 5 gloo runs end in "terminate called without an active exception". The rest of that
+        # abort (a gloo thread that releases a Python-made tensor while the interpreter
+        # finalizes) is why `epochal run` ends such a process without finalizing it
+        # (epochal.distributed.launch.end_process).
         gc.collect()
         if dist.is_initialized():
             dist.destroy_process_group()
