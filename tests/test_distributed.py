@@ -282,6 +282,24 @@ def test_a_rank_killed_ends_the_run_with_one_clear_error_and_resume_continues(tm
     assert first_difference(compared(straight), compared(final_state(tmp_path))) is None
 
 
+@pytest.mark.parametrize(
+    ("codes", "status"),
+    [
+        ({143}, 143),
+        ({130}, 130),
+        ({143, -signal.SIGTERM}, 143),  # a rank still winding down, stopped by the agent
+        ({-signal.SIGTERM}, None),  # killed by SIGTERM from outside, nothing agreed
+        ({143, -signal.SIGKILL}, None),
+        ({143, 1}, None),
+        ({2}, None),
+    ],
+)
+def test_which_ends_of_the_workers_are_an_agreed_stop(codes, status):
+    from epochal.distributed.launch import agreed_stop
+
+    assert agreed_stop(codes) == status
+
+
 def test_a_signal_to_a_rank_after_a_finished_run_changes_nothing(tmp_path):
     """Issue 31: rank 1 winding down was killed by a SIGTERM and the run reported as failed."""
     config = write_run(tmp_path, ["checkpoint"], max_epochs=1, extra=LINGER_ON_RANK_1)
