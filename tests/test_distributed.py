@@ -9,6 +9,7 @@ that match a straight run bitwise, and the bad inputs refused before anything st
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -36,6 +37,7 @@ PER_EPOCH = 8
 
 def write_run(tmp_path: Path, plugins: list[str], *, max_epochs: int = 3, extra: str = "") -> Path:
     shutil.copy(HERE / "ddp_tiny.py", tmp_path / "ddp_tiny.py")
+    shutil.copy(HERE / "linger.py", tmp_path / "linger.py")
     config = tmp_path / "run.toml"
     config.write_text(
         f"""[loop]
@@ -212,9 +214,17 @@ def straight(tmp_path_factory):
     return final_state(directory)
 
 
-def interrupted(tmp_path: Path, send: Any) -> subprocess.Popen[str]:
+#: rank 1 lingers 3 s in its exit: still there when rank 0 exits (the agent then stops it)
+LINGER_ON_RANK_1 = '[plugins.linger]\nfactory = "linger:Linger"\nrank = 1\n'
+
+
+def errors(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("Error")]
+
+
+def interrupted(tmp_path: Path, send: Any, extra: str = "") -> subprocess.Popen[str]:
     """A slow 2-process run, given to *send(launcher, workers)* once its first checkpoint exists."""
-    config = write_run(tmp_path, ["monitor", "checkpoint"], max_epochs=4)
+    config = write_run(tmp_path, ["monitor", "checkpoint"], max_epochs=4, extra=extra)
     run = start(tmp_path, "run", str(config), "--nproc", "2", "--set", "model.delay=0.08")
     wait_for(lambda: checkpoints(tmp_path), process=run)
     workers = worker_pids(run.pid)
@@ -230,9 +240,10 @@ def test_sigterm_stops_every_rank_at_one_boundary_saves_once_and_resume_matches_
     def send(launcher: int, workers: dict[int, int]) -> None:
         os.kill(launcher if target == "launcher" else workers[1], signal.SIGTERM)
 
-    run = interrupted(tmp_path, send)
+    run = interrupted(tmp_path, send, extra=LINGER_ON_RANK_1)
     out, err = run.communicate(timeout=120)
     assert run.returncode == 128 + signal.SIGTERM, err
+    assert errors(err) == []  # an agreed stop is no failure (issue 31)
     ended = where(tmp_path)
     assert len(ended) == 2 and ended[0] == ended[1], ended  # the same batch on both ranks
     stopped_at = int(ended[0].split()[1])
@@ -261,12 +272,43 @@ def test_a_rank_killed_ends_the_run_with_one_clear_error_and_resume_continues(tm
     assert len(last) == 1, err
     assert "was killed by SIGKILL" in last[0] and "--nproc 2" in last[0] and "--resume" in last[0]
     assert "Traceback" not in err
+    assert errors(err) == last, err  # the survivor says nothing: the launcher's line only
+    assert "by peer" not in err
     kept = checkpoints(tmp_path)
     assert kept and f"the last complete checkpoint is run/checkpoints/{kept[-1]}" in last[0]
     final_state(tmp_path)  # complete and verified
     resumed = epochal(tmp_path, "run", str(tmp_path / "run.toml"), "--nproc", "2", "--resume")
     assert resumed.returncode == 0, resumed.stderr
     assert first_difference(compared(straight), compared(final_state(tmp_path))) is None
+
+
+@pytest.mark.parametrize(
+    ("codes", "status"),
+    [
+        ({143}, 143),
+        ({130}, 130),
+        ({143, -signal.SIGTERM}, 143),  # a rank still winding down, stopped by the agent
+        ({-signal.SIGTERM}, None),  # killed by SIGTERM from outside, nothing agreed
+        ({143, -signal.SIGKILL}, None),
+        ({143, 1}, None),
+        ({2}, None),
+    ],
+)
+def test_which_ends_of_the_workers_are_an_agreed_stop(codes, status):
+    from epochal.distributed.launch import agreed_stop
+
+    assert agreed_stop(codes) == status
+
+
+def test_a_signal_to_a_rank_after_a_finished_run_changes_nothing(tmp_path):
+    """Issue 31: rank 1 winding down was killed by a SIGTERM and the run reported as failed."""
+    config = write_run(tmp_path, ["checkpoint"], max_epochs=1, extra=LINGER_ON_RANK_1)
+    run = start(tmp_path, "run", str(config), "--nproc", "2")
+    wait_for(lambda: (tmp_path / "lingering-1").exists(), process=run)
+    os.kill(worker_pids(run.pid)[1], signal.SIGTERM)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 0, err
+    assert errors(err) == [] and "finished after 1 epoch(s)" in out
 
 
 def test_resume_on_another_number_of_processes(tmp_path):
@@ -305,6 +347,32 @@ def test_torchrun_starts_the_same_run(tmp_path):
     assert final_state(tmp_path)["world_size"] == 2
 
 
+def test_under_torchrun_a_sigterm_to_one_rank_stops_every_rank_and_torchrun_exits_1(tmp_path):
+    """What docs/scaling-out.md says of torchrun (torch's launcher, not epochal's): every rank
+    stops at the same batch and saves, each exits with 143, and torchrun reports that as its
+    ChildFailedError with exit status 1 (a requeue script cannot test for 143)."""
+    config = write_run(tmp_path, ["monitor", "checkpoint"], max_epochs=4, extra=LINGER_ON_RANK_1)
+    command = ["-m", "epochal", "run", str(config), "--set", "model.delay=0.08"]
+    run = subprocess.Popen(
+        [*TORCHRUN, "--standalone", "--nproc-per-node", "2", *command],
+        cwd=tmp_path,
+        env=environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for(lambda: checkpoints(tmp_path), process=run)
+    os.kill(worker_pids(run.pid)[1], signal.SIGTERM)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 1
+    assert "ChildFailedError" in err
+    assert set(re.findall(r"exitcode\s*:\s*(-?\d+)", err)) == {"143"}, err  # no rank killed
+    ended = where(tmp_path)
+    assert len(ended) == 2 and ended[0] == ended[1], ended
+    assert final_state(tmp_path)["iteration"] == int(ended[0].split()[1])
+    assert "interrupted after" in out
+
+
 def test_check_resume_on_two_processes(tmp_path):
     config = write_run(tmp_path, ["monitor", "checkpoint"], max_epochs=2)
     done = epochal(tmp_path, "check-resume", str(config), "--nproc", "2", "--at", "11")
@@ -339,6 +407,19 @@ def test_bad_input_is_refused_before_anything_starts(tmp_path, args, message):
     assert len(errors) == 1 and message in errors[0]
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_uneven_shards_are_one_error_line_without_resume_advice(tmp_path):
+    """61 examples on 2 ranks: every rank finds it; the launcher says it once (issue 31)."""
+    config = write_run(tmp_path, ["checkpoint"])
+    done = epochal(tmp_path, "run", str(config), "--nproc", "2", "--set", "data.examples=61")
+    assert done.returncode == 2
+    assert len(errors(done.stderr)) == 1, done.stderr
+    assert "[loop] uneven_shards" in errors(done.stderr)[0]
+    assert "[data] stream 'train'" in errors(done.stderr)[0]
+    assert not errors(done.stderr)[0].startswith("Error: rank")
+    assert "--resume" not in done.stderr and "Traceback" not in done.stderr
+    assert checkpoints(tmp_path) == []
 
 
 def test_a_port_in_use_is_refused(tmp_path):

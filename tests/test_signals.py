@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -98,3 +100,62 @@ def test_sigterm_finishes_the_batch(slow_run, events):
     interrupt = next(e for e in events() if e["hook"] == "on_interrupt")
     assert interrupt["signum"] == signal.SIGTERM
     assert "SIGTERM received" in out
+
+
+# -- the wind-down: after training, during the summary and the process's exit -------------------
+
+
+@pytest.fixture
+def lingering_run(throwaway_site, tmp_path, write_config):
+    """Start a short run whose process lingers in *phase* (see linger.py); return the process
+    once it lingers."""
+    shutil.copy(Path(__file__).parent / "linger.py", tmp_path / "linger.py")
+
+    def start(phase, extra=""):
+        table = f'[plugins.linger]\nfactory = "linger:Linger"\nphase = "{phase}"\n{extra}'
+        config = write_config([], extra=table)
+        import os
+
+        env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
+        inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env.update(PYTHONPATH=os.pathsep.join([str(throwaway_site), str(tmp_path), *inherited]))
+        process = subprocess.Popen(
+            [sys.executable, "-m", "epochal", "run", str(config)],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "lingering-0").exists():
+            assert process.poll() is None, process.communicate()
+            assert time.monotonic() < deadline, "the run did not reach its wind-down"
+            time.sleep(0.01)
+        return process
+
+    return start
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", ["summary", "exit"])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_after_training_leaves_a_finished_run_finished(lingering_run, phase, signum):
+    """Issue 31: a signal during the summary or the process's exit killed it with no message."""
+    process = lingering_run(phase)
+    process.send_signal(signum)
+    code, out, err = finish(process)
+    assert code == 0, (code, err)
+    assert f"{signal.Signals(signum).name} received after training ended" in err
+    assert "finished after 2 epoch(s)" in out
+    assert "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_a_signal_after_an_interrupted_run_keeps_the_interrupts_status(lingering_run):
+    process = lingering_run("exit", extra="sigterm_at = 2\n")
+    process.send_signal(signal.SIGINT)
+    code, out, err = finish(process)
+    assert code == 128 + signal.SIGTERM, err
+    assert "interrupted after" in out
+    assert "SIGINT received after training ended" in err

@@ -63,10 +63,17 @@ class EpochalGroup(click.Group):
         except EpochalError as error:
             if ctx.meta.get("epochal.traceback"):
                 raise
+            from epochal.distributed.launch import report_error
             from epochal.distributed.world import launched
 
-            where = f"rank {os.environ.get('RANK')}: " if launched() else ""  # which process says it
-            raise _Failure(f"{where}{error}") from None
+            if launched():
+                from epochal.errors import ConfigError
+
+                # under `epochal run --nproc` the launcher prints it, once for every rank
+                if report_error(str(error), isinstance(error, ConfigError)):
+                    sys.exit(2)
+                raise _Failure(f"rank {os.environ.get('RANK')}: {error}") from None  # which process
+            raise _Failure(str(error)) from None
 
 
 def _split(values: tuple[str, ...]) -> list[str]:
@@ -171,7 +178,8 @@ def run(
 
     Interrupted by a signal, it exits with 128 + the signal number (SIGTERM: 143, SIGINT: 130)
     after the plugins saved what they save on an interrupt; a third Ctrl-C stops at once
-    (nothing saved) with 130.
+    (nothing saved) with 130. A signal after training ended changes nothing (a finished run
+    exits 0).
 
     Every installed plugin runs unless disabled (--disable, [plugins] disable) or autoloading is
     off, but one that changes training or sends data elsewhere (early_stopping, lr_scheduler,
@@ -185,8 +193,11 @@ def run(
     """
     from epochal.config import load_config
     from epochal.distributed import launched, shutdown
+    from epochal.distributed.world import peer_lost
     from epochal.errors import ConfigError
 
+    global _END_WITHOUT_FINALIZING
+    _END_WITHOUT_FINALIZING = nproc > 1 or launched()
     if profile:
         overrides = (*overrides, "plugins.timing.table=true")
     config = load_config(config_file, overrides)
@@ -204,6 +215,13 @@ def run(
         # The loop lives only inside _train: when the process group is left, nothing that holds
         # it (DDP, synced metrics) is reachable any more, so it is freed before the group is.
         signum = _train(config, config_file, order, only, disable, resume, profile, trace)
+    except Exception as error:
+        # a collective that failed outside epochal's own (a DDP all-reduce, a plugin's): the
+        # survivor of a dead rank says it in one line, not with torch's traceback
+        lost = peer_lost(error) if launched() else None
+        if lost is None:
+            raise
+        raise lost from error
     finally:
         shutdown()
     if signum is not None:
@@ -226,6 +244,7 @@ def _train(
     from epochal.errors import ConfigError
     from epochal.run_hooks import refuse_fresh_run
     from epochal.runner import build_loop
+    from epochal.stopping import ProcessSignals, install_handlers
     from epochal.summary import RunSummary
 
     loop = build_loop(config, _plugin_choice(config, order, only), _split(disable), resume or False)
@@ -244,6 +263,10 @@ def _train(
     if loop.world.is_zero:  # the run's messages come from rank 0 only
         loop.plugin_set.pm.register(summary, name="epochal.summary")
         loop.hooks.rebuild()
+    # Kept until the process ends (Loop.run swaps in its own handler while it trains): a signal
+    # during the summary or the shutdown must neither kill the process nor change the outcome.
+    signals = ProcessSignals(loop.stopping, _say if loop.world.is_zero else None)
+    install_handlers(signals)
     started = time.perf_counter()
     try:
         log = loop.run()
@@ -254,12 +277,24 @@ def _train(
             err=True,
         )
         sys.exit(128 + signal.SIGINT)
+    finally:
+        signals.end()
     if loop.world.is_zero:
         for line in summary.lines(loop, time.perf_counter() - started):
             click.echo(line)
     if log.status["status"] == "interrupted" and loop.signal_received is not None:
         return loop.signal_received
     return None
+
+
+def _say(message: str) -> None:
+    """*message* on stderr from a signal handler (os.write: the handler may interrupt a print)."""
+    try:
+        descriptor = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # a stderr without a file (click's test runner)
+        print(message, file=sys.stderr, flush=True)
+        return
+    os.write(descriptor, (message + "\n").encode(errors="replace"))
 
 
 _LAUNCH_ARGS_ENV = "EPOCHAL_LAUNCH_ARGS"
@@ -306,6 +341,8 @@ def _launch(
         refuse_fresh_run(checked.pm, run_dir, command)
 
     def explain(failure: Any) -> str:
+        if failure.config:  # the same command fails the same way: no resume advice
+            return failure.message if failure.everywhere else failure.describe()
         try:
             latest = latest_checkpoint(checked.pm, run_dir)
         except EpochalError as error:
@@ -658,8 +695,23 @@ def hooks(as_json: bool) -> None:
         click.echo("    " + plain_text(doc).replace("\n", "\n    ").rstrip() + "\n")
 
 
-def _format_warning(message: Warning | str, category: type[Warning], *args: object, **kwargs: object) -> str:
-    return f"epochal: {category.__name__}: {message}\n"
+_python_format_warning = warnings.formatwarning
+_CORE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _format_warning(
+    message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None
+) -> str:
+    """epochal's own warnings (raised in its code, or of its classes) as one line with its name;
+    every other one (the user's code, a library's, a plugin's) as Python prints it."""
+    ours = category.__module__.split(".")[0] == "epochal" or os.path.abspath(filename).startswith(_CORE)
+    if ours:
+        return f"epochal: {category.__name__}: {message}\n"
+    return _python_format_warning(message, category, filename, lineno, line)
+
+
+#: set by ``epochal run`` in a process of a run on several processes (a worker or the launcher).
+_END_WITHOUT_FINALIZING = False
 
 
 def main() -> None:
@@ -667,4 +719,11 @@ def main() -> None:
     warnings.formatwarning = _format_warning  # one line per warning, no source excerpt
     if os.name == "posix":  # a closed pipe (epochal plugins | head) is not an error
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    cli(prog_name="epochal")
+    try:
+        cli(prog_name="epochal")
+    except SystemExit as end:
+        if not _END_WITHOUT_FINALIZING:
+            raise
+        from epochal.distributed.launch import end_process
+
+        end_process(end.code)

@@ -152,6 +152,45 @@ class Stop:
         return self.signum
 
 
+class ProcessSignals:
+    """SIGINT and SIGTERM for the whole life of an ``epochal run`` process, around the loop's own.
+
+    Installed before the loop runs and never removed: :meth:`epochal.Loop.run` puts its own
+    handler in place while it trains and gives this one back when training ends, so that a
+    signal during the wind-down (the summary, leaving the process group, the interpreter's
+    exit) no longer kills the process by the signal's default action, with no message. Before
+    training a signal goes to the loop's stop object (training then stops before its first
+    batch); once training ended it is only noted: a finished run stays finished (exit 0), an
+    interrupted one keeps its own signal's status.
+    """
+
+    def __init__(self, stopping: Stop, say: Callable[[str], None] | None = None) -> None:
+        #: the loop's stop object until training ends (it may hold the process group).
+        self.stopping: Stop | None = stopping
+        self.say = say
+        #: training ended: later signals change nothing.
+        self.ended = False
+        #: the last signal received after training ended (None: none).
+        self.late: int | None = None
+
+    def end(self) -> None:
+        """Training ended: from now on a signal is only noted (the stop object is let go)."""
+        self.ended = True
+        self.stopping = None
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if not self.ended and self.stopping is not None:
+            message = self.stopping.interrupt(signum)
+        else:
+            self.late = signum
+            message = (
+                f"epochal: {signal.Signals(signum).name} received after training ended; "
+                "the run's outcome stands, finishing its summary and shutdown"
+            )
+        if message is not None and self.say is not None:
+            self.say(message)
+
+
 def install_handlers(handler: Callable[[int, Any], None]) -> dict[int, Any]:
     """Route SIGINT and SIGTERM to *handler*; return the handlers it replaced (none off the
     main thread, where Python allows no handler)."""

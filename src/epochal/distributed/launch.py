@@ -11,20 +11,31 @@ last complete checkpoint and the command that resumes from it), and the exit sta
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import json
 import logging
 import os
 import signal
 import socket
 import sys
+import tempfile
+import threading
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, NoReturn
 
 from epochal.errors import ConfigError
 
 #: options of ``epochal run`` that only the launcher reads (the workers do not get them).
 LAUNCHER_OPTIONS = ("--nproc", "--port")
+#: the folder where a worker started by :func:`launch` leaves its error (``rank-N.json``) for
+#: the launcher to print once, instead of printing it on every rank.
+ERRORS_ENV = "EPOCHAL_LAUNCH_ERRORS"
+#: a worker's exit status after an agreed stop on a signal (every rank saved and stopped).
+_STOPPED = {128 + signal.SIGTERM, 128 + signal.SIGINT}
 
 
 @dataclass
@@ -34,19 +45,66 @@ class LaunchFailure:
     rank: int
     pid: int
     exitcode: int
+    #: the error the worker reported (an :class:`~epochal.errors.EpochalError`'s line), if any.
+    message: str | None = None
+    #: the error is a configuration error (rerunning the same command fails the same way).
+    config: bool = False
+    #: every rank that reported an error reported this one.
+    everywhere: bool = False
 
     def describe(self) -> str:
-        """``rank 1 (pid 123) was killed by SIGKILL`` / ``... exited with status 2``."""
+        """``rank 1 (pid 123) was killed by SIGKILL`` / ``rank 1 (pid 123) stopped: MESSAGE``."""
         if self.exitcode < 0:
             try:
                 how = f"was killed by {signal.Signals(-self.exitcode).name}"
             except ValueError:
                 how = f"was killed by signal {-self.exitcode}"
-        elif self.exitcode == 2:  # epochal's status for an error it has printed
-            how = "stopped with the error above"
+        elif self.message is not None:
+            how = f"stopped: {self.message}"
         else:
             how = f"exited with status {self.exitcode}"
         return f"rank {self.rank} (pid {self.pid}) {how}"
+
+
+def report_error(message: str, config: bool) -> bool:
+    """In a worker started by :func:`launch`: leave *message* for the launcher to print once.
+
+    Return False (the caller prints it) when this process was not started by :func:`launch` or
+    the file cannot be written.
+    """
+    folder = os.environ.get(ERRORS_ENV)
+    rank = os.environ.get("RANK")
+    if not folder or rank is None:
+        return False
+    try:
+        text = json.dumps({"message": message, "config": config})
+        (Path(folder) / f"rank-{int(rank)}.json").write_text(text, encoding="utf-8")
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _reported(folder: Path) -> dict[int, dict[str, Any]]:
+    """rank → the error that rank reported (see :func:`report_error`)."""
+    found: dict[int, dict[str, Any]] = {}
+    for path in folder.glob("rank-*.json"):
+        try:
+            found[int(path.stem.split("-", 1)[1])] = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def _with_report(failure: LaunchFailure, reports: dict[int, dict[str, Any]]) -> LaunchFailure:
+    """*failure* with the error its rank reported, if it reported one."""
+    report = reports.get(failure.rank)
+    if report is None:
+        return failure
+    messages = {str(r.get("message")) for r in reports.values()}
+    failure.message = str(report.get("message"))
+    failure.config = bool(report.get("config"))
+    failure.everywhere = len(messages) == 1
+    return failure
 
 
 def check_port(port: int | None) -> int | None:
@@ -94,6 +152,17 @@ def worker_arguments(argv: Sequence[str]) -> list[str]:
     return out
 
 
+def agreed_stop(codes: set[int]) -> int | None:
+    """The exit status of a run whose workers ended with *codes*, if they all stopped on a signal.
+
+    An agreed stop ends every rank with 128 + N after the save; a rank still winding down when
+    the first one exits may be stopped by the agent's SIGTERM instead. That is no failure.
+    """
+    if codes & _STOPPED and codes <= _STOPPED | {-signal.SIGTERM}:
+        return max(codes & _STOPPED)
+    return None
+
+
 def root_failure(failures: dict[int, Any]) -> LaunchFailure:
     """The failure that started it all among torch's per-rank failures.
 
@@ -104,7 +173,7 @@ def root_failure(failures: dict[int, Any]) -> LaunchFailure:
     def blame(item: tuple[int, Any]) -> tuple[int, float]:
         failure = item[1]
         code = failure.exitcode
-        followed = code in (-signal.SIGTERM, 128 + signal.SIGTERM, 128 + signal.SIGINT)
+        followed = code in (-signal.SIGTERM, *_STOPPED)
         return (1 if followed else 0, float(getattr(failure, "timestamp", 0) or 0))
 
     rank, failure = min(failures.items(), key=blame)
@@ -148,17 +217,48 @@ def launch(
     for name in list(logging.root.manager.loggerDict):
         if name.startswith(("torch.distributed.elastic", "torch.distributed.launcher")):
             logging.getLogger(name).setLevel(logging.CRITICAL)
-    try:
-        elastic_launch(config, entrypoint=sys.executable)("-m", "epochal", *argv)
-    except SignalException as raised:
-        return 128 + int(raised.sigval)
-    except ChildFailedError as failed:
-        codes = {f.exitcode for f in failed.failures.values()}
-        interrupted = {128 + signal.SIGTERM, 128 + signal.SIGINT}
-        if codes <= interrupted:  # every rank stopped on an agreed signal and saved
-            return max(codes)
-        failure = root_failure(failed.failures)
-        if on_failure is not None:
-            print(f"Error: {on_failure(failure)}", file=sys.stderr, flush=True)
-        return failure.exitcode if failure.exitcode > 0 else 1
+    with tempfile.TemporaryDirectory(prefix="epochal-launch-") as folder:
+        os.environ[ERRORS_ENV] = folder  # the workers' environment is a copy of this one
+        try:
+            elastic_launch(config, entrypoint=sys.executable)("-m", "epochal", *argv)
+        except SignalException as raised:
+            return 128 + int(raised.sigval)
+        except ChildFailedError as failed:
+            stopped = agreed_stop({int(f.exitcode) for f in failed.failures.values()})
+            if stopped is not None:  # every rank stopped on an agreed signal and saved
+                return stopped
+            failure = _with_report(root_failure(failed.failures), _reported(Path(folder)))
+            if on_failure is not None:
+                print(f"Error: {on_failure(failure)}", file=sys.stderr, flush=True)
+            return failure.exitcode if failure.exitcode > 0 else 1
+        finally:
+            os.environ.pop(ERRORS_ENV, None)
     return 0
+
+
+def end_process(code: object) -> NoReturn:
+    """End this process as multiprocessing ends its children: wait for its non-daemon threads,
+    run its exit functions, flush stdout and stderr, then ``os._exit`` without the interpreter's
+    finalization.
+
+    torch's threads (gloo's workers, a store's) may still release a tensor made in Python when
+    the interpreter finalizes; taking the GIL then ends the thread inside C++ code, which aborts
+    the process ("terminate called without an active exception", issue 31). Finalization also
+    resets the signal handlers, so a late SIGTERM would kill the process by the signal.
+    """
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code
+    else:  # sys.exit("message"): what the interpreter would do
+        print(code, file=sys.stderr)
+        status = 1
+    # what multiprocessing's children run (process.py, _bootstrap): the threading module's exit
+    # functions (concurrent.futures shuts its executors down there), then a join of every
+    # non-daemon thread
+    threading._shutdown()  # type: ignore[attr-defined]
+    atexit._run_exitfuncs()  # what the interpreter's exit would run (the world's shutdown too)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(status)

@@ -47,6 +47,21 @@ def _lost(error: BaseException, what: str) -> PeerLostError:
     )
 
 
+def peer_lost(error: BaseException) -> PeerLostError | None:
+    """*error* as a :class:`PeerLostError` when it is torch's report of a broken process group
+    (a collective outside epochal's own: DDP's gradient all-reduce, a plugin's), else None."""
+    if isinstance(error, PeerLostError):
+        return error
+    import torch.distributed as dist
+
+    text = str(error)
+    broken = isinstance(error, dist.DistError) or (
+        isinstance(error, RuntimeError)
+        and any(words in text for words in ("by peer", "gloo/transport", "Connection refused"))
+    )
+    return _lost(error, "a collective") if broken else None
+
+
 @dataclass(frozen=True)
 class World:
     """This process's place among the processes of one run.
@@ -296,7 +311,10 @@ def shutdown() -> None:
 
         # Objects holding the group (DDP, synced metrics) may sit in reference cycles (the loop
         # and its model): freed by the interpreter's teardown after the group, they made ~1 in
-        # 5 gloo runs end in "terminate called without an active exception".
+        # 5 gloo runs end in "terminate called without an active exception". The rest of that
+        # abort (a gloo thread that releases a Python-made tensor while the interpreter
+        # finalizes) is why `epochal run` ends such a process without finalizing it
+        # (epochal.distributed.launch.end_process).
         gc.collect()
         if dist.is_initialized():
             dist.destroy_process_group()

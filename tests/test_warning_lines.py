@@ -1,0 +1,80 @@
+"""How `epochal run` prints warnings: epochal's own as one `epochal:` line, others as Python does.
+
+Issue 31: a warning raised by the user's own code was printed with the `epochal:` prefix, as if
+epochal had warned.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+USER_CODE = """
+import warnings
+
+import numpy as np
+
+
+class Model:
+    def train_step(self, batch):
+        warnings.warn("the user's own warning", UserWarning)
+        return {"loss": float(np.mean(batch))}
+
+    def eval_step(self, batch):
+        return {"loss": 0.0}
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        pass
+
+
+def make_model():
+    return Model()
+
+
+def make_data():
+    return {"train": [np.ones(2), np.ones(0), np.ones(2)]}
+"""
+
+CONFIG = """[loop]
+max_epochs = 1
+on_empty_batch = "warn"
+
+[model]
+factory = "usercode:make_model"
+
+[data]
+factory = "usercode:make_data"
+
+[plugins]
+autoload = false
+"""
+
+
+@pytest.mark.slow
+def test_only_epochals_own_warnings_carry_its_name(tmp_path: Path) -> None:
+    (tmp_path / "usercode.py").write_text(USER_CODE, encoding="utf-8")
+    (tmp_path / "run.toml").write_text(CONFIG, encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "epochal", "run", "run.toml"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    user = [line for line in lines if "the user's own warning" in line]
+    assert user and all(not line.startswith("epochal:") for line in user), done.stderr
+    assert any(line.endswith("UserWarning: the user's own warning") for line in user)
+    assert "usercode.py" in user[0]  # Python's format: where the user's code warned
+    ours = [line for line in lines if "yielded an empty batch" in line]
+    assert len(ours) == 1 and ours[0].startswith("epochal: RuntimeWarning: stream 'train'"), done.stderr
