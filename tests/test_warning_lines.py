@@ -78,3 +78,16 @@ def test_only_epochals_own_warnings_carry_its_name(tmp_path: Path) -> None:
     assert "usercode.py" in user[0]  # Python's format: where the user's code warned
     ours = [line for line in lines if "yielded an empty batch" in line]
     assert len(ours) == 1 and ours[0].startswith("epochal: RuntimeWarning: stream 'train'"), done.stderr
+
+
+def test_a_plugins_warning_is_one_line_and_a_libraries_is_pythons() -> None:
+    from epochal.cli import _format_warning
+
+    plugin = _format_warning(
+        "mlflow: the tracker is down", RuntimeWarning, "/x/site-packages/epochal_mlflow/tracker.py", 9
+    )
+    assert plugin == "epochal: RuntimeWarning: mlflow: the tracker is down\n"
+    library = _format_warning(
+        "deprecated", DeprecationWarning, "/x/site-packages/somelib/core.py", 3, "call()"
+    )
+    assert library.startswith("/x/site-packages/somelib/core.py:3: DeprecationWarning: deprecated")

@@ -702,9 +702,17 @@ _CORE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 def _format_warning(
     message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None
 ) -> str:
-    """epochal's own warnings (raised in its code, or of its classes) as one line with its name;
-    every other one (the user's code, a library's, a plugin's) as Python prints it."""
-    ours = category.__module__.split(".")[0] == "epochal" or os.path.abspath(filename).startswith(_CORE)
+    """Warnings of epochal and its plugins (raised in their code, or of their classes: packages
+    ``epochal`` and ``epochal_*``) as one line with epochal's name; every other one (the user's
+    code, a library's) as Python prints it."""
+    package = category.__module__.split(".")[0]
+    path = os.path.abspath(filename)
+    ours = (
+        package == "epochal"
+        or package.startswith("epochal_")
+        or path.startswith(_CORE)
+        or any(part.startswith("epochal_") for part in path.split(os.sep)[:-1])
+    )
     if ours:
         return f"epochal: {category.__name__}: {message}\n"
     return _python_format_warning(message, category, filename, lineno, line)
