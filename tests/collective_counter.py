@@ -18,11 +18,34 @@ from epochal import hookimpl
 PRIMITIVES = ("all_reduce", "all_gather", "broadcast", "barrier", "reduce", "gather", "scatter", "all_to_all")
 
 
-class CountCollectives:
-    """Counts every collective of this rank, with the stage and the step it was made in."""
+class Phases:
+    """Names the stage the loop is in (``phase``) and the training step (``iteration``)."""
 
     def __init__(self) -> None:
         self.phase, self.iteration = "start", 0
+
+    @hookimpl(tryfirst=True)
+    def before_batch(self, loop: Any) -> None:
+        self.phase, self.iteration = "step", loop.iteration + 1
+
+    @hookimpl(tryfirst=True)
+    def before_evaluation(self) -> None:
+        self.phase = "evaluation"
+
+    @hookimpl(tryfirst=True)
+    def after_epoch(self) -> None:
+        self.phase = "epoch end"
+
+    @hookimpl(tryfirst=True)
+    def after_training(self) -> None:
+        self.phase = "end"
+
+
+class CountCollectives(Phases):
+    """Counts every collective of this rank, with the stage and the step it was made in."""
+
+    def __init__(self) -> None:
+        super().__init__()
         self.calls: list[tuple[str, int, str]] = []
         self._undo: list[tuple[Any, str, Any]] = []
 
@@ -46,20 +69,8 @@ class CountCollectives:
                 self._undo.append((module, name, getattr(module, name)))
                 setattr(module, name, counted)
 
-    @hookimpl(tryfirst=True)
-    def before_batch(self, loop: Any) -> None:
-        self.phase, self.iteration = "step", loop.iteration + 1
-
-    @hookimpl(tryfirst=True)
-    def before_evaluation(self) -> None:
-        self.phase = "evaluation"
-
-    @hookimpl(tryfirst=True)
-    def after_epoch(self) -> None:
-        self.phase = "epoch end"
-
     @hookimpl(trylast=True)
-    def after_training(self, loop: Any) -> None:
+    def after_training(self, loop: Any) -> None:  # type: ignore[override]
         for module, name, original in reversed(self._undo):
             setattr(module, name, original)
         report = {

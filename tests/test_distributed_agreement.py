@@ -9,7 +9,9 @@ batch later, at the epoch end, out-of-step ranks) are tested without starting pr
 from __future__ import annotations
 
 import signal
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,6 +31,9 @@ from epochal.distributed.state import WorldSizeError
 from epochal.plugins import compose
 from epochal.stopping import Stop
 from epochal.testing import TinyModel, tiny_data
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from collective_counter import Phases
 
 # -- one process ------------------------------------------------------------------------------
 
@@ -413,29 +418,6 @@ def test_auto_is_the_default_of_the_distributed_section():
 
 
 # -- collectives per step with the six standard plugins ----------------------------------------
-
-
-class Phases:
-    """Names the stage the loop is in, for the collectives counted by :class:`CountingWorld`."""
-
-    def __init__(self) -> None:
-        self.phase, self.iteration = "start", 0
-
-    @hookimpl(tryfirst=True)
-    def before_batch(self, loop: Any) -> None:
-        self.phase, self.iteration = "step", loop.iteration + 1
-
-    @hookimpl(tryfirst=True)
-    def before_evaluation(self) -> None:
-        self.phase = "evaluation"
-
-    @hookimpl(tryfirst=True)
-    def after_epoch(self) -> None:
-        self.phase = "epoch end"
-
-    @hookimpl(tryfirst=True)
-    def after_training(self) -> None:
-        self.phase = "end"
 
 
 @dataclass
