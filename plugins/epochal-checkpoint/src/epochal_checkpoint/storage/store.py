@@ -411,7 +411,7 @@ class RemoteStore:
                 origin = (linked or {}).get(file)
                 if origin is not None:
                     try:
-                        self.fs.copy(self._key(origin, file), self._key(name, file))
+                        self.fs.cp_file(self._key(origin, file), self._key(name, file))
                         continue
                     except Exception:  # gone from the store, or no server-side copy: upload it
                         pass
