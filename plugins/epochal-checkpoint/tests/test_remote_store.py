@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from epochal_checkpoint import Checkpoint, CorruptCheckpointError
-from epochal_checkpoint.storage import MANIFEST, store
+from epochal_checkpoint import Checkpoint, CorruptCheckpointError, Load
+from epochal_checkpoint.storage import MANIFEST, POINTER, store
 from epochal_checkpoint.storage.store import UPLOAD, RemoteStore
 from epochal_checkpoint.testing import TORTURE_CONFIG, make_data, make_model
 
@@ -77,6 +77,29 @@ def test_memory_store_commits_each_checkpoint_and_resumes_bitwise(tmp_path: Path
     assert arrays(resumed) == arrays(straight)
     assert repr(list(resumed.log.rows())) == repr(list(straight.log.rows()))
     assert [i.name for i in remote.checkpoints()[0]] == [FIRST, SECOND, THIRD]
+
+
+def test_resume_path_and_load_take_a_url(tmp_path: Path) -> None:
+    url, other = memory_url(), memory_url()
+    run(url, tmp_path / "a", epochs=2)
+    resumed = run(other, tmp_path / "b", epochs=3, resume=f"{url}/{FIRST}")
+    assert resumed.resumed_source == f"checkpoint {url}/{FIRST}" and resumed.iteration == 48
+    assert [i.name for i in RemoteStore(other).checkpoints()[0]] == [SECOND, THIRD]
+    for path, shown in ((url, SECOND), (f"{url}/{POINTER}", SECOND), (f"{url}/{FIRST}/{MANIFEST}", FIRST)):
+        load = Load(path=path)
+        loop = Loop(
+            make_model(1000),
+            make_data(),
+            plugins={"load": load},
+            seed=0,
+            handle_signals=False,
+            max_epochs=3,
+        )
+        loop.run()
+        assert (
+            loop.resumed_source == f"checkpoint {url}/{shown}"
+            and store.shown(load.loaded) == f"{url}/{shown}"
+        )
 
 
 def test_a_checkpoint_without_its_manifest_never_reads_as_complete(tmp_path: Path) -> None:

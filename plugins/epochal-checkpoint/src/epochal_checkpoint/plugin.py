@@ -804,7 +804,8 @@ def read_from(
         (a name too long, a link loop...).
     """
     if store.is_remote(path):
-        return _read_url(str(path), model_only, storage_options, known)
+        read = store.read_url(str(path), model_only, storage_options, known)
+        return read.state, read.path
     path = store.local_path(path)
     try:
         return _read_from(path, model_only)
@@ -812,36 +813,6 @@ def read_from(
         raise CheckpointNotFoundError(
             f"cannot read a checkpoint at {str(error.filename or path)!r:.300}: {error.strerror or error}"
         ) from None
-
-
-def _read_url(
-    url: str, model_only: bool, options: Mapping[str, Any] | None, known: store.RemoteStore | None
-) -> tuple[dict[str, Any], Path]:
-    """:func:`read_from` for a URL: a checkpoint, its manifest, ``latest``, or a store of them."""
-    url = url.rstrip("/")
-    parent, _, last = url.rpartition("/")
-
-    def opened(where: str) -> store.RemoteStore:
-        return (
-            known
-            if known is not None and known.url == where.rstrip("/")
-            else store.RemoteStore(where, options)
-        )
-
-    if last == storage.MANIFEST:
-        url, _, last = parent, None, parent.rpartition("/")[2]
-        parent = url.rpartition("/")[0]
-    if last == storage.POINTER:
-        remote = opened(parent)
-        name = remote.read_pointer()
-        if name is None:
-            raise CheckpointNotFoundError(f"{url!r} names no checkpoint (it must hold a checkpoint name)")
-        read = remote.read(name, model_only=model_only)
-    elif storage.NAME_RE.match(last):
-        read = opened(parent).read(last, model_only=model_only)
-    else:
-        read, _ = opened(url).find_latest(model_only=model_only)
-    return read.state, read.path
 
 
 def _read_from(path: Path, model_only: bool) -> tuple[dict[str, Any], Path]:

@@ -67,7 +67,7 @@ from epochal_checkpoint.storage.sign import SIGNATURE, signing_key
 if TYPE_CHECKING:
     from epochal_checkpoint.storage.load import ReadCheckpoint
 
-__all__ = ["UPLOAD", "RemoteStore", "is_remote", "local_path", "shown"]
+__all__ = ["UPLOAD", "RemoteStore", "is_remote", "local_path", "read_url", "shown"]
 
 #: the upload marker: who writes (or deletes) the checkpoint whose prefix holds it.
 UPLOAD = ".epochal-upload.json"
@@ -205,8 +205,8 @@ class RemoteStore:
 
     def names(self) -> list[str]:
         """The names under the URL that are checkpoint names (complete or not), sorted."""
-        with contextlib.suppress(Exception):
-            self.fs.invalidate_cache(self.root)
+        with contextlib.suppress(Exception):  # other processes write here: no listing cached
+            self.fs.invalidate_cache()
         try:
             entries = self.fs.ls(self.root, detail=False)
         except FileNotFoundError:
@@ -518,3 +518,34 @@ class RemoteStore:
             )
         self.uncommitted = [n for n in self.uncommitted if n not in removed]
         return removed
+
+
+def read_url(
+    url: str,
+    model_only: bool = False,
+    options: Mapping[str, Any] | None = None,
+    known: RemoteStore | None = None,
+) -> ReadCheckpoint:
+    """Read the checkpoint at *url*: a checkpoint, its manifest, ``latest``, or a store of them
+    (its newest complete one). *known*, a store already open, is used when the URL is its own.
+    """
+    url = url.rstrip("/")
+    parent, _, last = url.rpartition("/")
+
+    def opened(where: str) -> RemoteStore:
+        if known is not None and known.url == where.rstrip("/"):
+            return known
+        return RemoteStore(where, options)
+
+    if last == MANIFEST:
+        url = parent
+        parent, _, last = url.rpartition("/")
+    if last == POINTER:
+        remote = opened(parent)
+        name = remote.read_pointer()
+        if name is None:
+            raise CheckpointNotFoundError(f"{url!r} names no checkpoint (it must hold a checkpoint name)")
+        return remote.read(name, model_only=model_only)
+    if NAME_RE.match(last):
+        return opened(parent).read(last, model_only=model_only)
+    return opened(url).find_latest(model_only=model_only)[0]
