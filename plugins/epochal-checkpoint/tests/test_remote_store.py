@@ -79,6 +79,33 @@ def test_memory_store_commits_each_checkpoint_and_resumes_bitwise(tmp_path: Path
     assert [i.name for i in remote.checkpoints()[0]] == [FIRST, SECOND, THIRD]
 
 
+@pytest.mark.filterwarnings("ignore:epochal-checkpoint. a epoch save:RuntimeWarning")  # async: deferred
+@pytest.mark.parametrize("variant", ["async_save", "signed", "export"])
+def test_async_signed_and_exported_saves_go_to_the_store(
+    variant: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    variants: dict[str, dict[str, Any]] = {
+        "async_save": {"async_save": True},
+        "signed": {},
+        "export": {"export": "both", "monitor": "valid.loss"},
+    }
+    options = variants[variant]
+    if variant == "signed":
+        monkeypatch.setenv("EPOCHAL_CHECKPOINT_KEY", "a key for the tests")
+    url = memory_url()
+    run(url, tmp_path, epochs=2, **options)
+    remote = RemoteStore(url)
+    assert [i.name for i in remote.checkpoints()[0]] == [FIRST, SECOND]
+    if variant == "signed":
+        assert all(remote.fs.exists(remote._key(name, "signature.json")) for name in (FIRST, SECOND))
+    if variant == "export":
+        assert remote.fs.exists(remote._key("best.safetensors"))
+        assert remote.fs.exists(remote._key("last.safetensors"))
+    resumed = run(url, tmp_path, epochs=3, resume=True, **options)
+    assert resumed.resumed_source == f"checkpoint {url}/{SECOND}" and resumed.iteration == 48
+    assert [i.name for i in remote.checkpoints()[0]] == [FIRST, SECOND, THIRD]
+
+
 def test_resume_path_and_load_take_a_url(tmp_path: Path) -> None:
     url, other = memory_url(), memory_url()
     run(url, tmp_path / "a", epochs=2)
@@ -100,6 +127,18 @@ def test_resume_path_and_load_take_a_url(tmp_path: Path) -> None:
             loop.resumed_source == f"checkpoint {url}/{shown}"
             and store.shown(load.loaded) == f"{url}/{shown}"
         )
+
+
+def test_a_fresh_run_into_a_store_with_checkpoints_is_refused_and_latest_is_its_url(tmp_path: Path) -> None:
+    url = memory_url()
+    plugin = Checkpoint(dir=url)
+    assert plugin.check_fresh_run(None, ["epochal", "run", "run.toml"]) is None
+    assert plugin.latest_checkpoint(None) is None
+    run(url, tmp_path, epochs=2)
+    refusal = plugin.check_fresh_run(None, ["epochal", "run", "run.toml"])
+    assert refusal is not None and f"'{url}' already holds 2 checkpoint(s)" in refusal
+    assert "epochal run run.toml --resume" in refusal
+    assert plugin.latest_checkpoint(None) == f"{url}/{SECOND}"
 
 
 def test_a_checkpoint_without_its_manifest_never_reads_as_complete(tmp_path: Path) -> None:
