@@ -94,6 +94,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=4_000_000, help="float32 values of the model")
     parser.add_argument("--saves", type=int, default=12)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--local-only", action="store_true", help="only local against --base")
     args = parser.parse_args()
     if args.child:
         child(args.child[0], int(args.child[1]), int(args.child[2]))
@@ -124,6 +125,8 @@ def main() -> None:
                 "memory://": (ROOT, "memory://bench/run", {}),
                 "s3 (moto)": (ROOT, "s3://bench/run", s3_env),
             }
+            if args.local_only:
+                del cases["memory://"], cases["s3 (moto)"]
             if args.base:
                 cases["base local"] = (base, str(Path(scratch) / "base-local"), {})
             results: dict[str, list[list[float]]] = {name: [] for name in cases}
