@@ -106,6 +106,23 @@ def test_async_signed_and_exported_saves_go_to_the_store(
     assert [i.name for i in remote.checkpoints()[0]] == [FIRST, SECOND, THIRD]
 
 
+def test_best_k_on_the_store_and_export_best_from_its_url(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+    from epochal_checkpoint.commands import export_command
+    from safetensors.numpy import load_file
+
+    url = memory_url()  # valid.loss falls epoch after epoch: with mode = "max" the first is best
+    run(url, tmp_path, epochs=3, keep_last=1, keep_best=1, monitor="valid.loss", mode="max")
+    remote = RemoteStore(url)
+    assert remote.names() == [FIRST, THIRD]
+    first = remote.read(FIRST).state["model"]
+    result = CliRunner().invoke(export_command, [url, "--best", "-o", str(tmp_path / "best.safetensors")])
+    assert result.exit_code == 0, result.output
+    assert f"checkpoint {url}/{FIRST} (epoch 1, iteration 16, best valid.loss=" in result.output
+    exported = load_file(tmp_path / "best.safetensors")
+    assert {k: v.tobytes() for k, v in exported.items()} == {k: first[k].tobytes() for k in exported}
+
+
 def test_resume_path_and_load_take_a_url(tmp_path: Path) -> None:
     url, other = memory_url(), memory_url()
     run(url, tmp_path / "a", epochs=2)
