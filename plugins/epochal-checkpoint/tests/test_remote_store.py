@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -234,6 +235,25 @@ def test_only_leftovers_of_a_dead_process_of_this_host_are_cleaned(tmp_path: Pat
     assert remote.names() == ["ckpt-e0001-i000002", "ckpt-e0001-i000003", "ckpt-e0001-i000004"]
     text = "\n".join(str(w.message) for w in warned)
     assert "another-host" in text and "no upload marker" in text and "left in place" in text
+
+
+def test_staging_directories_of_dead_processes_of_this_host_are_removed() -> None:
+    import tempfile
+
+    temp = Path(tempfile.gettempdir())
+    dead = temp / f"{store.STAGING}{store._host_tag()}-{dead_pid()}-test"
+    alive = temp / f"{store.STAGING}{store._host_tag()}-{os.getppid()}-test"
+    other = temp / f"{store.STAGING}another-host-{dead_pid()}-test"
+    for folder in (dead, alive, other):
+        (folder / FIRST).mkdir(parents=True, exist_ok=True)
+    try:
+        remote = RemoteStore(memory_url())
+        assert remote.staging.name.startswith(f"{store.STAGING}{store._host_tag()}-{os.getpid()}-")
+        assert not dead.exists() and alive.exists() and other.exists()
+        remote.close()
+    finally:
+        for folder in (dead, alive, other):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_a_missing_backend_names_the_pip_package() -> None:

@@ -41,6 +41,7 @@ import contextlib
 import datetime
 import json
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -72,6 +73,8 @@ __all__ = ["UPLOAD", "RemoteStore", "is_remote", "local_path", "read_url", "show
 #: the upload marker: who writes (or deletes) the checkpoint whose prefix holds it.
 UPLOAD = ".epochal-upload.json"
 PROBE = ".epochal-probe-"
+#: the staging directories' prefix, in the system's temporary directory.
+STAGING = "epochal-checkpoint-"
 MAX_SMALL_BYTES = 1 << 20
 
 #: staging directory -> URL of its store, so that messages name the URL (see :func:`shown`).
@@ -108,6 +111,24 @@ def shown(path: Path) -> str:
         if text == staging or text.startswith(staging + os.sep):
             return url + text[len(staging) :].replace(os.sep, "/")
     return text
+
+
+def _host_tag() -> str:
+    return re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())[:64]
+
+
+def _clean_stale_staging() -> list[str]:
+    """Remove the staging directories of this host's dead processes (a run killed with
+    SIGKILL leaves its own behind: up to one checkpoint's size each); return their names."""
+    pattern = re.compile(rf"^{re.escape(STAGING + _host_tag())}-(\d+)-[^/]+$")
+    removed = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(tempfile.gettempdir()):
+            found = pattern.match(entry.name)
+            if found and entry.is_dir(follow_symlinks=False) and _pid_dead(int(found[1])):
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed.append(entry.name)
+    return removed
 
 
 def _one_line(error: BaseException) -> str:
@@ -158,7 +179,9 @@ class RemoteStore:
     def staging(self) -> Path:
         """This process's local staging directory (created on first use, removed at exit)."""
         if self._staging is None or not self._staging.is_dir():
-            self._staging = Path(tempfile.mkdtemp(prefix="epochal-checkpoint-"))
+            prefix = f"{STAGING}{_host_tag()}-{os.getpid()}-"
+            _clean_stale_staging()
+            self._staging = Path(tempfile.mkdtemp(prefix=prefix))
             _URLS[str(self._staging)] = self.url
             atexit.register(self.close)
         return self._staging
