@@ -84,8 +84,10 @@ _URLS: dict[str, str] = {}
 def _protocol(location: str) -> str | None:
     if "://" not in location and "::" not in location:
         return None
-    from fsspec.core import split_protocol
-
+    try:
+        from fsspec.core import split_protocol
+    except ImportError:  # a URL all the same: RemoteStore says that fsspec is missing
+        return location.split("::")[0].split("://", 1)[0] if "://" in location else "chained"
     return split_protocol(location.split("::")[0])[0]
 
 
@@ -162,7 +164,11 @@ class RemoteStore:
         self.url = url.rstrip("/")
         try:
             import fsspec
-
+        except ImportError:
+            raise ConfigError(
+                f"checkpoint store {self.url!r}: fsspec is not installed (pip install fsspec)"
+            ) from None
+        try:
             self.fs, root = fsspec.url_to_fs(self.url, **dict(options or {}))
         except ImportError as error:  # fsspec names the package: "Install s3fs to access S3"
             raise ConfigError(f"checkpoint store {self.url!r}: {error}") from None
