@@ -214,7 +214,7 @@ class Checkpoint:
             if mode == "auto":
                 print(
                     "epochal-checkpoint: --resume auto: no complete checkpoint in "
-                    f"{self._shown(directory)!r} yet; starting a fresh run",
+                    f"{store.shown(directory)!r} yet; starting a fresh run",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -301,7 +301,7 @@ class Checkpoint:
             self._lineage, self._own, self._damaged, self._best = [], [], set(), None
             if self._known:
                 warnings.warn(
-                    f"checkpoint directory {self._shown(directory)!r} already holds {len(self._known)} "
+                    f"checkpoint directory {store.shown(directory)!r} already holds {len(self._known)} "
                     f"checkpoint(s) of earlier runs (newest: {self._known[-1].name}); this fresh run "
                     "keeps them and does not prune them (`epochal run --resume` continues the newest)",
                     RuntimeWarning,
@@ -397,9 +397,6 @@ class Checkpoint:
         if self._remote is None and store.is_remote(self.dir):
             self._remote = store.RemoteStore(str(self.dir), self.storage_options)
         return self._remote
-
-    def _shown(self, directory: Path) -> str:
-        return store.shown(directory)
 
     def _directory_for(self, run_dir: str | Path | None) -> Path:
         """The checkpoint directory of a run whose ``[loop] run_dir`` is *run_dir* (for a
