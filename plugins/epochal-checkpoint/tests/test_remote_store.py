@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -490,3 +491,37 @@ def test_a_url_whose_backend_is_missing_is_one_line_naming_the_package(
         pytest.skip("gcsfs is installed: no backend is missing")
     line = one_error_line(cli(s3, config(tmp_path, "gs://bucket/run")))
     assert "'gs://bucket/run'" in line and "gcsfs" in line
+
+
+@pytest.mark.slow
+def test_credentials_the_store_refuses_are_one_line_before_training(
+    s3: dict[str, Any], tmp_path: Path
+) -> None:
+    """moto's server with authentication on (a second one, in its own process): unknown keys."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not _listening(port):
+            assert server.poll() is None and time.monotonic() < deadline, "moto's server did not start"
+            time.sleep(0.1)
+        env = {**s3["env"], "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
+        result = epochal_command("run", "run.toml", cwd=config(tmp_path, "s3://bucket/run"), env=env)
+        line = one_error_line(result)
+        assert "'s3://bucket/run'" in line and "PermissionError" in line and "Access Key Id" in line
+        assert not list(tmp_path.glob("run/**/ckpt-*"))
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
