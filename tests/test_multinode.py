@@ -101,8 +101,9 @@ class Job:
             write_node(node, self.store, extra)
         self.launchers: list[subprocess.Popen[str]] = []
 
-    def start(self, *args: str) -> list[subprocess.Popen[str]]:
-        """``torchrun --nnodes 2 --node-rank N ... -m epochal run run.toml ARGS`` on each node."""
+    def start(self, *args: str, launcher: str = "torchrun") -> list[subprocess.Popen[str]]:
+        """``torchrun --nnodes 2 --node-rank N ... -m epochal run run.toml ARGS`` on each node
+        (*launcher* ``"epochal"``: ``epochal run run.toml --nnodes 2 --rdzv-endpoint E ARGS``)."""
         endpoint = f"127.0.0.1:{free_port()}"
         rdzv_id = uuid.uuid4().hex
         started = []
@@ -112,6 +113,9 @@ class Job:
                 "--nnodes", "2", "--node-rank", str(rank), "--nproc-per-node", "1",
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", rdzv_id,
                 "-m", "epochal", "run", "run.toml", *args,
+            ] if launcher == "torchrun" else [
+                sys.executable, "-m", "epochal", "run", "run.toml",
+                "--nnodes", "2", "--rdzv-endpoint", endpoint, *args,
             ]  # fmt: skip
             launcher = subprocess.Popen(
                 command,
@@ -134,8 +138,8 @@ class Job:
             ended.append((launcher.returncode, out, err))
         return ended
 
-    def run(self, *args: str) -> list[Ended]:
-        return self.finish(self.start(*args))
+    def run(self, *args: str, launcher: str = "torchrun") -> list[Ended]:
+        return self.finish(self.start(*args, launcher=launcher))
 
     def kill(self) -> None:
         for launcher in self.launchers:
@@ -298,3 +302,58 @@ def test_a_relative_checkpoint_directory_on_two_nodes_is_refused_before_anything
     for node in made.nodes:
         assert sorted(p.name for p in node.iterdir()) == ["ddp_tiny.py", "run.toml"]
     assert not made.store.exists()
+
+
+def test_epochal_run_nnodes_spans_two_nodes_stops_with_143_on_both_and_resumes(job, one_node):
+    """``epochal run --nnodes 2 --rdzv-endpoint E`` on each node: the same job as torchrun's, but
+    a stop on SIGTERM ends both launchers with 143 (a requeue script can test for it)."""
+    launchers = job.start("--set", "model.delay=0.08", launcher="epochal")
+    wait_for(lambda: job.checkpoints(), timeout=120, process=launchers[0])
+    ranks = {rank: launcher for launcher in launchers for rank in worker_pids(launcher.pid)}
+    assert sorted(ranks) == [0, 1]
+    ranks[1].send_signal(signal.SIGTERM)
+    ended = job.finish(launchers)
+    assert [status for status, _, _ in ended] == [128 + signal.SIGTERM] * 2, [err for *_, err in ended]
+    for _, _, err in ended:
+        assert not [line for line in err.splitlines() if line.startswith("Error")], err
+        assert "Traceback" not in err
+    where = job.where()
+    assert where[0] == where[1] and "SIGTERM received (on rank 1)" in where[0], where
+    summary = "".join(out for _, out, _ in ended)
+    assert "--nproc 1 --nnodes 2 --rdzv-endpoint 127.0.0.1:" in summary  # the resume command
+
+    for node in job.nodes:
+        for path in node.glob("where-*.txt"):
+            path.unlink()
+    resumed = job.run("--resume", "auto", launcher="epochal")
+    assert [status for status, _, _ in resumed] == [0, 0], [err for *_, err in resumed]
+    assert job.where() == FINISHED
+    state, _ = one_node
+    assert first_difference(compared(state), compared(final_state(job.store / "checkpoints"))) is None
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--nnodes", "2"], "--nnodes 2 needs --rdzv-endpoint HOST:PORT"),
+        (["--nnodes", "2", "--rdzv-endpoint", "node1"], "--rdzv-endpoint 'node1': expected HOST:PORT"),
+        (["--nnodes", "2", "--rdzv-endpoint", "node1:http"], "--rdzv-endpoint 'node1:http': expected"),
+        (["--nnodes", "2", "--rdzv-endpoint", "h:29500", "--port", "29500"], "--port and --rdzv-endpoint"),
+        (["--nnodes", "0", "--rdzv-endpoint", "h:29500"], "'--nnodes'"),
+    ],
+)
+def test_bad_nodes_options_are_one_line_before_anything_starts(tmp_path, args, message):
+    config = write_node(tmp_path / "node0", tmp_path / "store")
+    done = subprocess.run(
+        [sys.executable, "-m", "epochal", "run", str(config), *args],
+        cwd=tmp_path / "node0",
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if line.startswith("Error")]
+    assert len(errors) == 1 and message in errors[0], done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "store").exists()
