@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import uuid
@@ -30,8 +31,6 @@ from epochal.resumecheck import first_difference
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from processes import wait_for, worker_pids
-
-pytestmark = pytest.mark.distributed
 
 HERE = Path(__file__).parent
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
@@ -117,7 +116,7 @@ class Job:
                 sys.executable, "-m", "epochal", "run", "run.toml",
                 "--nnodes", "2", "--rdzv-endpoint", endpoint, *args,
             ]  # fmt: skip
-            launcher = subprocess.Popen(
+            process = subprocess.Popen(
                 command,
                 cwd=node,
                 env=environment(),
@@ -126,26 +125,33 @@ class Job:
                 text=True,
                 start_new_session=True,  # its own process group: the teardown kills it whole
             )
-            self.launchers.append(launcher)
-            started.append(launcher)
+            self.launchers.append(process)
+            started.append(process)
         return started
 
     def finish(self, launchers: list[subprocess.Popen[str]], timeout: float = 180) -> list[Ended]:
         """Each launcher's (exit status, stdout, stderr), once every one ended."""
         ended = []
         for launcher in launchers:
-            out, err = launcher.communicate(timeout=timeout)
+            try:
+                out, err = launcher.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                outputs = self.kill()
+                pytest.fail(f"a launcher still ran after {timeout} s; their outputs: {outputs}")
             ended.append((launcher.returncode, out, err))
         return ended
 
     def run(self, *args: str, launcher: str = "torchrun") -> list[Ended]:
         return self.finish(self.start(*args, launcher=launcher))
 
-    def kill(self) -> None:
+    def kill(self) -> list[tuple[str, str]]:
+        """Kill every launcher's process group; what each one printed that was not read yet."""
+        outputs = []
         for launcher in self.launchers:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.communicate()
+            outputs.append(launcher.communicate())
+        return outputs
 
     def where(self) -> dict[int, str]:
         """rank → how that rank's run ended (``epoch iteration reason``), from either node."""
@@ -218,6 +224,7 @@ def one_node(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], 
     return final_state(root / "store" / "checkpoints"), logged(root / "epochal.sqlite")
 
 
+@pytest.mark.distributed
 def test_two_nodes_train_one_job_equal_to_two_processes_on_one_node(job, one_node):
     """(a) 2 nodes x 1 process == ``--nproc 2`` on one node: weights, log, state; global rank 0
     alone writes the checkpoints (into the shared store) and the log database (on its node)."""
@@ -232,6 +239,9 @@ def test_two_nodes_train_one_job_equal_to_two_processes_on_one_node(job, one_nod
     zero = next(node for node in job.nodes if (node / "where-0.txt").exists())
     other = next(node for node in job.nodes if node != zero)
     assert (zero / "epochal.sqlite").is_file()
+    assert (
+        f"log: {zero / 'epochal.sqlite'} (on {socket.gethostname()}, the machine of rank 0)" in summaries[0]
+    )
     assert sorted(p.name for p in other.iterdir()) == ["ddp_tiny.py", "run.toml", "where-1.txt"]
     assert not (zero / "run").exists()
     every_epoch = [f"ckpt-e{e:04d}-i{e * PER_EPOCH:06d}" for e in range(1, EPOCHS + 1)]
@@ -241,6 +251,7 @@ def test_two_nodes_train_one_job_equal_to_two_processes_on_one_node(job, one_nod
     assert logged(zero / "epochal.sqlite") == records
 
 
+@pytest.mark.distributed
 @pytest.mark.parametrize("signalled", [0, 1])
 def test_sigterm_to_one_nodes_launcher_stops_both_at_one_batch_and_both_resume(job, one_node, signalled):
     """(b) SIGTERM to the launcher of the node that runs rank *signalled*: torchrun forwards it
@@ -280,6 +291,7 @@ def test_sigterm_to_one_nodes_launcher_stops_both_at_one_batch_and_both_resume(j
     assert first_difference(compared(state), compared(final_state(job.store / "checkpoints"))) is None
 
 
+@pytest.mark.distributed
 def test_a_relative_checkpoint_directory_on_two_nodes_is_refused_before_anything_is_written(tmp_path):
     """Each node would name its own directory: every rank says so in one line, nothing written."""
     made = Job(tmp_path, extra="")
@@ -304,6 +316,7 @@ def test_a_relative_checkpoint_directory_on_two_nodes_is_refused_before_anything
     assert not made.store.exists()
 
 
+@pytest.mark.distributed
 def test_epochal_run_nnodes_spans_two_nodes_stops_with_143_on_both_and_resumes(job, one_node):
     """``epochal run --nnodes 2 --rdzv-endpoint E`` on each node: the same job as torchrun's, but
     a stop on SIGTERM ends both launchers with 143 (a requeue script can test for it)."""
@@ -357,3 +370,57 @@ def test_bad_nodes_options_are_one_line_before_anything_starts(tmp_path, args, m
     assert len(errors) == 1 and message in errors[0], done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "store").exists()
+
+
+# -- without processes: how a process knows its machines, what the checkpoint plugin refuses ---
+
+
+@pytest.mark.parametrize(
+    ("environ", "nodes"),
+    [
+        ({"GROUP_WORLD_SIZE": "2", "GROUP_RANK": "1", "LOCAL_WORLD_SIZE": "4"}, (2, 1)),  # torchrun
+        ({"LOCAL_WORLD_SIZE": "4"}, (2, 0)),  # another launcher: 8 processes, 4 per machine
+        ({"LOCAL_WORLD_SIZE": "8"}, (1, 0)),
+        ({}, (1, 0)),  # nothing said: one machine
+    ],
+)
+def test_the_world_counts_machines_from_the_launchers_environment(monkeypatch, environ, nodes):
+    from epochal.distributed import world
+
+    for name in ("GROUP_WORLD_SIZE", "GROUP_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    assert world._nodes(8) == nodes
+    assert world.World(size=8, nodes=nodes[0]).several_nodes == (nodes[0] > 1)
+
+
+@pytest.mark.parametrize(
+    ("options", "run_dir", "refused"),
+    [
+        ({"dir": "checkpoints"}, None, "[plugins.checkpoint] dir: the checkpoint directory 'checkpoints'"),
+        ({}, "runs/run", "[loop] run_dir: the checkpoint directory 'runs/run/checkpoints'"),
+        ({"dir": "/shared/run/checkpoints"}, "runs/run", None),  # every machine names the same
+        ({"dir": "s3://bucket/run"}, "runs/run", None),  # an object store's URL
+    ],
+)
+def test_a_checkpoint_directory_relative_to_each_machine_is_refused_on_several(
+    monkeypatch, tmp_path, options, run_dir, refused
+):
+    from epochal_checkpoint.plugin import Checkpoint
+
+    from epochal.distributed import World, world
+    from epochal.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    plugin = Checkpoint(**options)
+    assert plugin.check_fresh_run(run_dir=run_dir, command=[]) is None  # one machine: as always
+    monkeypatch.setattr(world, "_current", World(rank=1, size=4, nodes=2, node_rank=1))
+    if refused is None:
+        assert plugin.check_fresh_run(run_dir=run_dir, command=[]) is None
+    else:
+        with pytest.raises(ConfigError, match="relative to each machine") as raised:
+            plugin.check_fresh_run(run_dir=run_dir, command=[])
+        assert str(raised.value).startswith(refused)
+        assert "this run spans 2 machines" in str(raised.value)
+    assert list(tmp_path.iterdir()) == []  # nothing written
