@@ -292,21 +292,32 @@ def test_sigterm_to_one_nodes_launcher_stops_both_at_one_batch_and_both_resume(j
 
 
 @pytest.mark.distributed
-def test_a_relative_checkpoint_directory_on_two_nodes_is_refused_before_anything_is_written(tmp_path):
-    """Each node would name its own directory: every rank says so in one line, nothing written."""
+@pytest.mark.parametrize("launcher", ["torchrun", "epochal"])
+def test_a_relative_checkpoint_directory_on_two_nodes_is_refused_before_anything_is_written(
+    tmp_path, launcher
+):
+    """Each node would name its own directory: every rank says so in one line, nothing written.
+    torchrun exits 1 after each rank's line; ``epochal run --nnodes`` prints the line once per
+    node and exits 2, as for any configuration error."""
     made = Job(tmp_path, extra="")
     for node in made.nodes:
         config = node / "run.toml"
         config.write_text(re.sub(r"(?m)^dir = .*$", 'dir = "checkpoints"', config.read_text()))
     try:
-        ended = made.run()
+        ended = made.run(launcher=launcher)
     finally:
         made.kill()
     lines = []
     for status, _, err in ended:
-        assert status == 1  # torchrun's status for a failed worker (each worker exits 2)
-        lines += [line for line in err.splitlines() if line.startswith("Error:")]
-        assert not re.search(r'File ".*epochal', err), err  # torchrun's traceback only, no worker's
+        node_lines = [line for line in err.splitlines() if line.startswith("Error:")]
+        if launcher == "torchrun":
+            assert status == 1  # torchrun's status for a failed worker (each worker exits 2)
+            assert not re.search(r'File ".*epochal', err), err  # torchrun's traceback only, no worker's
+        else:
+            assert status == 2, err
+            assert len(node_lines) == 1 and "Traceback" not in err, err
+            assert node_lines[0].startswith("Error: [plugins.checkpoint] dir:")  # the message alone
+        lines += node_lines
     assert lines, [err for _, _, err in ended]
     for line in lines:
         assert "[plugins.checkpoint] dir: the checkpoint directory 'checkpoints' is relative" in line
