@@ -435,3 +435,14 @@ def test_a_checkpoint_directory_relative_to_each_machine_is_refused_on_several(
         assert str(raised.value).startswith(refused)
         assert "this run spans 2 machines" in str(raised.value)
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_the_workers_do_not_get_the_launchers_node_options():
+    from epochal.distributed.launch import worker_arguments
+
+    argv = ["run", "run.toml", "--nproc", "4", "--nnodes", "2", "--rdzv-endpoint", "node1:29500"]
+    assert worker_arguments([*argv, "--resume", "auto"]) == ["run", "run.toml", "--resume", "auto"]
+    assert worker_arguments(["run", "run.toml", "--nnodes=2", "--rdzv-endpoint=node1:29500"]) == [
+        "run",
+        "run.toml",
+    ]
