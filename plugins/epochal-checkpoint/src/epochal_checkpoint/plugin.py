@@ -31,6 +31,7 @@ from epochal_checkpoint.errors import (
 )
 from epochal_checkpoint.export import export_weights
 from epochal_checkpoint.lock import DirectoryLock, live_holder
+from epochal_checkpoint.nodes import refuse_node_local
 from epochal_checkpoint.storage import store
 
 if TYPE_CHECKING:
@@ -187,6 +188,7 @@ class Checkpoint:
         """
         if not resume:
             return None
+        self._check_shared(loop.run_dir)
         directory = self.directory(loop)
         remote = self._store()
         mode = loop.resume if isinstance(loop.resume, str) else "latest"
@@ -271,6 +273,7 @@ class Checkpoint:
     def before_training(self, loop: Loop) -> None:
         """Lock and prepare the directory, clean leftovers, note the checkpoints already there."""
         self._name = _plugin_name(loop, self, "checkpoint")
+        self._check_shared(loop.run_dir)  # on every rank: they all fail alike, before any save
         # The one place where the rank matters: on several processes every rank takes part in
         # the saves (the state is a collective) and only rank 0 touches the directory.
         self._writer = loop.world.is_zero
@@ -397,6 +400,13 @@ class Checkpoint:
         if self._remote is None and store.is_remote(self.dir):
             self._remote = store.RemoteStore(str(self.dir), self.storage_options)
         return self._remote
+
+    def _check_shared(self, run_dir: str | Path | None) -> None:
+        """On several machines, refuse a directory relative to each one's working directory."""
+        if self.dir:
+            refuse_node_local(str(self.dir), f"[plugins.{self._name}] dir")
+        elif run_dir is not None:
+            refuse_node_local(str(Path(run_dir) / "checkpoints"), "[loop] run_dir")
 
     def _directory_for(self, run_dir: str | Path | None) -> Path:
         """The checkpoint directory of a run whose ``[loop] run_dir`` is *run_dir* (for a
@@ -582,6 +592,7 @@ class Checkpoint:
         Mixing two runs' checkpoints in one directory makes ``--resume`` pick whichever is
         newest; the user says which they want: continue (``--resume``) or another directory.
         """
+        self._check_shared(run_dir)
         remote = self._store()
         if remote is not None:  # no lock on an object store; an unreachable one fails here, one line
             committed = [info.name for info in remote.checkpoints()[0]]
