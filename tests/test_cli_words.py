@@ -125,7 +125,7 @@ def test_every_install_line_names_something_installable_from_here() -> None:
             if not w.startswith("-") and "://" not in w and "$" not in w  # "$d": a shell loop's variable
         ]
         for word in (expanded for listed in words for expanded in _braces(listed)):
-            target = re.sub(r"\[[a-z,]+\]$", "", word)
+            target = re.sub(r"\[[a-z0-9_,-]+\]$", "", word)
             if target in FROM_AN_INDEX or target.startswith("epochal-loss-guard"):
                 continue  # the scaffold's example distribution, built by the reader (writing-plugins.md)
             paths = list(ROOT.glob(target)) if "*" in target else [ROOT / target]
