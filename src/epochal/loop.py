@@ -23,6 +23,7 @@ from epochal.data import _empty_rule, _mapping_empty, _ndarray, _sequence_empty,
 from epochal.distributed.strategy import strategy_for
 from epochal.distributed.world import World, current_world
 from epochal.empty import EmptyData
+from epochal.estimates import stepping_batches
 from epochal.errors import ConfigError, EpochalError
 from epochal.evaluation import MetricSums, means
 from epochal.log import TrainingLog
@@ -234,6 +235,11 @@ class Loop:
     def batch_in_epoch(self) -> int:
         """Training batches completed in the current epoch."""
         return self.iteration - self._epoch_start
+
+    @property
+    def estimated_stepping_batches(self) -> float:
+        """The optimizer steps the whole run takes (``math.inf``: unbounded); see :mod:`epochal.estimates`."""
+        return stepping_batches(self)
 
     def request_stop(self, reason: str, *, agreed: bool = False) -> None:
         """End training cleanly at the next batch boundary, then call ``after_training``.

@@ -229,3 +229,28 @@ def test_it_loads_only_when_named() -> None:
         "lr_scheduler"
         in load_plugins(order=[], options={"lr_scheduler": {"name": "StepLR", "step_size": 1}}).plugins
     )
+
+
+def test_auto_length_is_the_runs_optimizer_steps_as_lightnings_estimate() -> None:
+    """``total_steps = "auto"``: 3 epochs of 4 batches with accumulation 2 are 6 optimizer steps,
+    so OneCycleLR ends exactly at its last step (one more step would be refused by torch)."""
+    model = torch_model(accumulate_grad_batches=2)
+    scheduler = LRScheduler("OneCycleLR", interval="batch", max_lr=0.5, total_steps="auto")
+    loop = run(scheduler, model, epochs=3)
+    assert loop.estimated_stepping_batches == 6 == model.optimizer_steps
+    assert scheduler.scheduler.total_steps == 6
+    assert lrs(loop)[0] == pytest.approx(0.5 / 25)  # OneCycleLR's start: max_lr / div_factor
+    epochs = run(LRScheduler("CosineAnnealingLR", T_max="auto", frequency=2), epochs=4)
+    assert epochs.plugins["lr_scheduler"].scheduler.T_max == 2  # 4 epochs, a step every 2nd
+
+
+def test_auto_length_of_an_unbounded_run_is_one_line() -> None:
+    loop = Loop(
+        torch_model(),
+        {"train": iter(batches())},  # no len(): the run's length is unknown
+        plugins={"lr_scheduler": LRScheduler("OneCycleLR", interval="batch", max_lr=0.5, total_steps="auto")},
+        max_epochs=2,
+    )
+    assert loop.estimated_stepping_batches == float("inf")
+    with pytest.raises(ConfigError, match=r"total_steps = 'auto' needs a run of known length: set \[loop\]"):
+        loop.run()

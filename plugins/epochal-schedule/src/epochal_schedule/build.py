@@ -6,6 +6,8 @@ epochal-schedule costs a numpy run no torch import.
 
 from __future__ import annotations
 
+import math
+
 import inspect
 from collections.abc import Mapping
 from typing import Any
@@ -59,10 +61,31 @@ def check_arguments(cls: type, arguments: Mapping[str, Any], where: str) -> None
         raise PluginError(f"{where} {cls.__name__} needs {', '.join(missing)}; its arguments: {valid}")
 
 
-def build(name: str, arguments: Mapping[str, Any], optimizer: torch.optim.Optimizer, where: str) -> Any:
+#: the arguments that say how long a schedule runs: ``"auto"`` makes them the run's length.
+LENGTH_ARGUMENTS = ("total_steps", "T_max", "total_iters")
+
+
+def build(
+    name: str,
+    arguments: Mapping[str, Any],
+    optimizer: torch.optim.Optimizer,
+    where: str,
+    length: float = math.inf,
+) -> Any:
+    """The scheduler *name* of *optimizer*; a length argument given as ``"auto"`` becomes
+    *length* (the steps the schedule takes in this run; ``math.inf``: the run is unbounded)."""
     cls = scheduler_class(name, where)
     check_arguments(cls, arguments, where)
     kwargs = dict(arguments)
+    for key in LENGTH_ARGUMENTS:
+        if kwargs.get(key) == "auto":
+            if length == math.inf or length < 1:
+                raise ConfigError(
+                    f"{where} {key} = 'auto' needs a run of known length: set [loop] max_epochs "
+                    "(with a train stream that has a len()) or [loop] max_iterations"
+                    + ("" if length == math.inf else f" (this run takes {int(length)} steps of it)")
+                )
+            kwargs[key] = int(length)
     for key in _CALLABLE_ARGUMENTS:
         if isinstance(kwargs.get(key), str):
             kwargs[key] = resolve(kwargs[key], f"{where} {key}")
@@ -73,7 +96,11 @@ def build(name: str, arguments: Mapping[str, Any], optimizer: torch.optim.Optimi
             raise ConfigError(f"{where} schedulers must be a list of tables, each with a name")
         kwargs["schedulers"] = [
             build(
-                c["name"], {k: v for k, v in c.items() if k != "name"}, optimizer, f"{where} schedulers[{n}]"
+                c["name"],
+                {k: v for k, v in c.items() if k != "name"},
+                optimizer,
+                f"{where} schedulers[{n}]",
+                length,
             )
             for n, c in enumerate(children)
         ]

@@ -21,6 +21,8 @@ through a one-parameter stand-in optimizer whose learning rate is copied into ``
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -47,6 +49,10 @@ class LRScheduler:
         only in the rows (epochs, or batches with ``interval = "batch"``) that hold it.
     :param log: write the learning rate into the log (``lr``, ``lr.group1``, ...).
     :param arguments: the scheduler's own keyword arguments (``step_size``, ``T_max``, ...).
+        A length argument (``total_steps``, ``T_max``, ``total_iters``) may be ``"auto"``: the
+        steps the schedule takes in this run (optimizer steps from
+        ``loop.estimated_stepping_batches`` with ``interval = "batch"``, else ``max_epochs``;
+        divided by *frequency*).
     """
 
     autoload = False  # it changes the learning rate: it runs only when a run names it
@@ -105,6 +111,14 @@ class LRScheduler:
             "(model.optimizer) and no numeric learning rate (model.lr) to schedule"
         )
 
+    def _length(self, loop: Any) -> float:
+        """The steps this schedule takes in the run: what a length argument ``"auto"`` becomes."""
+        if self.interval == "batch":
+            total = loop.estimated_stepping_batches
+        else:
+            total = loop.max_epochs if loop.max_epochs is not None else math.inf
+        return total if total == math.inf else total // self.frequency
+
     def _sync_proxy(self) -> None:
         if self._proxy_model is not None and self.optimizer is not None:
             self._proxy_model.lr = self.optimizer.param_groups[0]["lr"]
@@ -122,7 +136,7 @@ class LRScheduler:
 
         self.steps, self._seen, self._evaluated, self._proxy_model = 0, False, set(), None
         self.optimizer = self._optimizer_of(loop.model)
-        self.scheduler = build(self.name, self.arguments, self.optimizer, WHERE)
+        self.scheduler = build(self.name, self.arguments, self.optimizer, WHERE, self._length(loop))
         pending, self._pending = self._pending, None
         if pending is not None and loop.resumed:
             # Making a scheduler steps it once and rewrites the rates; the saved ones win.
