@@ -23,8 +23,8 @@ from epochal.data import _empty_rule, _mapping_empty, _ndarray, _sequence_empty,
 from epochal.distributed.strategy import strategy_for
 from epochal.distributed.world import World, current_world
 from epochal.empty import EmptyData
-from epochal.estimates import stepping_batches
 from epochal.errors import ConfigError, EpochalError
+from epochal.estimates import stepping_batches
 from epochal.evaluation import MetricSums, means
 from epochal.log import TrainingLog
 from epochal.model import Model

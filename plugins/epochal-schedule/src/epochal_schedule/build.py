@@ -6,9 +6,8 @@ epochal-schedule costs a numpy run no torch import.
 
 from __future__ import annotations
 
-import math
-
 import inspect
+import math
 from collections.abc import Mapping
 from typing import Any
 

@@ -22,7 +22,6 @@ through a one-parameter stand-in optimizer whose learning rate is copied into ``
 from __future__ import annotations
 
 import math
-
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
