@@ -29,7 +29,7 @@ def stepping_batches(loop: Any) -> float:
     if loop.max_epochs is not None:
         train = loop.data.get("train")
         sized = hasattr(type(train), "__len__")
-        bounds.append(loop.max_epochs * len(train) if sized else math.inf)  # type: ignore[arg-type]
+        bounds.append(loop.max_epochs * len(train) if sized else math.inf)
     batches = min(bounds, default=math.inf)
     accumulate = getattr(loop.model, "accumulate_grad_batches", 1)
     if batches == math.inf:
