@@ -15,6 +15,7 @@ from safetensors.torch import load_file  # noqa: E402
 
 from epochal.examples.digits_torch import DigitsCNN  # noqa: E402
 from epochal.testing import epochal_command  # noqa: E402
+from epochal.torch.describe import human  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "digits_torch.toml"
 QUIET = ("--disable", "progress,timing,sqlite_log")
@@ -65,6 +66,12 @@ def test_resume_continues_bitwise_and_the_load_plugin_starts_from_a_checkpoint(t
         tmp_path, "run", str(EXAMPLE), "--set", "loop.max_epochs=2", "--set", "loop.run_dir=a", *common
     )
     assert straight.returncode == 0, straight.stderr
+    params = sum(p.numel() for p in DigitsCNN().parameters())  # the model line, before training
+    assert (
+        f"epochal: model DigitsCNN: {human(params)} parameters ({human(params)} trainable), "
+        in straight.stderr
+    )
+    assert "32-true on cpu" in straight.stderr
     sets = ("--set", "loop.run_dir=b", "--set", "plugins.checkpoint.dir=b/ckpt", *common)
     first = run(tmp_path, "run", str(EXAMPLE), "--set", "loop.max_epochs=1", *sets)
     assert first.returncode == 0, first.stderr
@@ -158,3 +165,8 @@ def test_the_example_reaches_its_documented_accuracy(tmp_path: Path) -> None:
     metrics = dict(item.split("=") for item in summary.removeprefix("epochal: last valid: ").split(", "))
     assert float(metrics["accuracy"]) >= 0.97 and float(metrics["f1"]) >= 0.97
     assert (tmp_path / "runs" / "digits_torch" / "checkpoints" / "best.safetensors").is_file()
+
+
+def test_model_line_counts_read_as_people_write_them() -> None:
+    assert [human(n) for n in (7, 9_930, 1_234_567, 7e9)] == ["7", "9.93 K", "1.23 M", "7 B"]
+    assert [human(n, "B") for n in (512, 39_720, 3e9)] == ["512 B", "39.7 KB", "3 GB"]

@@ -89,6 +89,13 @@ class RunSummary:
         self.best: dict[str, dict[str, tuple[float, int]]] = {}
 
     @hookimpl(tryfirst=True)
+    def before_training(self, loop: Any) -> None:
+        """Say what trains (the model's optional ``summary()`` line), before any progress bar."""
+        summary = getattr(loop.model, "summary", None)
+        if callable(summary):
+            print(f"epochal: model {summary()}", file=sys.stderr, flush=True)
+
+    @hookimpl(tryfirst=True)
     def on_resumption(self, loop: Any) -> None:
         """Say what the run resumed from, before any progress bar is drawn; note its earlier epochs."""
         print(resume_line(loop), file=sys.stderr, flush=True)

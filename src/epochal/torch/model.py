@@ -210,6 +210,12 @@ class TorchModel:
                 return module
             module = inner
 
+    def summary(self) -> str:
+        """One line: the module, its parameters (trainable), their size, precision and device."""
+        from epochal.torch.describe import describe
+
+        return describe(self)
+
     def _split(self, batch: Any) -> tuple[Any, Any]:
         batch = move_to(batch, self.device, self.precision.param_dtype)
         if isinstance(batch, Mapping):
