@@ -66,7 +66,7 @@ def load_from(module: torch.nn.Module, optimizer: torch.optim.Optimizer, path: s
     try:
         single = not (torch.distributed.is_available() and torch.distributed.is_initialized())
         with warnings.catch_warnings():  # DCP's note that one process loads alone: intended
-            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+            warnings.filterwarnings("ignore", "torch.distributed is ", UserWarning)
             dcp.load(state, checkpoint_id=str(path), no_dist=single)
         load_sharded_state(module, optimizer, state)
     except Exception as error:

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from epochal_checkpoint.errors import CheckpointNotFoundError
-from epochal_checkpoint.export import export_weights, model_tensors
+from epochal_checkpoint.export import export_weights
 from epochal_checkpoint.storage.codec import is_finite_number
 from epochal_checkpoint.storage.layout import CheckpointInfo, list_checkpoints
 from epochal_checkpoint.storage.load import read_checkpoint
@@ -54,7 +54,7 @@ def export_command(source: Path, output: Path | None, best: bool) -> None:
         "epochal.iteration": manifest.get("iteration"),
     }
     export_weights(state["model"], output, meta)
-    count = len(model_tensors(state["model"]))
+    count = len(safe_names(output))
     click.echo(f"wrote {count} tensors of checkpoint {where} ({_describe(manifest, best)}) to {output}")
 
 
@@ -94,3 +94,11 @@ def _best(directory: Path) -> CheckpointInfo:
                 f"is {chosen.name} ({_describe(chosen.manifest, False)}): export it by its path"
             )
     return chosen
+
+
+def safe_names(path: Path) -> list[str]:
+    """The tensor names of the safetensors file *path* (its header only)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="numpy") as handle:
+        return list(handle.keys())

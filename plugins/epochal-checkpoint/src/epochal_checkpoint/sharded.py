@@ -102,7 +102,7 @@ def save_part(
     try:
         writer = dcp.FileSystemWriter(tmp, sync_files=True, single_file_per_rank=True, overwrite=False)
         with warnings.catch_warnings():  # DCP's note that one process saves alone: that is intended
-            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+            warnings.filterwarnings("ignore", "torch.distributed is ", UserWarning)
             dcp.save(loop.model.sharded_state_dict(), storage_writer=writer, no_dist=not _distributed())
         mine = files.describe(tmp, world.rank, coordinator=world.is_zero)
     except Exception as error:  # said by every rank below: none waits for a rank that failed
