@@ -105,7 +105,8 @@ keep_last = {keep_last}
 
 #: 2 processes x 8 batches per epoch: saves after batches 5, 8 (epoch end), 10, 15 and 16 (end);
 #: a name holds the epochs completed.
-MID, FIRST, BEFORE, NEWEST = "ckpt-e0000-i000005", "ckpt-e0001-i000008", "ckpt-e0001-i000015", "ckpt-e0002-i000016"
+MID, FIRST = "ckpt-e0000-i000005", "ckpt-e0001-i000008"
+BEFORE, NEWEST = "ckpt-e0001-i000015", "ckpt-e0002-i000016"
 
 
 def project(where: Path, keep_last: str = "10") -> Path:
@@ -233,8 +234,8 @@ def test_export_writes_the_consolidated_weights(trained: Path, tmp_path: Path) -
 
 def test_sharded_format_for_a_model_without_tensors_is_one_line(tmp_path: Path) -> None:
     where = project(tmp_path)
-    text = (where / "run.toml").read_text().replace('"shardmodel:make_model"', '"epochal.examples.digits:make_model"')
-    (where / "run.toml").write_text(text.replace('"shardmodel:make_data"', '"epochal.examples.digits:make_data"'))
+    text = (where / "run.toml").read_text().replace('"shardmodel:make_', '"epochal.examples.digits:make_')
+    (where / "run.toml").write_text(text)
     done = run(where, "run", "run.toml")
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr

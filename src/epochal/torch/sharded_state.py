@@ -41,7 +41,9 @@ def sharded_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> 
     return {"model": model, "optim": optim}
 
 
-def load_sharded_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer, state: Mapping[str, Any]) -> None:
+def load_sharded_state(
+    module: torch.nn.Module, optimizer: torch.optim.Optimizer, state: Mapping[str, Any]
+) -> None:
     """Put *state* (from :func:`sharded_state`, as loaded by DCP) into *module* and *optimizer*."""
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
@@ -70,7 +72,6 @@ def load_from(module: torch.nn.Module, optimizer: torch.optim.Optimizer, path: s
             dcp.load(state, checkpoint_id=str(path), no_dist=single)
         load_sharded_state(module, optimizer, state)
     except Exception as error:
-        why = " ".join(str(error).split())
-        raise EpochalError(
-            f"cannot load the sharded checkpoint {str(path)!r} into the model: {type(error).__name__}: {why:.500}"
-        ) from error
+        why = f"{type(error).__name__}: {' '.join(str(error).split())}"
+        where = f"the sharded checkpoint {str(path)!r}"
+        raise EpochalError(f"cannot load {where} into the model: {why:.500}") from error

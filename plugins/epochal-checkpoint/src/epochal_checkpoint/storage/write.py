@@ -36,7 +36,6 @@ from epochal_checkpoint.storage.codec import (
 )
 from epochal_checkpoint.storage.layout import POINTER, CheckpointInfo, temp_name, unique_name
 from epochal_checkpoint.storage.read import SEGMENT_RE, verified
-from epochal_checkpoint.storage.sharded import SHARDED
 from epochal_checkpoint.storage.segments import (
     LinkedSegment,
     MergedSegment,
@@ -45,6 +44,7 @@ from epochal_checkpoint.storage.segments import (
     encode_segment,
     merged_pieces,
 )
+from epochal_checkpoint.storage.sharded import SHARDED
 
 __all__ = [
     "Flushes",
@@ -297,7 +297,7 @@ def write_checkpoint(
         if key is not None and shards:
             raise CheckpointWriteError(
                 f"cannot write checkpoint {str(directory / name)!r}: sharded checkpoints are not "
-                f"signed yet (unset {sign.KEY_ENV}, or use [plugins.checkpoint] format = \"single\")"
+                f'signed yet (unset {sign.KEY_ENV}, or use [plugins.checkpoint] format = "single")'
             )
         macs = {DATA: sign.file_mac(key, DATA, pieces)} if key is not None else {}
         written = []
