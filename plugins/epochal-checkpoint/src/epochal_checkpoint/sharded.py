@@ -37,7 +37,7 @@ from epochal_checkpoint.storage import sharded as files
 if TYPE_CHECKING:
     from epochal.loop import Loop
 
-__all__ = ["check_model", "save_part", "wanted"]
+__all__ = ["check_model", "save_part", "wanted", "write_tensors"]
 
 _METHODS = ("sharded_state_dict", "rest_state_dict")
 
@@ -81,11 +81,19 @@ def save_part(
 
     :raises CheckpointWriteError: on every rank, when any rank failed to write or fsync its files.
     """
-    import torch.distributed.checkpoint as dcp
-
-    world = loop.world
     state = loop.state_dict(log_rows=False, model=False)
     state["model"] = loop.model.rest_state_dict()
+    return state, write_tensors(loop.world, loop.model.sharded_state_dict(), directory, name)
+
+
+def write_tensors(
+    world: Any, tensors: dict[str, Any], directory: Path | None, name: str
+) -> tuple[Path, dict[str, dict[str, Any]]]:
+    """Every rank writes its *tensors* with ``dcp.save`` into a temporary directory that rank 0
+    (*directory* given: the checkpoint directory) makes for checkpoint *name*; return it and
+    every rank's files ``{file: {size, crc32}}``, durable (a collective)."""
+    import torch.distributed.checkpoint as dcp
+
     made: tuple[str | None, str | None] = (None, None)
     if directory is not None:
         tmp = directory / storage.temp_name(name)
@@ -103,7 +111,7 @@ def save_part(
         writer = dcp.FileSystemWriter(tmp, sync_files=True, single_file_per_rank=True, overwrite=False)
         with warnings.catch_warnings():  # DCP's note that one process saves alone: that is intended
             warnings.filterwarnings("ignore", "torch.distributed is ", UserWarning)
-            dcp.save(loop.model.sharded_state_dict(), storage_writer=writer, no_dist=not _distributed())
+            dcp.save(tensors, storage_writer=writer, no_dist=not _distributed())
         mine = files.describe(tmp, world.rank, coordinator=world.is_zero)
     except Exception as error:  # said by every rank below: none waits for a rank that failed
         mine = f"rank {world.rank}: {type(error).__name__}: {' '.join(str(error).split())}"[:600]
@@ -117,4 +125,4 @@ def save_part(
             "earlier checkpoints are kept"
         )
     merged = {file: entry for part in every if isinstance(part, dict) for file, entry in part.items()}
-    return state, (tmp, merged)
+    return tmp, merged
