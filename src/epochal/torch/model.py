@@ -381,7 +381,8 @@ class TorchModel:
         """
         sharded = isinstance(state, Mapping) and "dcp" in state
         tensors = {"dcp"} if sharded else {"module", "optimizer"}
-        problems = compare_keys("", {*tensors, "steps", "scaler"}, state, missing_ok=True)
+        extra = {"dcp_only"} if sharded else set()
+        problems = compare_keys("", {*tensors, *extra, "steps", "scaler"}, state, missing_ok=True)
         if isinstance(state, Mapping) and (missing := tensors - set(state)):
             problems.append(f"missing keys {sorted(missing)}")
         if problems:
@@ -389,6 +390,8 @@ class TorchModel:
         if sharded:  # DCP checks the tensors when it loads them (every rank, a collective)
             if not isinstance(state["dcp"], str):
                 problems.append(f"dcp must be a checkpoint directory, not {state['dcp']!r:.100}")
+            if state.get("dcp_only", "model") != "model":
+                problems.append(f"dcp_only must be 'model', not {state['dcp_only']!r:.100}")
         else:
             problems += check_module("module.", self.raw_module.state_dict(), state["module"])
             if not problems:
@@ -428,8 +431,10 @@ class TorchModel:
             raise ValueError("cannot load TorchModel state: " + "; ".join(problems))
         module = self.raw_module
         if "dcp" in state:  # a sharded checkpoint: its tensors are in that DCP directory
-            sharded_state.load_from(module, self.optimizer, state["dcp"])
-            self._load_rest(state)
+            only = state.get("dcp_only") == "model"  # the weights only (fine-tuning)
+            sharded_state.load_from(module, self.optimizer, state["dcp"], model_only=only)
+            if not only:
+                self._load_rest(state)
             return
         self._load_module(module, state["module"])
         saved = state["optimizer"]

@@ -56,21 +56,30 @@ def load_sharded_state(
     )
 
 
-def load_from(module: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str | Path) -> None:
+def load_from(
+    module: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str | Path, model_only: bool = False
+) -> None:
     """Read the DCP checkpoint in directory *path* into *module* and *optimizer* (resharded to
-    this world by DCP).
+    this world by DCP); with *model_only*, into *module* only.
 
     :raises EpochalError: one line naming *path*, when DCP cannot read it or it does not fit.
     """
     import torch.distributed.checkpoint as dcp
 
     state = sharded_state(module, optimizer)
+    if model_only:
+        del state["optim"]
     try:
         single = not (torch.distributed.is_available() and torch.distributed.is_initialized())
         with warnings.catch_warnings():  # DCP's note that one process loads alone: intended
             warnings.filterwarnings("ignore", "torch.distributed is ", UserWarning)
             dcp.load(state, checkpoint_id=str(path), no_dist=single)
-        load_sharded_state(module, optimizer, state)
+        if model_only:
+            from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+            set_model_state_dict(module, state["model"], options=_options())
+        else:
+            load_sharded_state(module, optimizer, state)
     except Exception as error:
         why = f"{type(error).__name__}: {' '.join(str(error).split())}"
         where = f"the sharded checkpoint {str(path)!r}"

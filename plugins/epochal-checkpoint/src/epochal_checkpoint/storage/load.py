@@ -290,6 +290,8 @@ def read_checkpoint_info(path: Path, model_only: bool = False) -> ReadCheckpoint
         if not isinstance(tree.get("model"), dict):
             raise corrupt(path, DATA, "key model is not a table (a sharded checkpoint's model rest)")
         tree["model"]["dcp"] = str(path.absolute())
+        if model_only:  # the module's tensors only: the optimizer's stay as they are
+            tree["model"]["dcp_only"] = "model"
     check = None
     if signed is not None:
         key, signature = signed
