@@ -108,10 +108,10 @@ def timed(world: Any, action: Callable[[], None]) -> float:
 def worker(rank: int, case: str, mb: int, rounds: int, base: str, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    from epochal.distributed.world import World
     from epochal_checkpoint.sharded import write_tensors
     from epochal_checkpoint.storage import flatten, read_checkpoint, read_checkpoint_info, write_checkpoint
 
+    from epochal.distributed.world import World
     from epochal.torch import sharded_state
 
     world = World(rank=rank, size=2, local_rank=rank, backend="gloo")
@@ -133,7 +133,8 @@ def worker(rank: int, case: str, mb: int, rounds: int, base: str, port: int, out
         if world.is_zero:
             target.mkdir()
         if case == "epochal sharded":
-            prepared = write_tensors(world, model.sharded_state_dict(), target if world.is_zero else None, name)
+            mine = target if world.is_zero else None
+            prepared = write_tensors(world, model.sharded_state_dict(), mine, name)
             if world.is_zero:
                 snapshot = flatten({"model": model.rest_state_dict()})
                 write_checkpoint(target, name, snapshot, {"sequence": i}, prepared=prepared)
@@ -148,7 +149,8 @@ def worker(rank: int, case: str, mb: int, rounds: int, base: str, port: int, out
         state = None
         if world.is_zero:
             path = target / name
-            state = read_checkpoint_info(path).state if case == "epochal sharded" else read_checkpoint(path)[0]
+            sharded = case == "epochal sharded"
+            state = read_checkpoint_info(path).state if sharded else read_checkpoint(path)[0]
         state = world.broadcast_object(state)
         model.load_state_dict(state["model"])
 
@@ -158,10 +160,10 @@ def worker(rank: int, case: str, mb: int, rounds: int, base: str, port: int, out
         if world.is_zero:
             os.sync()
         with Peak() as peak:
-            seconds = timed(world, lambda: save(i))
+            seconds = timed(world, lambda i=i: save(i))  # type: ignore[misc]
         save_peak = max(save_peak, peak.peak - before) if i else save_peak
         with Peak() as peak:
-            loaded = timed(world, lambda: load(i))
+            loaded = timed(world, lambda i=i: load(i))  # type: ignore[misc]
         load_peak = max(load_peak, peak.peak - before) if i else load_peak
         if i:
             saves.append(seconds)
@@ -208,16 +210,16 @@ def main() -> None:
         shutil.rmtree(base, ignore_errors=True)
     floor = next(r for r in results if r["case"] == "DCP alone")
     print(f"2 processes (gloo, CPU), state {results[0]['state_mb']:.0f} MB, {args.rounds} rounds, medians")
-    head = "| case | save s | DCP/save | load s | DCP/load | rank 0 peak RSS above start, save | load | ru_maxrss |"
-    print(head)
+    print("| case | save s | DCP/save | load s | DCP/load | rank 0 peak RSS above start: save | load | ru_maxrss |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         print(
-            f"| {r['case']} | {r['save_s']:.3f} | {floor['save_s'] / r['save_s']:.2f} | {r['load_s']:.3f} | "
-            f"{floor['load_s'] / r['load_s']:.2f} | {r['save_peak_mb']:.0f} MB | {r['load_peak_mb']:.0f} MB | "
-            f"{r['maxrss_mb']:.0f} MB |"
+            f"| {r['case']} | {r['save_s']:.3f} | {floor['save_s'] / r['save_s']:.2f} | {r['load_s']:.3f}"
+            f" | {floor['load_s'] / r['load_s']:.2f} | {r['save_peak_mb']:.0f} MB | {r['load_peak_mb']:.0f} MB"
+            f" | {r['maxrss_mb']:.0f} MB |"
         )
-    print(f"(rank 0's resident set before the saves: {results[0]['rss_before_mb']:.0f} MB, the state included)")
+    before = results[0]["rss_before_mb"]
+    print(f"(rank 0's resident set before the saves: {before:.0f} MB, the state included)")
 
 
 if __name__ == "__main__":
