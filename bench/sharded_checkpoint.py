@@ -210,12 +210,14 @@ def main() -> None:
         shutil.rmtree(base, ignore_errors=True)
     floor = next(r for r in results if r["case"] == "DCP alone")
     print(f"2 processes (gloo, CPU), state {results[0]['state_mb']:.0f} MB, {args.rounds} rounds, medians")
-    print("| case | save s | DCP/save | load s | DCP/load | rank 0 peak RSS above start: save | load | ru_maxrss |")
+    print("| case | save s | DCP/save | load s | DCP/load | rank 0 peak RSS above start: save | load |", end="")
+    print(" ru_maxrss |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         print(
             f"| {r['case']} | {r['save_s']:.3f} | {floor['save_s'] / r['save_s']:.2f} | {r['load_s']:.3f}"
-            f" | {floor['load_s'] / r['load_s']:.2f} | {r['save_peak_mb']:.0f} MB | {r['load_peak_mb']:.0f} MB"
+            f" | {floor['load_s'] / r['load_s']:.2f} | {r['save_peak_mb']:.0f} MB"
+            f" | {r['load_peak_mb']:.0f} MB"
             f" | {r['maxrss_mb']:.0f} MB |"
         )
     before = results[0]["rss_before_mb"]
