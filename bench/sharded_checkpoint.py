@@ -210,8 +210,8 @@ def main() -> None:
         shutil.rmtree(base, ignore_errors=True)
     floor = next(r for r in results if r["case"] == "DCP alone")
     print(f"2 processes (gloo, CPU), state {results[0]['state_mb']:.0f} MB, {args.rounds} rounds, medians")
-    print("| case | save s | DCP/save | load s | DCP/load | rank 0 peak RSS above start: save | load |", end="")
-    print(" ru_maxrss |")
+    print("| case | save s | DCP/save | load s | DCP/load |", end="")
+    print(" rank 0 peak RSS above start: save | load | ru_maxrss |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         print(
