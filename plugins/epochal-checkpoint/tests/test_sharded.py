@@ -241,3 +241,17 @@ def test_sharded_format_for_a_model_without_tensors_is_one_line(tmp_path: Path) 
     assert "Traceback" not in done.stderr
     assert 'format = "sharded" needs a model with sharded_state_dict()' in done.stderr
     assert not list((where / "run").glob("checkpoints/ckpt-*"))
+
+
+def test_load_weights_only_takes_the_modules_tensors_on_one_process(trained: Path, tmp_path: Path) -> None:
+    where = project(tmp_path / "tuned")
+    source = trained / "run" / "checkpoints" / NEWEST
+    done = run(
+        where,
+        *("run", "run.toml", "--plugins", "load,probe", "--set", "loop.max_epochs=0"),
+        *("--set", f'plugins.load.path="{source}"', "--set", "plugins.load.weights_only=true"),
+    )
+    ok(done)
+    final = np.load(where / "final.npz")
+    expected = {k: v for k, v in saved(source).items() if k.startswith("model/")}
+    assert_same({k: final[k] for k in final.files if k.startswith("model/")}, expected)
