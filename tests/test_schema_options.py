@@ -114,3 +114,38 @@ def test_schema_validates_the_example_and_refuses_a_typo(tmp_path):
     example["plugins"]["checkpoint"] = {"keep_lats": 2}
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(example, schema)
+
+
+TORCH_TYPOS = [  # (text replaced in examples/digits_torch.toml, its replacement, the culprit)
+    ("channels = 16", "chanels = 16", "chanels"),  # an unknown [model] key: the factory's signature
+    ('precision = "32-true"', 'precision = "bf16"', "precision"),  # a value its annotation refuses
+    ("[plugins.checkpoint]", "[plugins.chekpoint]\nkeep_last = 2\n\n[plugins.checkpoint]", "chekpoint"),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "culprit"), TORCH_TYPOS, ids=[t[2] for t in TORCH_TYPOS])
+def test_schema_of_a_config_catches_what_its_run_catches(tmp_path, old, new, culprit):
+    """``epochal schema CONFIG`` is built from the declarations the run validates: a typo the run
+    refuses (exit 2, naming it) is one the schema refuses too."""
+    jsonschema = pytest.importorskip("jsonschema")
+    pytest.importorskip("torch")
+    text = (HERE.parent / "examples" / "digits_torch.toml").read_text()
+    config = tmp_path / "run.toml"
+    config.write_text(text)
+    jsonschema.validate(
+        tomllib.loads(text), json.loads(epochal_command("schema", str(config), cwd=tmp_path).stdout)
+    )
+
+    assert old in text
+    config.write_text(text.replace(old, new, 1))
+    refused = epochal_command("run", str(config), cwd=tmp_path)
+    assert refused.returncode == 2, refused.stderr
+    assert culprit in refused.stderr
+    schema = json.loads(epochal_command("schema", str(config), cwd=tmp_path).stdout)
+    with pytest.raises(jsonschema.ValidationError) as caught:
+        jsonschema.validate(tomllib.loads(config.read_text()), schema)
+    assert culprit in str(caught.value)
+    if culprit == "chekpoint":  # the schema's text suggests the installed name, as the run does
+        assert "did you mean 'checkpoint'" in json.dumps(
+            schema["properties"]["plugins"]["properties"][culprit]
+        )

@@ -161,6 +161,21 @@ def _plugin_choice(config: dict[str, Any], order: tuple[str, ...], only: tuple[s
     default=None,
     help="With --nproc: the local TCP port of the processes' rendezvous (default: a free one).",
 )
+@click.option(
+    "--nnodes",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Train on this many machines, --nproc processes each: run the same command on every one "
+    "(with --rdzv-endpoint).",
+)
+@click.option(
+    "--rdzv-endpoint",
+    "endpoint",
+    default=None,
+    metavar="HOST:PORT",
+    help="With --nnodes: where the machines meet (torch's c10d rendezvous; one of the machines).",
+)
 def run(
     config_file: str,
     order: tuple[str, ...],
@@ -173,6 +188,8 @@ def run(
     nproc: int,
     backend: str | None,
     port: int | None,
+    nnodes: int,
+    endpoint: str | None,
 ) -> None:
     """Train as CONFIG_FILE (TOML) says.
 
@@ -189,7 +206,9 @@ def run(
     and the commands to resume and to plot.
 
     --nproc N trains on N local processes started by torch's elastic launcher (what torchrun
-    does); `torchrun ... -m epochal run CONFIG` works the same. See docs/scaling-out.md.
+    does); `torchrun ... -m epochal run CONFIG` works the same. --nnodes M --rdzv-endpoint
+    HOST:PORT, the same command on each of M machines, trains on M x N processes. See
+    docs/scaling-out.md.
     """
     from epochal.config import load_config
     from epochal.distributed import launched, shutdown
@@ -197,20 +216,24 @@ def run(
     from epochal.errors import ConfigError
 
     global _END_WITHOUT_FINALIZING
-    _END_WITHOUT_FINALIZING = nproc > 1 or launched()
+    _END_WITHOUT_FINALIZING = nproc > 1 or nnodes > 1 or launched()
     if profile:
         overrides = (*overrides, "plugins.timing.table=true")
     config = load_config(config_file, overrides)
     if backend is not None:
         config.setdefault("distributed", {})["backend"] = backend
-    if nproc > 1:
+    if nproc > 1 or nnodes > 1 or endpoint is not None:
+        option = "--nproc" if nproc > 1 else "--nnodes" if nnodes > 1 else "--rdzv-endpoint"
         if launched():
             raise ConfigError(
-                "--nproc: this process was started by a launcher already (torchrun sets WORLD_SIZE); "
-                "leave --nproc out and let torchrun start the processes"
+                f"{option}: this process was started by a launcher already (torchrun sets WORLD_SIZE); "
+                f"leave {option} out and let torchrun start the processes"
             )
+        from epochal.distributed.launch import check_nodes
+
+        nodes = (nnodes, check_nodes(nnodes, endpoint, port))
         where = "--backend" if backend is not None else f"{config_file}: [distributed] backend"
-        sys.exit(_launch(config, config_file, nproc, port, order, only, disable, resume, where))
+        sys.exit(_launch(config, config_file, nproc, port, nodes, order, only, disable, resume, where))
     try:
         # The loop lives only inside _train: when the process group is left, nothing that holds
         # it (DDP, synced metrics) is reachable any more, so it is freed before the group is.
@@ -315,13 +338,15 @@ def _launch(
     config_file: str,
     nproc: int,
     port: int | None,
+    nodes: tuple[int, str | None],
     order: tuple[str, ...],
     only: tuple[str, ...],
     disable: tuple[str, ...],
     resume: str | None,
     where: str,
 ) -> int:
-    """``epochal run --nproc N``: check what can be checked here, then start N workers."""
+    """``epochal run --nproc N [--nnodes M --rdzv-endpoint E]``: check what can be checked
+    here, then start N workers (this machine's, with M machines)."""
     import shlex
 
     from epochal.distributed.launch import check_port, launch, worker_arguments
@@ -331,11 +356,16 @@ def _launch(
 
     section = config.get("distributed", {})
     check_backend(section.get("backend"), where)
-    check_port(port)
+    nnodes, endpoint = nodes
+    if endpoint is None:
+        check_port(port)
     checked = check_run(config, _plugin_choice(config, order, only), _split(disable))
     run_dir = config.get("loop", {}).get("run_dir")
     argv = worker_arguments(sys.argv[1:])
-    os.environ[_LAUNCH_ARGS_ENV] = f"--nproc {nproc}"  # for the workers' resume commands
+    launcher_args = f"--nproc {nproc}" + (
+        f" --nnodes {nnodes} --rdzv-endpoint {endpoint}" if nnodes > 1 else ""
+    )
+    os.environ[_LAUNCH_ARGS_ENV] = launcher_args  # for the workers' resume commands
     command = _command(config_file, argv)
     if not resume:
         refuse_fresh_run(checked.pm, run_dir, command)
@@ -354,7 +384,9 @@ def _launch(
         return f"{failure.describe()}, and the other ranks were stopped; {saved}"
 
     timeout = float(section.get("timeout", DEFAULT_TIMEOUT))
-    return launch(nproc, argv, port=port, shutdown_timeout=timeout, on_failure=explain)
+    return launch(
+        nproc, argv, port=port, nnodes=nnodes, endpoint=endpoint, shutdown_timeout=timeout, on_failure=explain
+    )
 
 
 def _without_resume(args: list[str]) -> list[str]:

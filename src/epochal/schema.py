@@ -153,6 +153,8 @@ def run_schema(config: Mapping[str, Any] | None = None) -> dict[str, Any]:
         plugin_props[name] = options_schema(obj)  # type: ignore[arg-type]
     for name, local in (local_plugins(config) if config else {}).items():
         plugin_props[name] = options_schema(local, local=True)
+    for name in _unknown_tables(config, plugin_props):
+        plugin_props[name] = {"not": {}, "description": _unknown_table_text(name, objects)}
     generic_local = options_schema(lambda **options: None, local=True)
     generic_local["description"] = 'A plugin from your own code: factory = "module:attr" and its options.'
     return {
@@ -168,8 +170,10 @@ def run_schema(config: Mapping[str, Any] | None = None) -> dict[str, Any]:
                 "additionalProperties": False,
                 "description": "Runs on several processes (epochal run --nproc N, torchrun).",
             },
-            "model": {**factory, "description": "The model factory and its keyword arguments."},
-            "data": {**factory, "description": "The data factory and its keyword arguments."},
+            "model": _factory_schema(
+                config, "model", factory, "The model factory and its keyword arguments."
+            ),
+            "data": _factory_schema(config, "data", factory, "The data factory and its keyword arguments."),
             "plugins": {
                 "type": "object",
                 "properties": plugin_props,
@@ -178,3 +182,46 @@ def run_schema(config: Mapping[str, Any] | None = None) -> dict[str, Any]:
         },
         "required": ["model", "data"],
     }
+
+
+def _factory_schema(
+    config: Mapping[str, Any] | None, section: str, generic: dict[str, Any], description: str
+) -> dict[str, Any]:
+    """``[model]``/``[data]``: with a config whose factory imports, that factory's own options
+    (the keys the run accepts: unknown ones are refused unless it takes ``**kwargs``), else any keys."""
+    if config is not None and isinstance(config.get(section), Mapping) and "factory" in config[section]:
+        from epochal.config import factory_arguments
+
+        try:
+            target, _ = factory_arguments(config, section)
+        except Exception:  # an unimportable factory: the run names it; the schema stays generic
+            target = None
+        if target is not None:
+            table = options_schema(target)
+            for key in TRIGGER_SCHEMAS:
+                table["properties"].pop(key)
+            table["properties"] = {"factory": generic["properties"]["factory"], **table["properties"]}
+            table["required"] = ["factory", *table.get("required", [])]
+            table.setdefault("description", description)
+            return table
+    return {**generic, "description": description}
+
+
+def _unknown_tables(config: Mapping[str, Any] | None, known: Mapping[str, Any]) -> list[str]:
+    """The ``[plugins.NAME]`` tables of *config* that name no installed plugin and no factory."""
+    tables = (config or {}).get("plugins", {})
+    if not isinstance(tables, Mapping):
+        return []
+    return [
+        name
+        for name, table in tables.items()
+        if isinstance(table, Mapping) and name not in known and "factory" not in table
+    ]
+
+
+def _unknown_table_text(name: str, installed: Mapping[str, Any]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, list(installed), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ' (or give it a factory = "module:attr")'
+    return f"no installed plugin is named {name!r}{hint}"

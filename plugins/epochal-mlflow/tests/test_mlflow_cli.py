@@ -82,3 +82,24 @@ def test_digits_run_and_its_resumption_are_one_mlflow_run_with_checkpoint_and_co
     assert png.read_bytes()[:4] == b"\x89PNG"
     if os.environ.get("EPOCHAL_DOCS_ASSETS"):
         shutil.copy(png, Path(os.environ["EPOCHAL_DOCS_ASSETS"]) / png.name)
+
+
+def test_two_processes_write_one_mlflow_run_with_the_reduced_records(
+    tmp_path: Path, mlflow_server: str
+) -> None:
+    """``rank = "zero"``: on 2 processes only rank 0 loads the plugin; one MLflow run holds each
+    epoch's record once, at the same steps as on one process."""
+    experiment = f"digits2-{uuid.uuid4().hex[:8]}"
+    config = digits_config(
+        tmp_path / "digits.toml",
+        ["monitor", "mlflow"],
+        max_epochs=2,
+        extra=f'[plugins.mlflow]\ntracking_uri = "{mlflow_server}"\nexperiment = "{experiment}"\n',
+    )
+    result = epochal_command("run", str(config), "--nproc", "2", cwd=tmp_path, env=ENV)
+    assert result.returncode == 0, result.stderr
+    client = MlflowClient(tracking_uri=mlflow_server)
+    (run,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    assert run.info.status == "FINISHED"
+    steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "valid.accuracy"))
+    assert len(steps) == 2 and len(set(steps)) == 2, steps  # once per epoch, not once per rank

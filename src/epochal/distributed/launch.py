@@ -30,7 +30,10 @@ from typing import Any, NoReturn
 from epochal.errors import ConfigError
 
 #: options of ``epochal run`` that only the launcher reads (the workers do not get them).
-LAUNCHER_OPTIONS = ("--nproc", "--port")
+LAUNCHER_OPTIONS = ("--nproc", "--port", "--nnodes", "--rdzv-endpoint")
+#: the rendezvous id of a job on several machines: the same on every one, as torchrun's default
+#: (a job is the endpoint's: one job per endpoint at a time).
+RDZV_ID = "epochal"
 #: the folder where a worker started by :func:`launch` leaves its error (``rank-N.json``) for
 #: the launcher to print once, instead of printing it on every rank.
 ERRORS_ENV = "EPOCHAL_LAUNCH_ERRORS"
@@ -127,6 +130,31 @@ def check_port(port: int | None) -> int | None:
     return port
 
 
+def check_nodes(nnodes: int, endpoint: str | None, port: int | None) -> str | None:
+    """*endpoint* (``--rdzv-endpoint``) if it goes with *nnodes* and *port*, else a
+    :class:`ConfigError` naming the option.
+
+    Several machines need an endpoint (``HOST:PORT``, with a TCP port number), which names the
+    port: ``--port`` is then refused.
+    """
+    if endpoint is None:
+        if nnodes > 1:
+            raise ConfigError(
+                f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT: where the machines meet, the same "
+                "on every machine (one of them, e.g. the first of the job's nodes)"
+            )
+        return None
+    if port is not None:
+        raise ConfigError("--port and --rdzv-endpoint exclude each other (--rdzv-endpoint names the port)")
+    host, sep, number = endpoint.rpartition(":")
+    if not sep or not host or not number.isdigit() or not 0 < int(number) < 65536:
+        raise ConfigError(
+            f"--rdzv-endpoint {endpoint!r}: expected HOST:PORT (a machine of the job and a TCP port, "
+            "e.g. node1:29500), the same on every machine"
+        )
+    return endpoint
+
+
 def free_port() -> int:
     """A TCP port free on the loopback interface right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -185,12 +213,16 @@ def launch(
     argv: Sequence[str],
     *,
     port: int | None = None,
+    nnodes: int = 1,
+    endpoint: str | None = None,
     shutdown_timeout: float = 300.0,
     on_failure: Callable[[LaunchFailure], str] | None = None,
 ) -> int:
     """Run ``python -m epochal ARGV`` on *nproc* local processes; return the exit status.
 
-    *argv* are the workers' arguments (``run CONFIG ...``). 0 when every worker succeeded;
+    *argv* are the workers' arguments (``run CONFIG ...``). With *nnodes* > 1 the same call on
+    each machine meets the others at *endpoint* (``HOST:PORT``, c10d) and starts this machine's
+    *nproc* workers of the job. 0 when every worker succeeded;
     128 + N when the launcher got signal N (forwarded to the workers, which stop at an agreed
     batch boundary and save) or the workers all stopped on one; otherwise the status of the
     worker that failed first (1 for one killed by a signal), after *on_failure*'s message.
@@ -201,12 +233,13 @@ def launch(
 
     if nproc > 1:  # what torchrun does: one thread per process unless the user chose otherwise
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-    endpoint = f"127.0.0.1:{port if port is not None else free_port()}"
+    if endpoint is None:
+        endpoint = f"127.0.0.1:{port if port is not None else free_port()}"
     config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
+        min_nodes=nnodes,
+        max_nodes=nnodes,
         nproc_per_node=nproc,
-        run_id=str(uuid.uuid4()),
+        run_id=RDZV_ID if nnodes > 1 else str(uuid.uuid4()),
         rdzv_backend="c10d",
         rdzv_endpoint=endpoint,
         max_restarts=0,

@@ -70,12 +70,17 @@ class World:
     :param size: the number of processes training together.
     :param local_rank: the rank on this machine (picks the GPU).
     :param backend: the default process group's backend (``nccl``/``gloo``; None alone).
+    :param nodes: the number of machines (launchers: torchrun's nodes) the processes run on.
+    :param node_rank: this process's machine among them (torchrun's group rank; with a c10d
+        rendezvous torch assigns it, so it need not be the launcher's ``--node-rank``).
     """
 
     rank: int = 0
     size: int = 1
     local_rank: int = 0
     backend: str | None = None
+    nodes: int = 1
+    node_rank: int = 0
     #: how often the ranks agree on stop requests: after every n-th training batch (and at every
     #: epoch end); a request is honoured within 2n batches, on every rank at the same one.
     #: ``"auto"``: n chosen from the measured round trip and step time (see ``agreement``).
@@ -86,6 +91,12 @@ class World:
     def distributed(self) -> bool:
         """True when more than one process trains."""
         return self.size > 1
+
+    @property
+    def several_nodes(self) -> bool:
+        """True when the processes run on more than one machine: a relative path then names a
+        different directory on each, and a file one machine writes is not seen by the others."""
+        return self.nodes > 1
 
     @property
     def is_zero(self) -> bool:
@@ -291,16 +302,38 @@ def init_from_env(
     control = None
     if chosen != "gloo":
         control = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout))
+    nodes, node_rank = _nodes(size)
     _current = World(
         rank=rank,
         size=size,
         local_rank=local_rank,
         backend=chosen,
+        nodes=nodes,
+        node_rank=node_rank,
         agree_every_n_batches=agree_every_n_batches,
         _control=control,
     )
     atexit.register(shutdown)
     return _current
+
+
+def _nodes(size: int) -> tuple[int, int]:
+    """(number of machines, this one's index) from the launcher's environment.
+
+    torchrun (and ``epochal run --nproc``) set ``GROUP_WORLD_SIZE``/``GROUP_RANK``, its agents
+    (one per node) and this one's rank among them; another launcher that sets only
+    ``LOCAL_WORLD_SIZE`` gives ``WORLD_SIZE / LOCAL_WORLD_SIZE`` machines; one that sets neither
+    is taken for one machine.
+    """
+    try:
+        if "GROUP_WORLD_SIZE" in os.environ:
+            return max(1, int(os.environ["GROUP_WORLD_SIZE"])), int(os.environ.get("GROUP_RANK", "0"))
+        if "LOCAL_WORLD_SIZE" in os.environ:
+            local = max(1, int(os.environ["LOCAL_WORLD_SIZE"]))
+            return max(1, -(-size // local)), int(os.environ.get("GROUP_RANK", "0"))
+    except ValueError:
+        pass
+    return 1, 0
 
 
 def shutdown() -> None:

@@ -82,7 +82,7 @@ def make_model(
     lr: float | None = None,
     seed: int = 0,
     device: str = "auto",
-    precision: str = "32-true",
+    precision: Literal["32-true", "16-mixed", "bf16-mixed", "bf16-true"] = "32-true",
     accumulate_grad_batches: int = 1,
     gradient_clip_val: float | None = None,
     gradient_clip_algorithm: Literal["norm", "value"] = "norm",

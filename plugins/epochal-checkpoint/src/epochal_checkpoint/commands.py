@@ -10,6 +10,7 @@ import click
 
 from epochal_checkpoint.errors import CheckpointNotFoundError
 from epochal_checkpoint.export import export_weights
+from epochal_checkpoint.storage import store
 from epochal_checkpoint.storage.codec import is_finite_number
 from epochal_checkpoint.storage.layout import CheckpointInfo, list_checkpoints
 from epochal_checkpoint.storage.load import read_checkpoint
@@ -17,7 +18,7 @@ from epochal_checkpoint.storage.read import read_manifest
 
 
 @click.command("export")
-@click.argument("source", type=click.Path(path_type=Path))
+@click.argument("source")
 @click.option(
     "-o",
     "--output",
@@ -29,22 +30,27 @@ from epochal_checkpoint.storage.read import read_manifest
     is_flag=True,
     help="from a directory of checkpoints, the one with the best monitored value (else the newest)",
 )
-def export_command(source: Path, output: Path | None, best: bool) -> None:
+def export_command(source: str, output: Path | None, best: bool) -> None:
     """Write the model weights of checkpoint SOURCE as a safetensors file, and say which.
 
     SOURCE is a checkpoint, a directory of checkpoints (its newest complete one, or with
-    --best the best by the monitor its manifests record) or its `latest` file. A TorchModel's
-    weights keep the module's parameter names: `module.load_state_dict(
+    --best the best by the monitor its manifests record) or its `latest` file; a local path or
+    an fsspec URL (s3://bucket/run: endpoint and keys from the environment, as s3fs reads
+    them). A TorchModel's weights keep the module's parameter names: `module.load_state_dict(
     safetensors.torch.load_file(FILE))` loads them.
     """
     from epochal_checkpoint.plugin import read_from
 
+    remote = store.RemoteStore(source) if store.is_remote(source) else None
     if best:
-        info = _best(source)
-        state, _ = read_checkpoint(info.path, model_only=True)
+        info = _best(remote) if remote is not None else _best(store.local_path(source))
+        if remote is not None:
+            state = remote.read(info.name, model_only=True).state
+        else:
+            state, _ = read_checkpoint(info.path, model_only=True)
         where, manifest = info.path, info.manifest
     else:
-        state, where = read_from(source, model_only=True)
+        state, where = read_from(source, model_only=True, known=remote)
         manifest = read_manifest(where)
     output = output or Path(f"{where.name}.safetensors")
     meta = {
@@ -55,7 +61,8 @@ def export_command(source: Path, output: Path | None, best: bool) -> None:
     }
     export_weights(state["model"], output, meta)
     count = len(safe_names(output))
-    click.echo(f"wrote {count} tensors of checkpoint {where} ({_describe(manifest, best)}) to {output}")
+    shown = store.shown(where)
+    click.echo(f"wrote {count} tensors of checkpoint {shown} ({_describe(manifest, best)}) to {output}")
 
 
 def _describe(manifest: Mapping[str, Any], best: bool) -> str:
@@ -67,18 +74,22 @@ def _describe(manifest: Mapping[str, Any], best: bool) -> str:
     return ", ".join(parts)
 
 
-def _best(directory: Path) -> CheckpointInfo:
+def _best(directory: Path | store.RemoteStore) -> CheckpointInfo:
     """The best checkpoint of *directory* by its manifests' monitored value.
 
     :raises CheckpointNotFoundError: no checkpoint records a monitored value, or the newest
         manifest's record of the run's best save names a checkpoint that is no longer there.
     """
-    infos, _ = list_checkpoints(directory)
+    if isinstance(directory, store.RemoteStore):
+        infos, _ = directory.checkpoints()
+        label = directory.url
+    else:
+        infos, _ = list_checkpoints(directory)
+        label = str(directory)
     scored = [i for i in infos if is_finite_number(i.manifest.get("metric"))]
     if not scored:
         raise CheckpointNotFoundError(
-            f"--best: no checkpoint in {str(directory)!r} records a monitored value "
-            "(set [plugins.checkpoint] monitor)"
+            f"--best: no checkpoint in {label!r} records a monitored value (set [plugins.checkpoint] monitor)"
         )
     mode = scored[-1].manifest.get("mode", "min")
     sign = -1.0 if mode == "max" else 1.0
@@ -89,7 +100,7 @@ def _best(directory: Path) -> CheckpointInfo:
         if not any((i.manifest.get("epoch"), i.manifest.get("iteration")) == at for i in scored):
             monitor = scored[-1].manifest.get("monitor")
             raise CheckpointNotFoundError(
-                f"--best: the best checkpoint of the run in {str(directory)!r} (epoch {at[0]}, "
+                f"--best: the best checkpoint of the run in {label!r} (epoch {at[0]}, "
                 f"iteration {at[1]}, {monitor}={float(record['metric']):.6g}) is gone; the best left "
                 f"is {chosen.name} ({_describe(chosen.manifest, False)}): export it by its path"
             )

@@ -32,6 +32,8 @@ from epochal_checkpoint.errors import (
 )
 from epochal_checkpoint.export import export_weights
 from epochal_checkpoint.lock import DirectoryLock, live_holder
+from epochal_checkpoint.nodes import refuse_node_local
+from epochal_checkpoint.storage import store
 
 if TYPE_CHECKING:
     from epochal.loop import Loop
@@ -51,7 +53,11 @@ def _plugin_name(loop: Loop, plugin: object, default: str) -> str:
 class Checkpoint:
     """Save the loop's state atomically on triggers, keep the last/best, resume the newest.
 
-    :param dir: the checkpoint directory (default ``<[loop] run_dir>/checkpoints``).
+    :param dir: the checkpoint directory (default ``<[loop] run_dir>/checkpoints``), or any
+        fsspec URL (``s3://bucket/prefix``, ``gs://...``, ``memory://...``): see
+        :mod:`epochal_checkpoint.storage.store`.
+    :param storage_options: keyword arguments of the URL's filesystem (``fsspec.url_to_fs``):
+        endpoint, credentials...; also used for a URL given to ``--resume``.
     :param every_n_epochs: save after every n-th epoch (0: never).
     :param every_n_batches: save after every n-th training batch (0: never).
     :param every_n_seconds: save after a batch when this much wall time passed since the last
@@ -104,6 +110,7 @@ class Checkpoint:
         mode: Literal["min", "max"] = "min",
         async_save: bool = False,
         export: Literal["none", "last", "best", "both"] = "none",
+        storage_options: dict[str, Any] | None = None,
         format: Literal["auto", "single", "sharded"] = "auto",
     ) -> None:
         where = "[plugins.checkpoint]"
@@ -117,6 +124,9 @@ class Checkpoint:
         self._batch_due = triggers.every_n_batches(every_n_batches)
         self._seconds_due = triggers.every_n_seconds(every_n_seconds)
         self.dir = dir
+        self.storage_options = storage_options
+        #: the store of a ``dir`` that is an fsspec URL (None: a local directory).
+        self._remote: store.RemoteStore | None = None
         self.every_n_epochs, self.every_n_batches, self.every_n_seconds = (
             every_n_epochs,
             every_n_batches,
@@ -187,23 +197,26 @@ class Checkpoint:
         """
         if not resume:
             return None
+        self._check_shared(loop.run_dir)
         directory = self.directory(loop)
+        remote = self._store()
         mode = loop.resume if isinstance(loop.resume, str) else "latest"
-        if directory.is_dir():
+        if directory.is_dir() and remote is None:
             self._claim(directory, loop)
             storage.clean_temporaries(directory)
         if mode not in ("latest", "auto"):
-            state, where = read_from(Path(mode).expanduser())
+            state, where = read_from(mode, storage_options=self.storage_options, known=remote)
             manifest = storage.read_manifest(where)
             check_fits(loop, state, where)
             self._adopt(loop, directory, storage.CheckpointInfo(where, manifest), state, [])
             return state
         try:
-            read, failures = storage.find_latest(directory)
+            read, failures = remote.find_latest() if remote else storage.find_latest(directory)
         except CheckpointNotFoundError as error:
             # a fresh start only where no checkpoint directory exists at all: damaged ones
             # (a manifest that does not verify) are refused as by --resume, never started over
-            damaged = storage.list_checkpoints(directory)[1] if mode == "auto" else []
+            listing = remote.checkpoints if remote else lambda: storage.list_checkpoints(directory)
+            damaged = listing()[1] if mode == "auto" else []
             if mode == "auto" and damaged:
                 raise CheckpointNotFoundError(
                     f"cannot resume: {error} (--resume auto starts a fresh run only where no "
@@ -211,8 +224,8 @@ class Checkpoint:
                 ) from None
             if mode == "auto":
                 print(
-                    f"epochal-checkpoint: --resume auto: no complete checkpoint in {str(directory)!r} "
-                    "yet; starting a fresh run",
+                    "epochal-checkpoint: --resume auto: no complete checkpoint in "
+                    f"{store.shown(directory)!r} yet; starting a fresh run",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -253,7 +266,7 @@ class Checkpoint:
         self._damaged = {path.name for path, _ in failures if _same_dir(path.parent, directory)}
         self._resumed = (info, state["log"]["rows"])
         self.resumed_path = info.path
-        loop.resumed_source = f"checkpoint {info.path}"
+        loop.resumed_source = f"checkpoint {store.shown(info.path)}"
 
     def _claim(self, directory: Path, loop: Loop) -> None:
         if self._lock is None or self._lock.directory != directory:
@@ -269,6 +282,7 @@ class Checkpoint:
     def before_training(self, loop: Loop) -> None:
         """Lock and prepare the directory, clean leftovers, note the checkpoints already there."""
         self._name = _plugin_name(loop, self, "checkpoint")
+        self._check_shared(loop.run_dir)  # on every rank: they all fail alike, before any save
         self.sharded = shards.wanted(self.format, loop.model)
         if self.sharded:
             self._check_sharded(loop)
@@ -280,6 +294,9 @@ class Checkpoint:
             self._last_key = (loop.epoch, loop.iteration) if loop.resumed else None
             return
         directory = self.directory(loop)
+        remote = self._store()
+        if remote is not None:  # unreachable, no bucket, no right to write: one line, nothing written
+            remote.probe()
         try:
             storage.make_directory(directory)
         except OSError as error:
@@ -289,13 +306,17 @@ class Checkpoint:
         self._claim(directory, loop)
         storage.clean_temporaries(directory)
         self._directory = directory
-        self._known, _ignored = storage.list_checkpoints(directory)
+        self._known, _ignored = remote.checkpoints() if remote else storage.list_checkpoints(directory)
+        if remote is not None:
+            remote.clean_leftovers()
+            if loop.resumed:
+                remote.get_extra(BEST_WEIGHTS, directory)
         self._sequence = max((info.order[0] for info in self._known), default=0)
         if not loop.resumed:
             self._lineage, self._own, self._damaged, self._best = [], [], set(), None
             if self._known:
                 warnings.warn(
-                    f"checkpoint directory {str(directory)!r} already holds {len(self._known)} "
+                    f"checkpoint directory {store.shown(directory)!r} already holds {len(self._known)} "
                     f"checkpoint(s) of earlier runs (newest: {self._known[-1].name}); this fresh run "
                     "keeps them and does not prune them (`epochal run --resume` continues the newest)",
                     RuntimeWarning,
@@ -353,11 +374,17 @@ class Checkpoint:
                 self._save(loop, "end" if self.save_at_end else self._pending or "end")
             self.wait()
             if self.export in ("last", "both") and self._directory is not None:
-                export_weights(loop.model.state_dict(), self._directory / LAST_WEIGHTS, self._metadata(loop))
+                last = export_weights(
+                    loop.model.state_dict(), self._directory / LAST_WEIGHTS, self._metadata(loop)
+                )
+                if self._remote is not None:
+                    self._remote.put_extra(last)
         finally:
             self._spare = []
             storage.finish_deletions()
             self._release()
+            if self._remote is not None:
+                self._remote.close()
 
     @hookimpl
     def on_error(self, loop: Loop, error: BaseException) -> None:
@@ -369,6 +396,8 @@ class Checkpoint:
             failed = self.wait(raise_error=False)
             storage.finish_deletions()
             self._release()
+            if self._remote is not None:
+                self._remote.close()
             if failed is not None:
                 warnings.warn(f"epochal-checkpoint: {failed}", RuntimeWarning, stacklevel=2)
 
@@ -378,10 +407,25 @@ class Checkpoint:
         """The checkpoint directory of *loop*'s run."""
         return self._directory_for(loop.run_dir)
 
-    def _directory_for(self, run_dir: str | Path | None) -> Path:
-        """The checkpoint directory of a run whose ``[loop] run_dir`` is *run_dir*."""
+    def _store(self) -> store.RemoteStore | None:
+        """The store of ``dir`` when it is an fsspec URL (None: a local directory)."""
+        if self._remote is None and store.is_remote(self.dir):
+            self._remote = store.RemoteStore(str(self.dir), self.storage_options)
+        return self._remote
+
+    def _check_shared(self, run_dir: str | Path | None) -> None:
+        """On several machines, refuse a directory relative to each one's working directory."""
         if self.dir:
-            return Path(self.dir).expanduser()
+            refuse_node_local(str(self.dir), f"[plugins.{self._name}] dir")
+        elif run_dir is not None:
+            refuse_node_local(str(Path(run_dir) / "checkpoints"), "[loop] run_dir")
+
+    def _directory_for(self, run_dir: str | Path | None) -> Path:
+        """The checkpoint directory of a run whose ``[loop] run_dir`` is *run_dir* (for a
+        URL: the local staging directory of its store)."""
+        if self.dir:
+            remote = self._store()
+            return remote.staging if remote is not None else store.local_path(self.dir)
         if run_dir is None:
             raise ConfigError(
                 "plugin 'checkpoint' has no directory: set [plugins.checkpoint] dir or [loop] run_dir "
@@ -454,7 +498,9 @@ class Checkpoint:
         }
         if self.export in ("best", "both") and metric is not None and self._improves(metric):
             meta = {**self._metadata(loop), "epochal.monitor": self.monitor, "epochal.metric": repr(metric)}
-            export_weights(state["model"], self._directory / BEST_WEIGHTS, meta)
+            best = export_weights(state["model"], self._directory / BEST_WEIGHTS, meta)
+            if self._remote is not None:
+                self._remote.put_extra(best)
             self._best_exported = metric
         if error is not None:  # --resume says so: plugins after this one had not seen the batch
             manifest["error_plugin"] = getattr(error, "epochal_plugin", None)
@@ -476,6 +522,13 @@ class Checkpoint:
         """Refuse what a sharded save cannot do yet; say what it does instead."""
         where = f"[plugins.{self._name}]"
         shards.check_model(loop.model, where)
+        if loop.world.several_nodes and store.is_remote(self.dir):
+            # every rank writes into rank 0's staging directory, which only its machine has
+            raise ConfigError(
+                f'{where} format = "sharded" on several machines needs dir on a filesystem they all '
+                f"mount, not the URL {str(self.dir)!r} (sharded uploads from every machine are not "
+                'done yet): use format = "single", or a shared directory'
+            )
         if self.export != "none":
             raise ConfigError(
                 f'{where} export = "{self.export}" cannot be written by a sharded save (the weights '
@@ -548,11 +601,14 @@ class Checkpoint:
     @hookimpl
     def run_summary(self, loop: Loop) -> list[str]:
         """Where the checkpoints are, and the command that resumes the run."""
-        try:
-            directory = self.directory(loop)
-        except ConfigError:  # no directory configured: nothing to point at
-            return []
-        lines = [f"checkpoints: {directory}"]
+        if store.is_remote(self.dir):
+            lines = [f"checkpoints: {self.dir}"]
+        else:
+            try:
+                directory = self.directory(loop)
+            except ConfigError:  # no directory configured: nothing to point at
+                return []
+            lines = [f"checkpoints: {directory}"]
         if loop.command:
             lines.append(f"resume: {shlex.join([*loop.command, '--resume'])}")
         return lines
@@ -561,10 +617,15 @@ class Checkpoint:
     def latest_checkpoint(self, run_dir: Path | None) -> str | None:
         """The newest complete checkpoint in this run's directory (for the launcher's message)."""
         try:
-            infos, _ = storage.list_checkpoints(self._directory_for(run_dir))
+            remote = self._store()
+            infos, _ = (
+                remote.checkpoints() if remote else storage.list_checkpoints(self._directory_for(run_dir))
+            )
         except Exception:  # no directory, or none readable: nothing to name
             return None
-        return str(infos[-1].path) if infos else None
+        if not infos:
+            return None
+        return remote.where(infos[-1].name) if remote else str(infos[-1].path)
 
     @hookimpl
     def check_fresh_run(self, run_dir: Path | None, command: Sequence[str]) -> str | None:
@@ -577,6 +638,11 @@ class Checkpoint:
         Mixing two runs' checkpoints in one directory makes ``--resume`` pick whichever is
         newest; the user says which they want: continue (``--resume``) or another directory.
         """
+        self._check_shared(run_dir)
+        remote = self._store()
+        if remote is not None:  # no lock on an object store; an unreachable one fails here, one line
+            committed = [info.name for info in remote.checkpoints()[0]]
+            return self._refusal(remote.url, committed, command)
         try:
             directory = self._directory_for(run_dir)
         except ConfigError:
@@ -590,11 +656,15 @@ class Checkpoint:
                 "the config sets it)."
             )
         found = sorted(p.name for p in directory.glob("ckpt-*") if p.is_dir()) if directory.is_dir() else []
+        return self._refusal(str(directory), found, command)
+
+    @staticmethod
+    def _refusal(directory: str, found: list[str], command: Sequence[str]) -> str | None:
         if not found:
             return None
         again = shlex.join([*command, "--resume"]) if command else "--resume"
         return (
-            f"checkpoint directory {str(directory)!r} already holds {len(found)} checkpoint(s) of an "
+            f"checkpoint directory {directory!r} already holds {len(found)} checkpoint(s) of an "
             f"earlier run (newest: {found[-1]}). To continue that run: {again}. To start afresh: "
             "choose another directory (--set loop.run_dir=DIR, or --set plugins.checkpoint.dir=DIR "
             "when the config sets it) or delete that one."
@@ -624,9 +694,16 @@ class Checkpoint:
     ) -> None:
         # the name is settled by write_checkpoint (-vN when taken): record the own list after it
         manifest[storage.OWN] = list(self._own)
+        sources = log_save.sources()
+        remote = self._remote
+        if remote is not None:  # free in the store too (an unfinished upload may hold the name)
+            name = remote.free_name(name)
         info = storage.write_checkpoint(
-            directory, name, snapshot, manifest, segments=log_save.sources(), prepared=prepared
+            directory, name, snapshot, manifest, segments=sources, prepared=prepared
         )
+        if remote is not None:  # committed by its manifest, uploaded last
+            linked = {s.segment.name: s.where.name for s in sources if isinstance(s, storage.LinkedSegment)}
+            remote.upload(info, linked)
         self._own.append(info.name)
         log_save.base.path, log_save.base.segments = info.path, list(info.segments or [])
         self._base = log_save.base
@@ -687,12 +764,15 @@ class Checkpoint:
         storage.finish_deletions(keep=4)  # deletions slower than saves: bound the backlog
         for info in doomed:
             try:
-                storage.delete_checkpoint(info.path, wait=False)
+                if self._remote is not None:
+                    self._remote.delete(info.name)
+                else:
+                    storage.delete_checkpoint(info.path, wait=False)
             except FileNotFoundError:
                 pass
             except OSError as error:
                 warnings.warn(
-                    f"cannot delete old checkpoint {str(info.path)!r}: {error.strerror or error}",
+                    f"cannot delete old checkpoint {store.shown(info.path)!r}: {error.strerror or error}",
                     RuntimeWarning,
                     stacklevel=2,
                 )
@@ -716,7 +796,9 @@ class Load:
     """Start a run from a given checkpoint: its full state, or the model's arrays only.
 
     :param path: a checkpoint directory, or a directory of checkpoints (its newest complete one
-        is used). None: do nothing.
+        is used); a local path or an fsspec URL (``s3://bucket/run/ckpt-e0002-i000046``). None:
+        do nothing.
+    :param storage_options: keyword arguments of the URL's filesystem (endpoint, credentials).
     :param weights_only: load only the model's arrays (fine-tuning): counters, log, RNG,
         streams and plugin states start afresh.
 
@@ -727,9 +809,15 @@ class Load:
     #: it restores weights: it runs only when a run names it (a table, order, --plugins).
     autoload = False
 
-    def __init__(self, path: str | None = None, weights_only: bool = False) -> None:
+    def __init__(
+        self,
+        path: str | None = None,
+        weights_only: bool = False,
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
         self.path = path
         self.weights_only = weights_only
+        self.storage_options = storage_options
         #: the checkpoint that was loaded (None until then).
         self.loaded: Path | None = None
 
@@ -740,10 +828,10 @@ class Load:
             return None
         if resume and any(isinstance(p, Checkpoint) for p in loop.plugins.values()):
             return None
-        state, where = read_from(Path(self.path).expanduser())
+        state, where = read_from(self.path, storage_options=self.storage_options)
         check_fits(loop, state, where)
         self.loaded = where
-        loop.resumed_source = f"checkpoint {where}"
+        loop.resumed_source = f"checkpoint {store.shown(where)}"
         return state
 
     @hookimpl
@@ -751,18 +839,31 @@ class Load:
         """With weights_only: copy the checkpoint's model arrays into the model."""
         if self.path is None or not self.weights_only or loop.resumed:
             return
-        state, where = read_from(Path(self.path).expanduser(), model_only=True)
+        state, where = read_from(self.path, model_only=True, storage_options=self.storage_options)
         check_model(loop, state.get("model"), where)
         self.loaded = where
 
 
-def read_from(path: Path, model_only: bool = False) -> tuple[dict[str, Any], Path]:
+def read_from(
+    path: str | Path,
+    model_only: bool = False,
+    storage_options: Mapping[str, Any] | None = None,
+    known: store.RemoteStore | None = None,
+) -> tuple[dict[str, Any], Path]:
     """Read the checkpoint at *path*: a checkpoint, its manifest or ``latest`` file, or a
     directory of checkpoints (its newest complete one). Return ``(state, checkpoint path)``.
+
+    *path* may be an fsspec URL (opened with *storage_options*; *known*, a store already open,
+    is used when the URL is its own): the checkpoint is downloaded into the store's staging
+    directory, the path returned (:func:`~epochal_checkpoint.storage.store.shown` names its URL).
 
     :raises CheckpointError: one error naming the path, also when the path cannot be looked at
         (a name too long, a link loop...).
     """
+    if store.is_remote(path):
+        read = store.read_url(str(path), model_only, storage_options, known)
+        return read.state, read.path
+    path = store.local_path(path)
     try:
         return _read_from(path, model_only)
     except OSError as error:  # pathlib's checks raise for a name too long, permission denied...

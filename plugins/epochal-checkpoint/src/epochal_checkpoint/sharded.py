@@ -81,9 +81,10 @@ def save_part(
 
     :raises CheckpointWriteError: on every rank, when any rank failed to write or fsync its files.
     """
+    model: Any = loop.model  # checked by check_model: it has the methods of a sharded save
     state = loop.state_dict(log_rows=False, model=False)
-    state["model"] = loop.model.rest_state_dict()
-    return state, write_tensors(loop.world, loop.model.sharded_state_dict(), directory, name)
+    state["model"] = model.rest_state_dict()
+    return state, write_tensors(loop.world, model.sharded_state_dict(), directory, name)
 
 
 def write_tensors(

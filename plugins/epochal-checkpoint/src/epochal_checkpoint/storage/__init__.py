@@ -46,6 +46,8 @@ The concerns live in modules of their own, as Orbax's ``path``/``metadata`` and
 - :mod:`~epochal_checkpoint.storage.load`: a checkpoint's state read back, the newest that verifies;
 - :mod:`~epochal_checkpoint.storage.sign`: the optional keyed signature (HMAC-SHA256,
   ``signature.json``) written and checked when ``EPOCHAL_CHECKPOINT_KEY`` is set.
+- :mod:`~epochal_checkpoint.storage.store`: checkpoints on an fsspec URL (``s3://``...),
+  uploaded file by file with the manifest (the commit record) last; imported on its own.
 
 This package re-exports their public names (``storage.write_checkpoint``...).
 
