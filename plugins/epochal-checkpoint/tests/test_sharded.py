@@ -255,3 +255,42 @@ def test_load_weights_only_takes_the_modules_tensors_on_one_process(trained: Pat
     final = np.load(where / "final.npz")
     expected = {k: v for k, v in saved(source).items() if k.startswith("model/")}
     assert_same({k: final[k] for k in final.files if k.startswith("model/")}, expected)
+
+
+def test_a_sharded_checkpoint_on_a_memory_store_resumes_bitwise(tmp_path: Path) -> None:
+    """One process, in this one: the DCP files go to the store with the rest, and come back."""
+    import uuid
+
+    from epochal_checkpoint import Checkpoint
+    from epochal_checkpoint.storage.store import RemoteStore
+
+    from epochal import Loop
+
+    namespace: dict[str, Any] = {}
+    exec(compile(MODULE, "shardmodel", "exec"), namespace)  # the model and data of the CLI runs
+
+    def train(url: str, where: Path, epochs: int, resume: bool = False) -> Loop:
+        plugin = Checkpoint(dir=url, format="sharded", keep_last=None)
+        loop = Loop(
+            namespace["make_model"](),
+            namespace["make_data"](),
+            plugins={"checkpoint": plugin},
+            seed=0,
+            run_dir=where,
+            handle_signals=False,
+            max_epochs=epochs,
+            resume=resume,
+        )
+        loop.run()
+        return loop
+
+    straight = train(f"memory://epochal-tests/{uuid.uuid4().hex}", tmp_path / "a", 3)
+    url = f"memory://epochal-tests/{uuid.uuid4().hex}"
+    train(url, tmp_path / "b", 2)
+    remote = RemoteStore(url)
+    newest = remote.checkpoints()[0][-1]
+    stored = {key.rsplit("/", 1)[1] for key in remote.fs.find(remote._key(newest.name))}
+    assert set(newest.manifest["sharded"]) <= stored and "__0_0.distcp" in stored
+    resumed = train(url, tmp_path / "b", 3, resume=True)
+    assert resumed.resumed_source == f"checkpoint {url}/{newest.name}"
+    assert_same(namespace["tensors"](resumed), namespace["tensors"](straight))
