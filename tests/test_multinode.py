@@ -412,7 +412,7 @@ def test_the_world_counts_machines_from_the_launchers_environment(monkeypatch, e
         ({"dir": "checkpoints"}, None, "[plugins.checkpoint] dir: the checkpoint directory 'checkpoints'"),
         ({}, "runs/run", "[loop] run_dir: the checkpoint directory 'runs/run/checkpoints'"),
         ({"dir": "/shared/run/checkpoints"}, "runs/run", None),  # every machine names the same
-        ({"dir": "s3://bucket/run"}, "runs/run", None),  # an object store's URL
+        ({"dir": "memory://bucket/run"}, "runs/run", None),  # a store's URL (no relative path)
     ],
 )
 def test_a_checkpoint_directory_relative_to_each_machine_is_refused_on_several(
