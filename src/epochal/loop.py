@@ -550,12 +550,13 @@ class Loop:
 
     # -- state --------------------------------------------------------------------------------
 
-    def state_dict(self, log_rows: bool = True) -> dict[str, Any]:
+    def state_dict(self, log_rows: bool = True, model: bool = True) -> dict[str, Any]:
         """Everything a resumed run needs: counters, log, model, RNG, streams, plugin states.
 
         Leaves are numpy arrays, numbers, strings, None, lists and dicts (no pickle needed).
         ``log_rows=False`` leaves the log's rows out, for a saver that writes them incrementally
-        from ``loop.log.row_map``.
+        from ``loop.log.row_map``; ``model=False`` leaves ``model`` None, for a saver that
+        writes the model's state its own way (sharded, by every rank).
         """
         plugins = plugin_state.capture(self.plugins, self._plugin_set.infos, self.orphan_plugin_states)
         rng = _rng.capture()
@@ -572,7 +573,7 @@ class Loop:
             "in_epoch": self._in_epoch,
             "batch_in_epoch": self.batch_in_epoch,
             "log": self.log.state_dict(rows=log_rows),
-            "model": self.model.state_dict(),
+            "model": self.model.state_dict() if model else None,
             "rng": rng,
             "data": data,
             "plugins": plugins,

@@ -27,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from epochal._options import PositiveFloat, PositiveInt, check_options
 from epochal.errors import ConfigError
+from epochal.torch import sharded_state
 from epochal.torch.checks import check_module, check_optimizer, compare_keys
 from epochal.torch.device import Precision, move_to, resolve_device
 from epochal.torch.state import from_plain, is_tensor_record, reading_tensor, shareable, to_plain
@@ -345,6 +346,17 @@ class TorchModel:
                 "state": {str(pid): to_plain(s, share=True) for pid, s in optimizer["state"].items()},
                 "param_groups": [to_plain(group) for group in optimizer["param_groups"]],
             },
+        }
+        state.update(self.rest_state_dict())
+        return state
+
+    def rest_state_dict(self) -> dict[str, Any]:
+        """The state besides the module's and optimizer's tensors: ``steps`` (+ ``scaler``).
+
+        Inside an accumulation window on several processes a collective (every rank calls it).
+        """
+        module = self.raw_module
+        state: dict[str, Any] = {
             "steps": {"accumulated": self.accumulated, "optimizer_steps": self.optimizer_steps},
         }
         if self.accumulated:
@@ -358,20 +370,38 @@ class TorchModel:
             state["scaler"] = to_plain(self.precision.scaler.state_dict())
         return state
 
+    def sharded_state_dict(self) -> dict[str, Any]:
+        """``{"model": ..., "optim": ...}`` for ``torch.distributed.checkpoint``: this rank's
+        tensors (DTensor shards under FSDP), never gathered (:mod:`epochal.torch.sharded_state`)."""
+        return sharded_state.sharded_state(self.raw_module, self.optimizer)
+
+    def load_sharded_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Put a :meth:`sharded_state_dict` that DCP loaded back into the module and optimizer."""
+        sharded_state.load_sharded_state(self.raw_module, self.optimizer, state)
+
     def check_state(self, state: Any) -> list[str]:
         """Every reason *state* cannot be loaded into this model (empty: it fits).
 
         ``steps`` may be missing (a state saved by an earlier epochal) and ``scaler`` present
         or missing (a state saved under another precision: the scaler starts afresh).
         """
-        problems = compare_keys("", {"module", "optimizer", "steps", "scaler"}, state, missing_ok=True)
-        if isinstance(state, Mapping) and (missing := {"module", "optimizer"} - set(state)):
+        sharded = isinstance(state, Mapping) and "dcp" in state
+        tensors = {"dcp"} if sharded else {"module", "optimizer"}
+        extra = {"dcp_only"} if sharded else set()
+        problems = compare_keys("", {*tensors, *extra, "steps", "scaler"}, state, missing_ok=True)
+        if isinstance(state, Mapping) and (missing := tensors - set(state)):
             problems.append(f"missing keys {sorted(missing)}")
         if problems:
             return problems
-        problems += check_module("module.", self.raw_module.state_dict(), state["module"])
-        if not problems:
-            problems += check_optimizer(self.optimizer, state["optimizer"])
+        if sharded:  # DCP checks the tensors when it loads them (every rank, a collective)
+            if not isinstance(state["dcp"], str):
+                problems.append(f"dcp must be a checkpoint directory, not {state['dcp']!r:.100}")
+            if state.get("dcp_only", "model") != "model":
+                problems.append(f"dcp_only must be 'model', not {state['dcp_only']!r:.100}")
+        else:
+            problems += check_module("module.", self.raw_module.state_dict(), state["module"])
+            if not problems:
+                problems += check_optimizer(self.optimizer, state["optimizer"])
         steps = state.get("steps", {"accumulated": 0})
         accumulated = steps.get("accumulated") if isinstance(steps, Mapping) else None
         if isinstance(accumulated, bool) or not isinstance(accumulated, int) or accumulated < 0:
@@ -406,6 +436,12 @@ class TorchModel:
         if problems:
             raise ValueError("cannot load TorchModel state: " + "; ".join(problems))
         module = self.raw_module
+        if "dcp" in state:  # a sharded checkpoint: its tensors are in that DCP directory
+            only = state.get("dcp_only") == "model"  # the weights only (fine-tuning)
+            sharded_state.load_from(module, self.optimizer, state["dcp"], model_only=only)
+            if not only:
+                self._load_rest(state)
+            return
         self._load_module(module, state["module"])
         saved = state["optimizer"]
         current = self.optimizer.state_dict()
@@ -420,6 +456,11 @@ class TorchModel:
                 ],
             }
         )
+        self._load_rest(state)
+
+    def _load_rest(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`rest_state_dict` saved: the accumulation window, the scaler."""
+        module = self.raw_module
         steps = state.get("steps", {})
         self.accumulated = int(steps.get("accumulated", 0))
         self.optimizer_steps = int(steps.get("optimizer_steps", 0))

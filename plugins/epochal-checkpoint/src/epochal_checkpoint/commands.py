@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from epochal_checkpoint.errors import CheckpointNotFoundError
-from epochal_checkpoint.export import export_weights, model_tensors
+from epochal_checkpoint.export import export_weights
 from epochal_checkpoint.storage import store
 from epochal_checkpoint.storage.codec import is_finite_number
 from epochal_checkpoint.storage.layout import CheckpointInfo, list_checkpoints
@@ -60,7 +60,7 @@ def export_command(source: str, output: Path | None, best: bool) -> None:
         "epochal.iteration": manifest.get("iteration"),
     }
     export_weights(state["model"], output, meta)
-    count = len(model_tensors(state["model"]))
+    count = len(safe_names(output))
     shown = store.shown(where)
     click.echo(f"wrote {count} tensors of checkpoint {shown} ({_describe(manifest, best)}) to {output}")
 
@@ -105,3 +105,11 @@ def _best(directory: Path | store.RemoteStore) -> CheckpointInfo:
                 f"is {chosen.name} ({_describe(chosen.manifest, False)}): export it by its path"
             )
     return chosen
+
+
+def safe_names(path: Path) -> list[str]:
+    """The tensor names of the safetensors file *path* (its header only)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="numpy") as handle:
+        return list(handle.keys())

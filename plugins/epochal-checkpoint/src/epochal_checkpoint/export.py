@@ -35,12 +35,37 @@ def _is_torch_state(model_state: Any) -> bool:
     )
 
 
+def _is_sharded_state(model_state: Any) -> bool:
+    return isinstance(model_state, Mapping) and isinstance(model_state.get("dcp"), str)
+
+
+def _consolidated(path: str) -> dict[str, Any]:
+    """The model tensors of the sharded checkpoint *path*, read whole by this one process
+    (DCP's reader, no process group): the optimizer's state is not read."""
+    import warnings
+
+    try:
+        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+    except ImportError:
+        raise UnsupportedStateError(
+            f"checkpoint {path!r} is sharded (torch.distributed.checkpoint): reading it needs torch "
+            "(pip install 'epochal[torch]')"
+        ) from None
+    with warnings.catch_warnings():  # DCP's note that one process reads alone: intended
+        warnings.filterwarnings("ignore", "torch.distributed is ", UserWarning)
+        loaded = _load_state_dict_from_keys(keys={"model"}, checkpoint_id=path)
+    return dict(loaded["model"])
+
+
 def model_tensors(model_state: Any) -> dict[str, Any]:
     """The arrays (and tensor records) of a model state, by the names a loader expects.
 
-    A ``TorchModel`` state (``{"module", "optimizer", ...}``) gives its module's state dict;
-    any other state gives every array leaf under its dotted key path.
+    A ``TorchModel`` state (``{"module", "optimizer", ...}``) gives its module's state dict; a
+    sharded checkpoint's (``{"dcp": path, ...}``) its module's tensors, consolidated; any other
+    state gives every array leaf under its dotted key path.
     """
+    if _is_sharded_state(model_state):
+        return _consolidated(model_state["dcp"])
     if _is_torch_state(model_state):
         return dict(model_state["module"])
     import numpy as np  # here: listing plugins (epochal plugins, every CLI start) does not pay for it
@@ -70,7 +95,8 @@ def export_weights(model_state: Any, path: str | Path, metadata: Mapping[str, An
     :raises CheckpointWriteError: the file cannot be written.
     """
     tensors = model_tensors(model_state)
-    framework = "pt" if _is_torch_state(model_state) else "np"
+    sharded = _is_sharded_state(model_state)
+    framework = "pt" if sharded or _is_torch_state(model_state) else "np"
     if not tensors:
         raise UnsupportedStateError("the model state holds no arrays to export")
     meta = {str(k): str(v) for k, v in (metadata or {}).items()}
@@ -78,7 +104,11 @@ def export_weights(model_state: Any, path: str | Path, metadata: Mapping[str, An
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        if any(isinstance(v, Mapping) for v in tensors.values()):
+        if sharded:
+            from safetensors.torch import save_file as save_tensors
+
+            save_tensors({k: v.contiguous() for k, v in tensors.items()}, str(tmp), {"format": "pt", **meta})
+        elif any(isinstance(v, Mapping) for v in tensors.values()):
             _save_torch(tensors, tmp, {"format": framework, **meta})
         else:
             import numpy as np

@@ -22,6 +22,7 @@ from epochal import hookimpl, triggers
 from epochal.errors import ConfigError
 from epochal.protocol import NonNegativeFloat, NonNegativeInt, Phase, Rank
 from epochal_checkpoint import incremental, storage
+from epochal_checkpoint import sharded as shards
 from epochal_checkpoint.errors import (
     CheckpointNotFoundError,
     CheckpointWriteError,
@@ -82,6 +83,10 @@ class Checkpoint:
         directory: ``"last"`` (``last.safetensors`` when training ends), ``"best"``
         (``best.safetensors`` whenever a save has the best ``monitor`` value so far), ``"both"``
         or ``"none"``. ``safetensors.torch.load_file`` reads them into the same module.
+    :param format: ``"single"``: rank 0 writes the whole state (gathered); ``"sharded"``: every
+        rank writes its own tensors in parallel through ``torch.distributed.checkpoint``
+        (:mod:`epochal_checkpoint.sharded`); ``"auto"``: sharded when the model says
+        ``sharded`` is True (an FSDP-sharded TorchModel), single otherwise.
     """
 
     phase: ClassVar[Phase] = "save"  # after every decision: a resumed run holds them
@@ -106,6 +111,7 @@ class Checkpoint:
         async_save: bool = False,
         export: Literal["none", "last", "best", "both"] = "none",
         storage_options: dict[str, Any] | None = None,
+        format: Literal["auto", "single", "sharded"] = "auto",
     ) -> None:
         where = "[plugins.checkpoint]"
         if export in ("best", "both") and not monitor:
@@ -134,6 +140,9 @@ class Checkpoint:
         self.keep_last, self.keep_best, self.monitor, self.mode = keep_last, keep_best, monitor, mode
         self.async_save = async_save
         self.export = export
+        self.format = format
+        #: whether this run's saves are sharded (``format``, resolved when training starts).
+        self.sharded = False
         #: hooks the loop need not call (see epochal's writing-plugins guide): without a batch or
         #: time trigger, and with synchronous saves (nothing deferred), no save comes due after a
         #: batch.
@@ -274,6 +283,9 @@ class Checkpoint:
         """Lock and prepare the directory, clean leftovers, note the checkpoints already there."""
         self._name = _plugin_name(loop, self, "checkpoint")
         self._check_shared(loop.run_dir)  # on every rank: they all fail alike, before any save
+        self.sharded = shards.wanted(self.format, loop.model)
+        if self.sharded:
+            self._check_sharded(loop)
         # The one place where the rank matters: on several processes every rank takes part in
         # the saves (the state is a collective) and only rank 0 touches the directory.
         self._writer = loop.world.is_zero
@@ -443,12 +455,19 @@ class Checkpoint:
         self._pending = None
         if self._directory is None:
             if not self._writer:  # another rank: its part of the state goes to rank 0, which writes
-                loop.state_dict(log_rows=False)
+                if self.sharded:  # its own tensors it writes itself
+                    shards.save_part(loop, None, storage.checkpoint_name(*key))
+                else:
+                    loop.state_dict(log_rows=False)
                 self._last_key = key
             return
         self.wait()
         self._sequence += 1
-        state = loop.state_dict(log_rows=False)  # the rows go into segments: only what changed
+        prepared = None
+        if self.sharded:
+            state, prepared = shards.save_part(loop, self._directory, storage.checkpoint_name(*key))
+        else:
+            state = loop.state_dict(log_rows=False)  # the rows go into segments: only what changed
         # plan() updates the base in place: until this write completes there is none, so a save
         # that fails (or never starts) makes the next one write every row
         base, self._base = self._base, None
@@ -497,7 +516,34 @@ class Checkpoint:
             )
             self._thread.start()
         else:
-            self._write(self._directory, name, snapshot, manifest, log_save)
+            self._write(self._directory, name, snapshot, manifest, log_save, prepared)
+
+    def _check_sharded(self, loop: Loop) -> None:
+        """Refuse what a sharded save cannot do yet; say what it does instead."""
+        where = f"[plugins.{self._name}]"
+        shards.check_model(loop.model, where)
+        if loop.world.several_nodes and store.is_remote(self.dir):
+            # every rank writes into rank 0's staging directory, which only its machine has
+            raise ConfigError(
+                f'{where} format = "sharded" on several machines needs dir on a filesystem they all '
+                f"mount, not the URL {str(self.dir)!r} (sharded uploads from every machine are not "
+                'done yet): use format = "single", or a shared directory'
+            )
+        if self.export != "none":
+            raise ConfigError(
+                f'{where} export = "{self.export}" cannot be written by a sharded save (the weights '
+                f'are spread over the ranks): export = "none", then `epochal export CHECKPOINT` '
+                "writes them consolidated"
+            )
+        if self.async_save:
+            self.async_save = False
+            if loop.world.is_zero:
+                warnings.warn(
+                    f"{where} async_save: sharded checkpoints are written synchronously for now "
+                    "(every rank writes its own part in parallel)",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
 
     def _writing(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
@@ -644,6 +690,7 @@ class Checkpoint:
         snapshot: storage.Snapshot,
         manifest: dict[str, Any],
         log_save: incremental.LogSave,
+        prepared: tuple[Path, dict[str, dict[str, Any]]] | None = None,
     ) -> None:
         # the name is settled by write_checkpoint (-vN when taken): record the own list after it
         manifest[storage.OWN] = list(self._own)
@@ -651,7 +698,9 @@ class Checkpoint:
         remote = self._remote
         if remote is not None:  # free in the store too (an unfinished upload may hold the name)
             name = remote.free_name(name)
-        info = storage.write_checkpoint(directory, name, snapshot, manifest, segments=sources)
+        info = storage.write_checkpoint(
+            directory, name, snapshot, manifest, segments=sources, prepared=prepared
+        )
         if remote is not None:  # committed by its manifest, uploaded last
             linked = {s.segment.name: s.where.name for s in sources if isinstance(s, storage.LinkedSegment)}
             remote.upload(info, linked)
@@ -877,11 +926,13 @@ def structure_mismatches(expected: Any, found: Any, where: str) -> list[str]:
     return []
 
 
-def check_model(loop: Loop, model_state: Any, where: Path) -> None:
+def check_model(loop: Loop, model_state: Any, where: Path, load: bool = True) -> None:
     """Load *model_state* into ``loop.model``, or raise one error naming the checkpoint.
 
     A model with a ``check_state(state) -> list[str]`` method checks the state itself;
     otherwise its keys, array shapes and dtypes are compared with the model's own state.
+    Without *load* it is only checked (a sharded checkpoint's tensors are loaded by every rank
+    together, when the loop loads the state).
 
     :raises StateMismatchError: listing missing/unexpected keys and shape/dtype mismatches, or
         carrying the model's own refusal.
@@ -893,6 +944,8 @@ def check_model(loop: Loop, model_state: Any, where: Path) -> None:
         problems = structure_mismatches(loop.model.state_dict(), model_state, "model")
     if problems:
         raise StateMismatchError(f"checkpoint {str(where)!r} does not fit the model: " + "; ".join(problems))
+    if not load:
+        return
     try:
         loop.model.load_state_dict(model_state)
     except Exception as error:
@@ -920,7 +973,8 @@ def check_fits(loop: Loop, state: Mapping[str, Any], where: Path) -> None:
         own_parts(state, loop.world)
     except WorldSizeError as error:
         raise StateMismatchError(f"checkpoint {str(where)!r}: {error}") from None
-    check_model(loop, state.get("model"), where)
+    model = state.get("model")
+    check_model(loop, model, where, load=not (isinstance(model, Mapping) and "dcp" in model))
     for name, stream_state in (state.get("data") or {}).items():
         stream = loop.data.get(name)
         if stream is not None and callable(getattr(stream, "load_state_dict", None)):

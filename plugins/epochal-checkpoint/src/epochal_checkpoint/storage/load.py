@@ -24,7 +24,7 @@ from epochal_checkpoint.errors import (
     ForeignCheckpointError,
     UnsafeCheckpointError,
 )
-from epochal_checkpoint.storage import sign
+from epochal_checkpoint.storage import sharded, sign
 from epochal_checkpoint.storage.codec import DATA, FORMAT, MANIFEST, crc32, key_path
 from epochal_checkpoint.storage.layout import CheckpointInfo, list_checkpoints
 from epochal_checkpoint.storage.npy import NPY_HEADER_MAX, parse_npy_header
@@ -276,9 +276,22 @@ def read_checkpoint_info(path: Path, model_only: bool = False) -> ReadCheckpoint
         raise foreign_file_error(path)
     signed = _signature(path)
     manifest = read_manifest(path, _manifest_check(path, signed))
+    shards = manifest.get(sharded.SHARDED, [])
+    if shards and signed is not None:
+        raise sign.UnsignedCheckpointError(
+            f"checkpoint {str(path)!r} is sharded, and sharded checkpoints are not signed yet: "
+            f"unset {sign.KEY_ENV} to read it"
+        )
     tree = _read_data(path, manifest["files"][DATA], model_only, signed)
     if not isinstance(tree, dict):
         raise corrupt(path, DATA, "key tree is not a table (the state is a dict)")
+    if shards:  # every rank's DCP files verified here, before any rank loads them
+        sharded.verify(path, shards, manifest["files"])
+        if not isinstance(tree.get("model"), dict):
+            raise corrupt(path, DATA, "key model is not a table (a sharded checkpoint's model rest)")
+        tree["model"]["dcp"] = str(path.absolute())
+        if model_only:  # the module's tensors only: the optimizer's stay as they are
+            tree["model"]["dcp_only"] = "model"
     check = None
     if signed is not None:
         key, signature = signed

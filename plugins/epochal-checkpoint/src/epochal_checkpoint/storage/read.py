@@ -238,8 +238,10 @@ def check_manifest(path: Path, manifest: Any) -> dict[str, Any]:
         or len(set(segments)) != len(segments)
     ):
         raise corrupt(path, MANIFEST, f"has a bad {SEGMENTS} list")
+    from epochal_checkpoint.storage.sharded import SHARDED, check_names  # it reads files with this module
+
     files = manifest.get("files")
-    expected = {DATA, *segments}
+    expected = {DATA, *segments, *check_names(path, manifest.get(SHARDED, []))}
     if not isinstance(files, dict) or set(files) != expected:
         listed = sorted(files) if isinstance(files, dict) else files
         raise corrupt(path, MANIFEST, f"lists files {listed!r:.200}, expected {sorted(expected)!r:.200}")

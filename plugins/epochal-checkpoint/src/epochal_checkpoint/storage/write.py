@@ -44,6 +44,7 @@ from epochal_checkpoint.storage.segments import (
     encode_segment,
     merged_pieces,
 )
+from epochal_checkpoint.storage.sharded import SHARDED
 
 __all__ = [
     "Flushes",
@@ -245,6 +246,7 @@ def write_checkpoint(
     manifest: Mapping[str, Any],
     pointer: bool = True,
     segments: Sequence[LinkedSegment | NewSegment | MergedSegment] = (),
+    prepared: tuple[Path, Mapping[str, Mapping[str, Any]]] | None = None,
 ) -> CheckpointInfo:
     """Write *snapshot* atomically as checkpoint *name* in *directory*; return where and what.
 
@@ -261,6 +263,11 @@ def write_checkpoint(
     ``EPOCHAL_CHECKPOINT_KEY`` set, ``signature.json`` (every file's HMAC-SHA256) is written
     beside the manifest before that (:mod:`~epochal_checkpoint.storage.sign`).
 
+    *prepared* ``(tmp, files)``: a temporary directory (:func:`temp_name` of *name*) that
+    already holds *files* ``{name: {size, crc32}}``, durable: the DCP files of a sharded
+    checkpoint, written by every rank (:mod:`~epochal_checkpoint.storage.sharded`); the
+    manifest lists them under ``sharded`` and ``files``, and the rest is written beside them.
+
     :raises CheckpointWriteError: naming the path, when the disk is full, permission is denied
         or any other OS error occurs; the temporary directory is removed and every earlier
         checkpoint is left as it was.
@@ -269,11 +276,13 @@ def write_checkpoint(
     if len(set(names)) != len(names) or not all(SEGMENT_RE.match(n) for n in names):
         raise ValueError(f"log segment names must be unique and match {SEGMENT_RE.pattern}: {names}")
     flushes = Flushes()
-    tmp = directory / temp_name(name)
+    tmp = directory / temp_name(name) if prepared is None else prepared[0]
+    shards = dict(prepared[1]) if prepared is not None else {}
     pointer_tmp = directory / temp_name(POINTER) if pointer else None
     current = tmp
     try:
-        tmp.mkdir()
+        if prepared is None:
+            tmp.mkdir()
         final_name = unique_name(directory, name)
         pieces, data = encode(snapshot)
         current = tmp / DATA
@@ -285,6 +294,11 @@ def write_checkpoint(
         flushes.start(current)
         current = tmp
         key = sign.signing_key()
+        if key is not None and shards:
+            raise CheckpointWriteError(
+                f"cannot write checkpoint {str(directory / name)!r}: sharded checkpoints are not "
+                f'signed yet (unset {sign.KEY_ENV}, or use [plugins.checkpoint] format = "single")'
+            )
         macs = {DATA: sign.file_mac(key, DATA, pieces)} if key is not None else {}
         written = []
         for source in segments:
@@ -305,7 +319,12 @@ def write_checkpoint(
             "saved_at": datetime.datetime.fromtimestamp(now / 1e9, datetime.UTC).isoformat(),
             "saved_at_ns": now,
             **({SEGMENTS: [segment.name for segment in written]} if written else {}),
-            "files": {DATA: data, **{s.name: {"size": s.size, "crc32": s.crc32} for s in written}},
+            **({SHARDED: sorted(shards)} if shards else {}),
+            "files": {
+                DATA: data,
+                **{s.name: {"size": s.size, "crc32": s.crc32} for s in written},
+                **{n: {"size": e["size"], "crc32": e["crc32"]} for n, e in shards.items()},
+            },
         }
         current = tmp / MANIFEST  # its commit record is its last key: written last
         sealed = seal(manifest_text(document))

@@ -1,0 +1,129 @@
+"""Sharded checkpoints: every rank writes its own tensors through torch.distributed.checkpoint.
+
+The checkpoint plugin's ``format = "sharded"`` (or ``"auto"`` with a model whose ``sharded`` is
+True) saves the model this way: rank 0 makes the checkpoint's temporary directory and names it
+to every rank; every rank hands its part of the model's tensors
+(``model.sharded_state_dict()``: DTensor shards under FSDP, a DDP module's replicated tensors,
+which DCP writes once) to ``dcp.save`` with a ``FileSystemWriter`` into that directory, in
+parallel, then checksums and fsyncs its own files; an all-gather of those entries is the
+barrier after which rank 0 knows every file is durable. Rank 0 then writes the rest of the
+state (the plain loop state, the model's ``rest_state_dict()``: accumulation counters, grad
+scaler) and the manifest listing every file with its size and CRC-32, commit record last, and
+renames the directory into place (:func:`epochal_checkpoint.storage.write_checkpoint`). No
+rank ever holds another rank's tensors.
+
+Reading (:func:`epochal_checkpoint.storage.read_checkpoint_info`) verifies every DCP file
+against the manifest, then puts the checkpoint's path in the model state (``model["dcp"]``):
+the model's ``load_state_dict`` reads its tensors with ``dcp.load`` on every rank (DCP
+reshards to another number of processes).
+
+The model protocol used here: ``sharded_state_dict()`` (a ``state_dict`` for DCP),
+``rest_state_dict()`` (plain data) and a ``load_state_dict`` that accepts ``{"dcp": path, ...}``
+(:class:`epochal.torch.TorchModel` has all three).
+"""
+
+from __future__ import annotations
+
+import shutil
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from epochal.errors import ConfigError
+from epochal_checkpoint import storage
+from epochal_checkpoint.errors import CheckpointWriteError
+from epochal_checkpoint.storage import sharded as files
+
+if TYPE_CHECKING:
+    from epochal.loop import Loop
+
+__all__ = ["check_model", "save_part", "wanted", "write_tensors"]
+
+_METHODS = ("sharded_state_dict", "rest_state_dict")
+
+
+def _distributed() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def wanted(format: str, model: Any) -> bool:
+    """Whether ``format`` (``auto``/``single``/``sharded``) saves *model* sharded."""
+    if format == "auto":
+        return getattr(model, "sharded", False) is True
+    return format == "sharded"
+
+
+def check_model(model: Any, where: str) -> None:
+    """Refuse a sharded format for a model that cannot give its tensors to DCP.
+
+    :raises ConfigError: naming the option and the missing methods.
+    """
+    missing = [name for name in _METHODS if not callable(getattr(model, name, None))]
+    if missing:
+        kind = type(model)
+        raise ConfigError(
+            f'{where} format = "sharded" needs a model with {" and ".join(f"{m}()" for m in missing)} '
+            f"(epochal.torch.TorchModel has them); {kind.__module__}.{kind.__qualname__} has not: "
+            'use format = "single" or "auto"'
+        )
+
+
+def save_part(
+    loop: Loop, directory: Path | None, name: str
+) -> tuple[dict[str, Any], tuple[Path, dict[str, dict[str, Any]]]]:
+    """Every rank's part of a sharded save (a collective: every rank calls it at the same point).
+
+    *directory* is the checkpoint directory on rank 0 (the writer), None elsewhere. Returns the
+    plain state (model: its rest) and ``(temporary directory, {file: {size, crc32}})`` of every
+    rank's DCP files, all durable.
+
+    :raises CheckpointWriteError: on every rank, when any rank failed to write or fsync its files.
+    """
+    model: Any = loop.model  # checked by check_model: it has the methods of a sharded save
+    state = loop.state_dict(log_rows=False, model=False)
+    state["model"] = model.rest_state_dict()
+    return state, write_tensors(loop.world, model.sharded_state_dict(), directory, name)
+
+
+def write_tensors(
+    world: Any, tensors: dict[str, Any], directory: Path | None, name: str
+) -> tuple[Path, dict[str, dict[str, Any]]]:
+    """Every rank writes its *tensors* with ``dcp.save`` into a temporary directory that rank 0
+    (*directory* given: the checkpoint directory) makes for checkpoint *name*; return it and
+    every rank's files ``{file: {size, crc32}}``, durable (a collective)."""
+    import torch.distributed.checkpoint as dcp
+
+    made: tuple[str | None, str | None] = (None, None)
+    if directory is not None:
+        tmp = directory / storage.temp_name(name)
+        try:
+            tmp.mkdir()
+            made = (str(tmp), None)
+        except OSError as error:
+            made = (None, f"cannot create {str(tmp)!r}: {error.strerror or error}")
+    where, problem = world.broadcast_object(made)
+    if where is None:
+        raise CheckpointWriteError(f"cannot write sharded checkpoint {name}: {problem}")
+    tmp = Path(where)
+    mine: dict[str, dict[str, Any]] | str
+    try:
+        writer = dcp.FileSystemWriter(tmp, sync_files=True, single_file_per_rank=True, overwrite=False)
+        with warnings.catch_warnings():  # DCP's note that one process saves alone: that is intended
+            warnings.filterwarnings("ignore", "torch.distributed is ", UserWarning)
+            dcp.save(tensors, storage_writer=writer, no_dist=not _distributed())
+        mine = files.describe(tmp, world.rank, coordinator=world.is_zero)
+    except Exception as error:  # said by every rank below: none waits for a rank that failed
+        mine = f"rank {world.rank}: {type(error).__name__}: {' '.join(str(error).split())}"[:600]
+    every = world.all_gather_object(mine)  # the barrier: every rank's files are durable (or not)
+    failed = [entry for entry in every if isinstance(entry, str)]
+    if failed:
+        if directory is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointWriteError(
+            f"cannot write sharded checkpoint {str(tmp.parent / name)!r}: {'; '.join(failed)}; "
+            "earlier checkpoints are kept"
+        )
+    merged = {file: entry for part in every if isinstance(part, dict) for file, entry in part.items()}
+    return tmp, merged

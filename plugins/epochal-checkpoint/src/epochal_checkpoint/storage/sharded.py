@@ -1,0 +1,90 @@
+"""The files of a sharded checkpoint that torch.distributed.checkpoint (DCP) writes.
+
+A sharded checkpoint is a checkpoint directory like the others (``data.bin``, log segments,
+``manifest.json``) that also holds DCP's files, written by every rank in parallel: each rank's
+``__<rank>_<n>.distcp`` and the coordinator's ``.metadata``. Their names are listed in the
+manifest under :data:`SHARDED` and their sizes and CRC-32s under ``files``, like every other
+file: the manifest (its commit record last, written by rank 0 only after every rank reported
+its files durable) is what makes the checkpoint complete.
+
+Each rank checksums and fsyncs its own files (:func:`describe`), so that work is parallel too;
+a reader verifies them all (:func:`verify`) before any rank loads them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from epochal_checkpoint.storage.codec import MANIFEST, crc32
+from epochal_checkpoint.storage.read import MAX_FILE_BYTES, corrupt, open_regular, read_into
+
+__all__ = ["DCP_METADATA", "SHARDED", "SHARD_RE", "check_names", "describe", "verify"]
+
+#: the manifest key listing DCP's files.
+SHARDED = "sharded"
+DCP_METADATA = ".metadata"
+SHARD_RE = re.compile(r"^(?:\.metadata|__\d{1,6}_\d{1,6}\.distcp)$")
+_CHUNK = 1 << 24
+
+
+def _entry(path: Path) -> dict[str, Any]:
+    """Size and CRC-32 of file *path*, read in chunks; the file is fsynced on the way."""
+    crc, size = 0, 0
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        while chunk := os.read(fd, _CHUNK):
+            crc = crc32(chunk, crc)
+            size += len(chunk)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return {"size": size, "crc32": f"{crc:08x}"}
+
+
+def describe(directory: Path, rank: int, coordinator: bool) -> dict[str, dict[str, Any]]:
+    """``{name: {size, crc32}}`` of the DCP files rank *rank* wrote into *directory* (with
+    *coordinator*, also ``.metadata``), each fsynced: durable once this returns."""
+    names = sorted(n for n in os.listdir(directory) if n.startswith(f"__{rank}_") and SHARD_RE.match(n))
+    if coordinator:
+        names.append(DCP_METADATA)
+    return {name: _entry(directory / name) for name in names}
+
+
+def check_names(path: Path, names: Any) -> list[str]:
+    """The manifest's list of DCP files, checked (names DCP writes, no path, no duplicates).
+
+    :raises CorruptCheckpointError: naming the manifest.
+    """
+    if (
+        not isinstance(names, list)
+        or not all(isinstance(n, str) and SHARD_RE.match(n) for n in names)
+        or len(set(names)) != len(names)
+        or (names and DCP_METADATA not in names)
+    ):
+        raise corrupt(path, MANIFEST, f"has a bad {SHARDED} list: {names!r:.200}")
+    return names
+
+
+def verify(path: Path, names: Sequence[str], files: Mapping[str, Mapping[str, Any]]) -> None:
+    """Check each DCP file of checkpoint *path* against the manifest: regular, its size, its CRC-32.
+
+    :raises CorruptCheckpointError: naming the checkpoint and the file (missing, short, changed).
+    """
+    for name in names:
+        expected = files[name]
+        fd, size = open_regular(path, name, MAX_FILE_BYTES, expected["size"])
+        try:
+            crc, at = 0, 0
+            buffer = bytearray(min(_CHUNK, max(size, 1)))
+            while at < size:
+                view = memoryview(buffer)[: min(_CHUNK, size - at)]
+                crc = read_into(path, name, fd, view, at, crc)
+                at += view.nbytes
+        finally:
+            os.close(fd)
+        if f"{crc:08x}" != expected["crc32"]:
+            raise corrupt(path, name, f"fails its checksum (crc32 {crc:08x}, manifest {expected['crc32']})")
