@@ -1,0 +1,208 @@
+"""FSDP2 for :class:`~epochal.torch.TorchModel`: ``strategy = "fsdp"`` shards the module.
+
+On several processes ``TorchModel(..., strategy="fsdp").distribute(world)`` shards the module
+with :func:`torch.distributed.fsdp.fully_shard` (FSDP2) over a one-dimensional ``DeviceMesh`` of
+the world (CPU on gloo, CUDA on NCCL). The wrapping policy: every direct child module that holds
+parameters becomes a unit of its own (an ``nn.ModuleList``/``nn.ModuleDict`` is entered, so that
+each block of a transformer's ``layers`` is one), then the root takes the rest. Each rank holds
+its shard of every parameter (a ``DTensor``); a unit's parameters are all-gathered for its
+forward and backward, and gradients are reduce-scattered.
+
+FSDP2 replaces the module's parameters with new ``DTensor`` parameters. The optimizer the
+factory made refers to the old ones: :class:`Sharded` re-points each of its parameter groups at
+the new parameters of the same names, in place, so the optimizer keeps its class, its groups and
+their hyperparameters (and any scheduler made on it stays valid). An optimizer that keeps
+parameters anywhere but in ``param_groups`` (a custom one with its own list) is not re-pointed
+there; an optimizer that has already stepped, or one holding a tensor that is not a parameter of
+the module, is refused.
+
+The state stays the one of DDP and of one process (plain, full, the module's own names), through
+``torch.distributed.checkpoint.state_dict`` with ``full_state_dict=True, cpu_offload=True``:
+rank 0 receives the whole state on the host, the other ranks an empty one (a checkpoint is
+written by rank 0; it loads on every rank, each taking its shards).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import torch
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from epochal.errors import ConfigError
+
+__all__ = ["STRATEGIES", "Sharded", "Strategy", "check_strategy", "shard_units"]
+
+#: the values of ``TorchModel(strategy=...)`` (Lightning's names).
+Strategy = Literal["ddp", "fsdp"]
+STRATEGIES = ("ddp", "fsdp")
+_CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict)
+
+
+def check_strategy(strategy: str, precision: str) -> None:
+    """Refuse what FSDP2 cannot run with this precision, before any training.
+
+    :raises ConfigError: ``16-mixed`` under ``fsdp``: float16 needs a gradient scaler that
+        works on sharded gradients, which epochal does not provide for FSDP2.
+    """
+    if strategy == "fsdp" and precision == "16-mixed":
+        raise ConfigError(
+            "TorchModel strategy 'fsdp' with precision '16-mixed': float16 mixed precision needs a "
+            "gradient scaler for sharded (DTensor) gradients, which epochal has not for FSDP2; use "
+            "precision 'bf16-mixed' (or 'bf16-true', '32-true'), or strategy 'ddp'"
+        )
+
+
+def _has_parameters(module: torch.nn.Module) -> bool:
+    return any(True for _ in module.parameters())
+
+
+def shard_units(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The submodules that become FSDP units of their own, innermost first (the root not included).
+
+    Each direct child with parameters; the items of an ``nn.ModuleList``/``nn.ModuleDict`` child
+    (which has no forward of its own) instead of the container.
+    """
+    units: list[torch.nn.Module] = []
+    for child in module.children():
+        if isinstance(child, _CONTAINERS):
+            units += [item for item in child.children() if _has_parameters(item)]
+        elif _has_parameters(child):
+            units.append(child)
+    return units
+
+
+def _policy(precision: str) -> MixedPrecisionPolicy:
+    """FSDP2's mixed precision for a precision name: bf16-mixed computes in bfloat16 and reduces
+    gradients in float32; the others leave the parameters' dtype as it is."""
+    if precision == "bf16-mixed":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+class Sharded:
+    """A module sharded by FSDP2 over the ranks of *world*, and its optimizer re-pointed.
+
+    :param module: the module to shard in place (the one inside any ``torch.compile`` wrapper).
+    :raises ConfigError: a module without parameters, an optimizer that has stepped already or
+        that holds tensors other than the module's parameters.
+    """
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        world: Any,
+        device: torch.device,
+        precision: str,
+    ) -> None:
+        if not _has_parameters(module):
+            raise ConfigError(
+                f"TorchModel strategy 'fsdp': the module ({type(module).__name__}) has no parameters "
+                "to shard; use strategy 'ddp' (or train on one process)"
+            )
+        if optimizer.state:
+            raise ConfigError(
+                "TorchModel strategy 'fsdp': the optimizer has already stepped; FSDP2 replaces the "
+                "parameters, so make the optimizer fresh in the model factory"
+            )
+        names = {id(p): name for name, p in module.named_parameters()}
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                if id(param) not in names:
+                    raise ConfigError(
+                        f"TorchModel strategy 'fsdp': the optimizer holds a tensor of shape "
+                        f"{list(param.shape)} that is no parameter of the module; FSDP2 shards "
+                        "the module's parameters only"
+                    )
+        #: the fully qualified name of each parameter in the optimizer's order (its state ids).
+        self.order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        self.mesh = init_device_mesh(device.type, (world.size,))
+        policy = _policy(precision)
+        for unit in shard_units(module):
+            fully_shard(unit, mesh=self.mesh, mp_policy=policy)
+        fully_shard(module, mesh=self.mesh, mp_policy=policy)
+        self.module = module
+        self.optimizer = optimizer
+        self.world = world
+        # the same parameter objects FSDP2 made, by the names the optimizer's ones had
+        new = dict(module.named_parameters())
+        for group in optimizer.param_groups:
+            group["params"] = [new[names[id(p)]] for p in group["params"]]
+        self._units = [m for m in module.modules() if isinstance(m, FSDPModule)]
+        #: whether :meth:`begin_evaluation` gathered the parameters (until :meth:`end_evaluation`).
+        self.gathered = False
+
+    # -- training -----------------------------------------------------------------------------
+
+    def before_train_step(self, sync: bool | None) -> None:
+        """Before a training batch: free the parameters an evaluation gathered (if its end was
+        not called), and with *sync* not None, whether this backward reduce-scatters the
+        gradients (False: each rank accumulates them unsharded, FSDP2's ``no_sync``)."""
+        if self.gathered:
+            self.end_evaluation()
+        if sync is not None:
+            root: Any = self.module
+            root.set_requires_gradient_sync(sync)
+
+    def begin_evaluation(self) -> None:
+        """Gather every parameter once and keep them through the stream's forwards, so that they
+        take no collective (the ranks' evaluation shards may differ in length). A collective:
+        every rank calls it."""
+        root: Any = self.module
+        root.set_reshard_after_forward(False)
+        for unit in self._units:
+            unit.unshard()
+        self.gathered = True
+
+    def end_evaluation(self) -> None:
+        """Free the gathered parameters; back to FSDP2's defaults (the root keeps its parameters
+        gathered after forward, the other units reshard)."""
+        root: Any = self.module
+        root.set_reshard_after_forward(True)
+        root.set_reshard_after_forward(False, recurse=False)
+        for unit in self._units:
+            unit.reshard()
+        self.gathered = False
+
+    # -- state --------------------------------------------------------------------------------
+
+    def full_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """The module's and the optimizer's full state on rank 0's host, by parameter ids as
+        ``optimizer.state_dict()`` numbers them (empty on the other ranks). A collective."""
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        module_state = get_model_state_dict(self.module, options=options)
+        optimizer_state = get_optimizer_state_dict(self.module, self.optimizer, options=options)
+        if not self.world.is_zero:
+            return {}, {}
+        ids = {name: i for i, name in enumerate(self.order)}
+        groups = self.optimizer.state_dict()["param_groups"]  # ids and hyperparameters, no tensors
+        state = {ids[name]: value for name, value in optimizer_state["state"].items()}
+        return module_state, {"state": dict(sorted(state.items())), "param_groups": groups}
+
+    def load_full_state(self, module_state: Mapping[str, Any], optimizer_state: Mapping[str, Any]) -> None:
+        """Load a full state (tensors on the host, the same on every rank): each rank keeps its
+        shards. *optimizer_state* is numbered as :meth:`full_state` numbers it."""
+        options = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(self.module, dict(module_state), options=options)
+        names = dict(enumerate(self.order))
+        groups = [
+            {**group, "params": [names[int(i)] for i in group["params"]]}
+            for group in optimizer_state["param_groups"]
+        ]
+        state = {names[int(i)]: value for i, value in optimizer_state["state"].items()}
+        set_optimizer_state_dict(
+            self.module, self.optimizer, {"state": state, "param_groups": groups}, options=options
+        )
+
