@@ -1,7 +1,8 @@
 """A small MLP with AdamW for the FSDP tests (``test_torch_fsdp.py``), imported by the processes.
 
 ``make_model(strategy=...)`` builds the same seeded module on every rank; ``make_data`` gives
-a shuffled train stream and an evaluation stream of 17 examples (on 2 ranks, 2 batches of 8 on one, 1 on the other).
+a shuffled train stream and an evaluation stream of 17 examples (on 2 ranks, 2 batches of 8
+on one, 1 on the other).
 """
 
 from __future__ import annotations

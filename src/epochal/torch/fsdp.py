@@ -19,7 +19,9 @@ the module, is refused.
 The state stays the one of DDP and of one process (plain, full, the module's own names), through
 ``torch.distributed.checkpoint.state_dict`` with ``full_state_dict=True, cpu_offload=True``:
 rank 0 receives the whole state on the host, the other ranks an empty one (a checkpoint is
-written by rank 0; it loads on every rank, each taking its shards).
+written by rank 0). A full state loads on each rank without a collective, each slicing its own
+shards out of it (``distribute_tensor(..., src_data_rank=None)``): rank 0 checks a checkpoint
+by loading it alone before the state goes to the other ranks.
 """
 
 from __future__ import annotations
@@ -32,11 +34,10 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from epochal.errors import ConfigError
 
@@ -192,17 +193,30 @@ class Sharded:
         return module_state, {"state": dict(sorted(state.items())), "param_groups": groups}
 
     def load_full_state(self, module_state: Mapping[str, Any], optimizer_state: Mapping[str, Any]) -> None:
-        """Load a full state (tensors on the host, the same on every rank): each rank keeps its
-        shards. *optimizer_state* is numbered as :meth:`full_state` numbers it."""
-        options = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(self.module, dict(module_state), options=options)
-        names = dict(enumerate(self.order))
-        groups = [
-            {**group, "params": [names[int(i)] for i in group["params"]]}
-            for group in optimizer_state["param_groups"]
-        ]
-        state = {names[int(i)]: value for i, value in optimizer_state["state"].items()}
-        set_optimizer_state_dict(
-            self.module, self.optimizer, {"state": state, "param_groups": groups}, options=options
+        """Load a full state (tensors on the host): each rank takes its own shards, by local
+        slicing: no collective (rank 0 alone loads a checkpoint to check it before the others
+        do). *optimizer_state* is numbered as :meth:`full_state` numbers it."""
+        live = self.module.state_dict()
+        self.module.load_state_dict({k: _shard_like(v, live.get(k)) for k, v in module_state.items()})
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        state = {
+            int(i): {k: _shard_like(v, params[int(i)]) for k, v in entry.items()}
+            for i, entry in optimizer_state["state"].items()
+        }
+        self.optimizer.load_state_dict(
+            {"state": state, "param_groups": list(optimizer_state["param_groups"])}
         )
 
+
+def _shard_like(value: Any, template: Any) -> Any:
+    """*value* (a full tensor) as this rank's part of a ``DTensor`` placed like *template*, when
+    the template is one of its shape; else *value*. Local: each rank slices its own shard."""
+    if (
+        isinstance(template, DTensor)
+        and isinstance(value, torch.Tensor)
+        and not isinstance(value, DTensor)
+        and tuple(value.shape) == tuple(template.shape)
+    ):
+        value = value.to(device=template.device)
+        return distribute_tensor(value, template.device_mesh, template.placements, src_data_rank=None)
+    return value
