@@ -49,12 +49,17 @@ STRATEGIES = ("ddp", "fsdp")
 _CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict)
 
 
-def check_strategy(strategy: str, precision: str) -> None:
-    """Refuse what FSDP2 cannot run with this precision, before any training.
+def check_strategy(strategy: str, precision: str, ddp_options: Mapping[str, Any] | None = None) -> None:
+    """Refuse what FSDP2 cannot run with these options, before any training.
 
-    :raises ConfigError: ``16-mixed`` under ``fsdp``: float16 needs a gradient scaler that
-        works on sharded gradients, which epochal does not provide for FSDP2.
+    :raises ConfigError: ``16-mixed`` under ``fsdp`` (float16 needs a gradient scaler that
+        works on sharded gradients, which epochal does not provide for FSDP2), or ``ddp_options``.
     """
+    if strategy == "fsdp" and ddp_options:
+        raise ConfigError(
+            f"TorchModel strategy 'fsdp' takes no ddp_options (given: {', '.join(map(str, ddp_options))}); "
+            "remove them, or use strategy 'ddp'"
+        )
     if strategy == "fsdp" and precision == "16-mixed":
         raise ConfigError(
             "TorchModel strategy 'fsdp' with precision '16-mixed': float16 mixed precision needs a "
@@ -179,12 +184,14 @@ class Sharded:
 
     # -- state --------------------------------------------------------------------------------
 
-    def full_state(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    def full_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The module's and the optimizer's full state on rank 0's host, by parameter ids as
         ``optimizer.state_dict()`` numbers them (empty on the other ranks). A collective."""
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        module_state = get_model_state_dict(self.module, options=options)
-        optimizer_state = get_optimizer_state_dict(self.module, self.optimizer, options=options)
+        module_state: dict[str, Any] = dict(get_model_state_dict(self.module, options=options))
+        optimizer_state: dict[str, Any] = dict(
+            get_optimizer_state_dict(self.module, self.optimizer, options=options)
+        )
         if not self.world.is_zero:
             return {}, {}
         ids = {name: i for i, name in enumerate(self.order)}

@@ -125,7 +125,7 @@ class TorchModel:
             "strategy": strategy,
         }
         check_options("TorchModel", TorchModel, options, "TorchModel", ConfigError, keys=list(options))
-        check_strategy(strategy, precision)
+        check_strategy(strategy, precision, ddp_options)
         self.strategy = strategy
         self.device = resolve_device(device)
         self.precision = Precision(precision, self.device)
