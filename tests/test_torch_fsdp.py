@@ -67,6 +67,9 @@ factory = "fsdp_mlp:make_data"
 order = ["checkpoint", "record"]
 autoload = false
 
+[plugins.checkpoint]
+export = "last"
+
 [plugins.record]
 factory = "fsdp_mlp:Record"
 """,
@@ -132,6 +135,17 @@ def test_fsdp_shards_the_module_and_trains_as_ddp_does(runs: Any) -> None:
         assert_close_weights(fsdp["optimizer"][pid], ddp["optimizer"][pid])
     # evaluation on the sharded module (17 examples: shards of 2 and 1 batches) gives DDP's metrics
     assert fsdp["valid"] == pytest.approx(ddp["valid"], rel=1e-5)
+
+
+@pytest.mark.distributed
+def test_the_weights_exported_at_the_end_of_an_fsdp_run_are_the_full_ones(runs: Any) -> None:
+    """Rank 0 alone exports ``last.safetensors`` after the final save: the state gathered for
+    that save serves it (no collective on one rank)."""
+    from safetensors.numpy import load_file
+
+    directory, fsdp = runs["fsdp"]
+    exported = load_file(directory / "run" / "checkpoints" / "last.safetensors")
+    assert {k: v.tolist() for k, v in exported.items()} == fsdp["module"]
 
 
 @pytest.mark.distributed
@@ -210,9 +224,15 @@ def test_an_unknown_strategy_gets_the_validators_line(tmp_path: Path) -> None:
         TorchModel(net, torch.optim.SGD(net.parameters()), torch.nn.functional.mse_loss, strategy="zero3")  # type: ignore[arg-type]
 
 
-def test_fsdp_with_16_mixed_is_refused_in_one_line() -> None:
+def test_fsdp_with_16_mixed_or_ddp_options_is_refused_in_one_line() -> None:
     with pytest.raises(ConfigError, match=r"'fsdp' with precision '16-mixed'.*bf16-mixed"):
         fsdp_mlp.make_model("fsdp", precision="16-mixed")
+    net = torch.nn.Linear(2, 2)
+    with pytest.raises(ConfigError, match=r"'fsdp' takes no ddp_options \(given: static_graph\)"):
+        TorchModel(
+            net, torch.optim.SGD(net.parameters()), torch.nn.functional.mse_loss,
+            ddp_options={"static_graph": True}, strategy="fsdp",
+        )  # fmt: skip
 
 
 def test_fsdp_on_a_module_without_parameters_names_the_option() -> None:

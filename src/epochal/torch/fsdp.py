@@ -149,6 +149,8 @@ class Sharded:
         self._units = [m for m in module.modules() if isinstance(m, FSDPModule)]
         #: whether :meth:`begin_evaluation` gathered the parameters (until :meth:`end_evaluation`).
         self.gathered = False
+        #: the full state :meth:`full_state` gathered since the last training batch or load.
+        self._gathered_state: tuple[dict[str, Any], dict[int, Any]] | None = None
 
     # -- training -----------------------------------------------------------------------------
 
@@ -156,6 +158,7 @@ class Sharded:
         """Before a training batch: free the parameters an evaluation gathered (if its end was
         not called), and with *sync* not None, whether this backward reduce-scatters the
         gradients (False: each rank accumulates them unsharded, FSDP2's ``no_sync``)."""
+        self._gathered_state = None
         if self.gathered:
             self.end_evaluation()
         if sync is not None:
@@ -186,23 +189,30 @@ class Sharded:
 
     def full_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """The module's and the optimizer's full state on rank 0's host, by parameter ids as
-        ``optimizer.state_dict()`` numbers them (empty on the other ranks). A collective."""
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        module_state: dict[str, Any] = dict(get_model_state_dict(self.module, options=options))
-        optimizer_state: dict[str, Any] = dict(
-            get_optimizer_state_dict(self.module, self.optimizer, options=options)
-        )
+        ``optimizer.state_dict()`` numbers them (empty on the other ranks). A collective, except
+        when asked again before the next training batch or load: the tensors gathered then are
+        kept until that batch (rank 0 alone may ask again after the last save, to export the
+        weights), the hyperparameters are read afresh."""
+        if self._gathered_state is None:
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            module_state: dict[str, Any] = dict(get_model_state_dict(self.module, options=options))
+            optimizer_state: dict[str, Any] = dict(
+                get_optimizer_state_dict(self.module, self.optimizer, options=options)
+            )
+            ids = {name: i for i, name in enumerate(self.order)}
+            tensors = {ids[name]: value for name, value in optimizer_state.get("state", {}).items()}
+            self._gathered_state = (module_state, dict(sorted(tensors.items())))
         if not self.world.is_zero:
             return {}, {}
-        ids = {name: i for i, name in enumerate(self.order)}
+        module_state, tensors = self._gathered_state
         groups = self.optimizer.state_dict()["param_groups"]  # ids and hyperparameters, no tensors
-        state = {ids[name]: value for name, value in optimizer_state["state"].items()}
-        return module_state, {"state": dict(sorted(state.items())), "param_groups": groups}
+        return module_state, {"state": tensors, "param_groups": groups}
 
     def load_full_state(self, module_state: Mapping[str, Any], optimizer_state: Mapping[str, Any]) -> None:
         """Load a full state (tensors on the host): each rank takes its own shards, by local
         slicing: no collective (rank 0 alone loads a checkpoint to check it before the others
         do). *optimizer_state* is numbered as :meth:`full_state` numbers it."""
+        self._gathered_state = None
         live = self.module.state_dict()
         self.module.load_state_dict({k: _shard_like(v, live.get(k)) for k, v in module_state.items()})
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
