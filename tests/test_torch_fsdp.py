@@ -10,6 +10,7 @@ FSDP checkpoint resumes under DDP and on one process, a DDP one under FSDP.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -26,7 +27,7 @@ torch = pytest.importorskip("torch")
 if not torch.distributed.is_available():  # pragma: no cover
     pytest.skip("torch.distributed is not available", allow_module_level=True)
 
-from epochal.errors import ConfigError  # noqa: E402
+from epochal.errors import ConfigError, EpochalError  # noqa: E402
 from epochal.torch import TorchModel  # noqa: E402
 from epochal.torch.fsdp import shard_units  # noqa: E402
 
@@ -264,3 +265,63 @@ def test_the_wrapping_policy_enters_module_lists() -> None:
 
     net = Blocks()
     assert shard_units(net) == [net.embed, *net.layers, net.head]
+
+
+@pytest.fixture
+def one_rank_group() -> Any:
+    """A process group of one rank in this process: FSDP2 shards over it as over several (the
+    2-process behaviour is the CLI tests' above; this one reaches what they cannot cheaply)."""
+    dist = torch.distributed
+    if dist.is_initialized():  # pragma: no cover
+        pytest.skip("a process group is already initialised in this process")
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        yield types.SimpleNamespace(size=1, rank=0, local_rank=0, backend="gloo", is_zero=True)
+    finally:
+        dist.destroy_process_group()
+
+
+def sharded_model(world: Any, **options: Any) -> TorchModel:
+    from epochal.torch.fsdp import Sharded
+
+    model = fsdp_mlp.make_model("fsdp", **options)
+    model._sharded = Sharded(model.raw_module, model.optimizer, world, model.device, "32-true")
+    model.world = world
+    return model
+
+
+def test_a_sharded_state_round_trips_and_a_save_inside_a_window_is_refused(one_rank_group: Any) -> None:
+    model = sharded_model(one_rank_group, accumulate_grad_batches=2)
+    assert model.sharded
+    params = list(model.raw_module.parameters())
+    assert all(type(p).__name__ == "DTensor" for p in params)
+    assert [p for group in model.optimizer.param_groups for p in group["params"]] == params  # re-pointed
+    batch = fsdp_mlp.arrays(8, 0)
+    model.train_step(batch)
+    with pytest.raises(
+        EpochalError, match=r"strategy 'fsdp': cannot save a state inside a gradient accumulation"
+    ):
+        model.state_dict()
+    model.train_step(batch)  # the window closes: an optimizer step
+    state = copy.deepcopy(model.state_dict())
+    one = fsdp_mlp.make_model(accumulate_grad_batches=2)
+    assert structure(state) == structure(copy.deepcopy(_stepped(one, batch)))
+    mid = {**state, "steps": {"accumulated": 1, "optimizer_steps": 1}}
+    (problem,) = model.check_state(mid)
+    assert "accumulation window" in problem and "strategy 'fsdp' cannot continue" in problem
+    model.train_step(batch)
+    model.train_step(batch)
+    model.load_state_dict(state)
+    again = model.state_dict()
+    for key, value in state["module"].items():
+        assert np.array_equal(again["module"][key], value), key
+    for pid, entry in state["optimizer"]["state"].items():
+        for key, value in entry.items():
+            assert np.array_equal(again["optimizer"]["state"][pid][key], value), (pid, key)
+    assert again["steps"] == {"accumulated": 0, "optimizer_steps": 1}
+
+
+def _stepped(model: TorchModel, batch: Any) -> dict[str, Any]:
+    model.train_step(batch)
+    model.train_step(batch)
+    return model.state_dict()
