@@ -135,6 +135,10 @@ class Sharded:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         self.mesh = init_device_mesh(device.type, (world.size,))
+        with torch.no_grad():  # every rank starts from rank 0's values, as under DDP
+            for tensor in module.state_dict().values():
+                if isinstance(tensor, torch.Tensor):
+                    torch.distributed.broadcast(tensor, src=0)
         policy = _policy(precision)
         for unit in shard_units(module):
             fully_shard(unit, mesh=self.mesh, mp_policy=policy)

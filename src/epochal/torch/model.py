@@ -165,9 +165,8 @@ class TorchModel:
         shard with FSDP2 under strategy "fsdp".
 
         Called once by the loop, before training. On CUDA the module moves to this rank's GPU
-        (``cuda:LOCAL_RANK``); DDP broadcasts rank 0's parameters and buffers to every rank
-        (FSDP2 shards each rank's own: the factory must build the same module on every rank,
-        e.g. from a seed, as the loop's seeding does).
+        (``cuda:LOCAL_RANK``); rank 0's parameters and buffers are broadcast to every rank (by
+        DDP, or before FSDP2 shards them).
 
         :raises ConfigError: a CPU module under the NCCL backend; "fsdp" on a module without
             parameters.
@@ -361,10 +360,12 @@ class TorchModel:
         gradients gathered so far, so a run resumed mid-window continues exactly. On several
         processes those are each rank's own (``steps.rank_grads``, gathered from every rank: a
         collective inside a window, so every rank calls this); the rest is the same on every rank.
+        Under FSDP the same full state is gathered to rank 0's host (a collective; the other ranks
+        get empty parts), and a state inside an accumulation window is refused.
         """
-        module = self.raw_module
         if self._sharded is not None:
             return self._sharded_state()
+        module = self.raw_module
         optimizer = self.optimizer.state_dict()
         state: dict[str, Any] = {
             "module": {k: to_plain(v, share=True) for k, v in module.state_dict().items()},
