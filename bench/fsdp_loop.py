@@ -16,8 +16,9 @@ process group and the sharding are not counted), on 2 processes (``torch.distrib
 
 Rounds are interleaved; the medians and the median of the per-round ratios epochal/raw are
 reported (goal <= 1.05). ``python bench/fsdp_loop.py``; ``BENCH_ROUNDS``, ``BENCH_EPOCHS``,
-``BENCH_N``, ``BENCH_BATCH``, ``BENCH_WIDTH``, ``BENCH_DEPTH``, ``BENCH_JSON`` override the
-defaults. The device is CUDA when torch sees one (each rank its GPU), else the CPU.
+``BENCH_N``, ``BENCH_BATCH``, ``BENCH_WIDTH``, ``BENCH_DEPTH``, ``BENCH_AGREE`` (the epochal
+case's ``agree_every_n_batches``), ``BENCH_JSON`` override the defaults. The device is CUDA when torch sees one (each rank its GPU), else
+the CPU.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ N = int(os.environ.get("BENCH_N", 6400))
 BATCH = int(os.environ.get("BENCH_BATCH", 64))
 WIDTH = int(os.environ.get("BENCH_WIDTH", 256))
 DEPTH = int(os.environ.get("BENCH_DEPTH", 4))
+#: ``[distributed] agree_every_n_batches`` of the epochal case ("auto", or a number of batches).
+AGREE = os.environ.get("BENCH_AGREE", "auto")
 CASES = ("raw", "epochal")
 
 
@@ -95,6 +98,8 @@ def run_raw(world: Any, device: Any, module: Any, x: Any, y: Any) -> Callable[[]
 
 
 def run_epochal(world: Any, device: Any, module: Any, x: Any, y: Any) -> Callable[[], int]:
+    from dataclasses import replace
+
     import torch
 
     from epochal import Loop
@@ -106,6 +111,7 @@ def run_epochal(world: Any, device: Any, module: Any, x: Any, y: Any) -> Callabl
         module, optimizer, torch.nn.functional.cross_entropy, device=str(device), strategy="fsdp"
     )
     data = {"train": BatchStream(x, y, batch_size=BATCH, seed=0)}
+    world = replace(world, agree_every_n_batches=AGREE if AGREE == "auto" else int(AGREE))
     loop = Loop(model, data, plugins={}, max_epochs=EPOCHS, world=world, handle_signals=False)
     model.distribute(world)  # off the clock, as raw shards before timing (the loop's call is then a no-op)
 
@@ -163,7 +169,7 @@ def main() -> None:
         print(f"round {round_ + 1}/{ROUNDS} done", file=sys.stderr, flush=True)
     median = {case: statistics.median(values) for case, values in times.items()}
     print(f"MLP 128-{WIDTH}x{DEPTH}-10, AdamW, {N} examples x {EPOCHS} epochs, {BATCH} per process per step,")
-    print(f"2 processes on {device}, median of {ROUNDS} interleaved rounds\n")
+    print(f"2 processes on {device}, agree_every_n_batches={AGREE}, median of {ROUNDS} interleaved rounds\n")
     print("| case | us per example | examples/s | vs raw |")
     print("|---|---|---|---|")
     for case in CASES:
