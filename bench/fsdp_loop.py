@@ -17,8 +17,8 @@ process group and the sharding are not counted), on 2 processes (``torch.distrib
 Rounds are interleaved; the medians and the median of the per-round ratios epochal/raw are
 reported (goal <= 1.05). ``python bench/fsdp_loop.py``; ``BENCH_ROUNDS``, ``BENCH_EPOCHS``,
 ``BENCH_N``, ``BENCH_BATCH``, ``BENCH_WIDTH``, ``BENCH_DEPTH``, ``BENCH_AGREE`` (the epochal
-case's ``agree_every_n_batches``), ``BENCH_JSON`` override the defaults. The device is CUDA when torch sees one (each rank its GPU), else
-the CPU.
+case's ``agree_every_n_batches``), ``BENCH_JSON`` override the defaults. The device is CUDA
+when torch sees one (each rank its GPU), else the CPU.
 """
 
 from __future__ import annotations
