@@ -13,12 +13,13 @@ process group and the sharding are not counted), on 2 processes (``torch.distrib
 * ``epochal``: ``Loop(TorchModel(module, AdamW(module.parameters()), ..., strategy="fsdp"),
   {"train": BatchStream(...)}, plugins={})``: the loop shards the stream, the model shards the
   module (the same units, before the clock starts) and re-points the optimizer.
+* ``every8``: the same with ``[distributed] agree_every_n_batches = 8`` (the ranks agree on
+  stops every 8 batches instead of after each: one gloo all-reduce less per batch).
 
 Rounds are interleaved; the medians and the median of the per-round ratios epochal/raw are
 reported (goal <= 1.05). ``python bench/fsdp_loop.py``; ``BENCH_ROUNDS``, ``BENCH_EPOCHS``,
-``BENCH_N``, ``BENCH_BATCH``, ``BENCH_WIDTH``, ``BENCH_DEPTH``, ``BENCH_AGREE`` (the epochal
-case's ``agree_every_n_batches``), ``BENCH_JSON`` override the defaults. The device is CUDA
-when torch sees one (each rank its GPU), else the CPU.
+``BENCH_N``, ``BENCH_BATCH``, ``BENCH_WIDTH``, ``BENCH_DEPTH``, ``BENCH_JSON`` override the
+defaults. The device is CUDA when torch sees one (each rank its GPU), else the CPU.
 """
 
 from __future__ import annotations
@@ -39,9 +40,9 @@ N = int(os.environ.get("BENCH_N", 6400))
 BATCH = int(os.environ.get("BENCH_BATCH", 64))
 WIDTH = int(os.environ.get("BENCH_WIDTH", 256))
 DEPTH = int(os.environ.get("BENCH_DEPTH", 4))
-#: ``[distributed] agree_every_n_batches`` of the epochal case ("auto", or a number of batches).
-AGREE = os.environ.get("BENCH_AGREE", "auto")
-CASES = ("raw", "epochal")
+#: ``[distributed] agree_every_n_batches`` of the epochal cases.
+AGREE = {"epochal": "auto", "every8": 8}
+CASES = ("raw", "epochal", "every8")
 
 
 def setup(device: Any) -> tuple[Any, Any, Any]:
@@ -97,7 +98,7 @@ def run_raw(world: Any, device: Any, module: Any, x: Any, y: Any) -> Callable[[]
     return run
 
 
-def run_epochal(world: Any, device: Any, module: Any, x: Any, y: Any) -> Callable[[], int]:
+def run_epochal(world: Any, device: Any, module: Any, x: Any, y: Any, case: str) -> Callable[[], int]:
     from dataclasses import replace
 
     import torch
@@ -111,7 +112,7 @@ def run_epochal(world: Any, device: Any, module: Any, x: Any, y: Any) -> Callabl
         module, optimizer, torch.nn.functional.cross_entropy, device=str(device), strategy="fsdp"
     )
     data = {"train": BatchStream(x, y, batch_size=BATCH, seed=0)}
-    world = replace(world, agree_every_n_batches=AGREE if AGREE == "auto" else int(AGREE))
+    world = replace(world, agree_every_n_batches=AGREE[case])
     loop = Loop(model, data, plugins={}, max_epochs=EPOCHS, world=world, handle_signals=False)
     model.distribute(world)  # off the clock, as raw shards before timing (the loop's call is then a no-op)
 
@@ -131,8 +132,10 @@ def worker(case: str) -> None:
     world = init_from_env()
     device = torch.device("cuda", world.local_rank) if torch.cuda.is_available() else torch.device("cpu")
     module, x, y = setup(device)
-    build = run_raw if case == "raw" else run_epochal
-    run = build(world, device, module, x, y)
+    if case == "raw":
+        run = run_raw(world, device, module, x, y)
+    else:
+        run = run_epochal(world, device, module, x, y, case)
     world.barrier()
     started = time.perf_counter()
     steps = run()
@@ -169,14 +172,16 @@ def main() -> None:
         print(f"round {round_ + 1}/{ROUNDS} done", file=sys.stderr, flush=True)
     median = {case: statistics.median(values) for case, values in times.items()}
     print(f"MLP 128-{WIDTH}x{DEPTH}-10, AdamW, {N} examples x {EPOCHS} epochs, {BATCH} per process per step,")
-    print(f"2 processes on {device}, agree_every_n_batches={AGREE}, median of {ROUNDS} interleaved rounds\n")
+    print(f"2 processes on {device}, median of {ROUNDS} interleaved rounds\n")
     print("| case | us per example | examples/s | vs raw |")
     print("|---|---|---|---|")
     for case in CASES:
         value = median[case]
         print(f"| {case} | {value:.2f} | {1e6 / value:,.0f} | {value / median['raw']:.3f}x |")
-    paired = [e / r for e, r in zip(times["epochal"], times["raw"])]
-    print(f"\nmedian of the per-round ratios epochal / raw: {statistics.median(paired):.3f}x")
+    print("\nmedians of the per-round ratios (each round's cases ran back to back):")
+    for case in CASES[1:]:
+        paired = [e / r for e, r in zip(times[case], times["raw"])]
+        print(f"- {case} / raw: {statistics.median(paired):.3f}x")
     out = os.environ.get("BENCH_JSON")
     if out:
         Path(out).write_text(json.dumps(times, indent=1))
