@@ -244,6 +244,16 @@ def test_fsdp_on_a_module_without_parameters_names_the_option() -> None:
     assert not model.sharded
 
 
+@pytest.mark.distributed
+def test_fsdp_on_a_module_without_parameters_stops_two_processes_in_one_line(tmp_path: Path) -> None:
+    config = write_run(tmp_path, "fsdp", model={"empty": True})
+    done = epochal(tmp_path, "run", str(config), "--nproc", "2")
+    assert done.returncode == 2, done.stdout + done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "TorchModel strategy 'fsdp'" in line and "no parameters to shard" in line
+    assert not (tmp_path / "run").exists()  # nothing written
+
+
 def test_fsdp_on_one_process_trains_the_module_unsharded() -> None:
     model = fsdp_mlp.make_model("fsdp", accumulate_grad_batches=1)
     model.distribute(types.SimpleNamespace(size=1, rank=0, local_rank=0, backend=None, is_zero=True))
