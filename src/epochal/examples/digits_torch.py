@@ -3,7 +3,8 @@
 The same data as :mod:`epochal.examples.digits` (scikit-learn's 8x8 digits, no download), as
 numpy streams or as ``torch.utils.data.DataLoader``\\ s, and a two-convolution network. Every
 ``TorchModel`` option is a ``[model]`` key, so a TOML file (``examples/digits_torch.toml``)
-chooses the device, precision, accumulation, clipping, optimizer and compilation::
+chooses the device, precision, accumulation, clipping, optimizer, compilation and, on several
+processes, DDP or FSDP (``strategy``)::
 
     [model]
     factory = "epochal.examples.digits_torch:make_model"
@@ -89,6 +90,7 @@ def make_model(
     compile: bool | str = False,
     stream_metrics: bool = False,
     ddp_options: dict[str, Any] | None = None,
+    strategy: Literal["ddp", "fsdp"] = "ddp",
 ) -> TorchModel:
     """A :class:`TorchModel` of :class:`DigitsCNN` with cross-entropy and accuracy.
 
@@ -124,6 +126,7 @@ def make_model(
         gradient_clip_val=gradient_clip_val,
         gradient_clip_algorithm=gradient_clip_algorithm,
         ddp_options=ddp_options,
+        strategy=strategy,
     )
 
 

@@ -26,10 +26,11 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from epochal._options import PositiveFloat, PositiveInt, check_options
-from epochal.errors import ConfigError
+from epochal.errors import ConfigError, EpochalError
 from epochal.torch import sharded_state
 from epochal.torch.checks import check_module, check_optimizer, compare_keys
 from epochal.torch.device import Precision, move_to, resolve_device
+from epochal.torch.fsdp import Sharded, Strategy, check_strategy
 from epochal.torch.state import from_plain, is_tensor_record, reading_tensor, shareable, to_plain
 
 __all__ = ["TorchModel"]
@@ -83,6 +84,9 @@ class TorchModel:
     :param gradient_clip_algorithm: ``"norm"`` (total 2-norm) or ``"value"`` (each element).
     :param ddp_options: keyword arguments for ``DistributedDataParallel`` on several processes
         (``find_unused_parameters``, ``static_graph``, ``bucket_cap_mb``, ...).
+    :param strategy: on several processes, ``"ddp"`` (a replica of the module on every rank) or
+        ``"fsdp"`` (the module sharded across the ranks by FSDP2: :mod:`epochal.torch.fsdp`).
+        On one process both train the module as it is.
 
     A batch is ``(inputs, targets)`` or a mapping with ``"inputs"`` and ``"targets"``; arrays
     and tensors in it (nested in tuples, lists, dicts) are moved to the device. Each step
@@ -113,13 +117,17 @@ class TorchModel:
         gradient_clip_val: PositiveFloat | None = None,
         gradient_clip_algorithm: Literal["norm", "value"] = "norm",
         ddp_options: Mapping[str, Any] | None = None,
+        strategy: Strategy = "ddp",
     ) -> None:
         options = {
             "accumulate_grad_batches": accumulate_grad_batches,
             "gradient_clip_val": gradient_clip_val,
             "gradient_clip_algorithm": gradient_clip_algorithm,
+            "strategy": strategy,
         }
         check_options("TorchModel", TorchModel, options, "TorchModel", ConfigError, keys=list(options))
+        check_strategy(strategy, precision, ddp_options)
+        self.strategy = strategy
         self.device = resolve_device(device)
         self.precision = Precision(precision, self.device)
         self.accumulate_grad_batches = accumulate_grad_batches
@@ -148,18 +156,23 @@ class TorchModel:
         #: the world of :meth:`distribute` (None: one process); ``_ddp`` the DDP wrapper.
         self.world: Any = None
         self._ddp: DistributedDataParallel | None = None
+        #: the FSDP2 sharding of :meth:`distribute` under strategy "fsdp" (None: not sharded).
+        self._sharded: Sharded | None = None
         #: the module evaluation runs (``module`` without the DDP wrapper).
         self._eval_module: torch.nn.Module = self.module
 
     def distribute(self, world: Any) -> None:
-        """Train on the ranks of *world* (an :class:`epochal.distributed.World`): wrap in DDP.
+        """Train on the ranks of *world* (an :class:`epochal.distributed.World`): wrap in DDP, or
+        shard with FSDP2 under strategy "fsdp".
 
         Called once by the loop, before training. On CUDA the module moves to this rank's GPU
-        (``cuda:LOCAL_RANK``); DDP broadcasts rank 0's parameters and buffers to every rank.
+        (``cuda:LOCAL_RANK``); rank 0's parameters and buffers are broadcast to every rank (by
+        DDP, or before FSDP2 shards them).
 
-        :raises ConfigError: a CPU module under the NCCL backend.
+        :raises ConfigError: a CPU module under the NCCL backend; "fsdp" on a module without
+            parameters.
         """
-        if self._ddp is not None or world.size < 2:
+        if self._ddp is not None or self._sharded is not None or world.size < 2:
             return
         device = self.device
         if device.type == "cuda":
@@ -185,6 +198,10 @@ class TorchModel:
                     RuntimeWarning,
                     stacklevel=2,
                 )
+        if self.strategy == "fsdp":
+            self._sharded = Sharded(self.raw_module, self.optimizer, world, device, self.precision.name)
+            self.world = world
+            return
         options: dict[str, Any] = {"device_ids": [device] if device.type == "cuda" else None}
         options.update(self.ddp_options)
         self._eval_module = self.module
@@ -197,6 +214,12 @@ class TorchModel:
     def attach(self, loop: Any) -> None:
         """Called by the loop that runs this model, so that steps can call its hooks."""
         self._loop = loop
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the module is sharded across the ranks by FSDP2 (strategy "fsdp", several
+        processes, after :meth:`distribute`)."""
+        return self._sharded is not None
 
     @property
     def raw_module(self) -> torch.nn.Module:
@@ -243,6 +266,8 @@ class TorchModel:
         window = self.accumulate_grad_batches
         # DDP all-reduces in backward(): only on the batch that steps the optimizer
         sync = self._ddp is None or self.accumulated + 1 >= window
+        if self._sharded is not None:
+            self._sharded.before_train_step(self.accumulated + 1 >= window if window > 1 else None)
         with contextlib.nullcontext() if sync else self._ddp.no_sync():  # type: ignore[union-attr]
             with precision.autocast():
                 outputs = self._forward(self.module, inputs)
@@ -296,7 +321,10 @@ class TorchModel:
         return self._results(loss, outputs, targets)
 
     def begin_evaluation(self, stream: str) -> None:
-        """Reset the metric objects before an evaluation stream."""
+        """Reset the metric objects before an evaluation stream (under FSDP, gather the
+        parameters for the stream: a collective)."""
+        if self._sharded is not None:
+            self._sharded.begin_evaluation()
         for metric in self._stream_metrics.values():
             metric.reset()
 
@@ -306,6 +334,8 @@ class TorchModel:
         On several processes torchmetrics' ``compute()`` gathers the states of every rank (a
         collective: every rank calls this), so each value is that of the whole stream.
         """
+        if self._sharded is not None:
+            self._sharded.end_evaluation()
         results: dict[str, Any] = {}
         for name, metric in self._stream_metrics.items():
             value = metric.compute()
@@ -337,7 +367,11 @@ class TorchModel:
         gradients gathered so far, so a run resumed mid-window continues exactly. On several
         processes those are each rank's own (``steps.rank_grads``, gathered from every rank: a
         collective inside a window, so every rank calls this); the rest is the same on every rank.
+        Under FSDP the same full state is gathered to rank 0's host (a collective; the other ranks
+        get empty parts), and a state inside an accumulation window is refused.
         """
+        if self._sharded is not None:
+            return self._sharded_state()
         module = self.raw_module
         optimizer = self.optimizer.state_dict()
         state: dict[str, Any] = {
@@ -355,6 +389,7 @@ class TorchModel:
 
         Inside an accumulation window on several processes a collective (every rank calls it).
         """
+        self._refuse_window()
         module = self.raw_module
         state: dict[str, Any] = {
             "steps": {"accumulated": self.accumulated, "optimizer_steps": self.optimizer_steps},
@@ -378,6 +413,31 @@ class TorchModel:
     def load_sharded_state_dict(self, state: Mapping[str, Any]) -> None:
         """Put a :meth:`sharded_state_dict` that DCP loaded back into the module and optimizer."""
         sharded_state.load_sharded_state(self.raw_module, self.optimizer, state)
+
+    def _refuse_window(self) -> None:
+        """Under FSDP a state inside an accumulation window cannot be saved (one clear error)."""
+        if self._sharded is not None and self.accumulated:
+            raise EpochalError(
+                f"TorchModel strategy 'fsdp': cannot save a state inside a gradient accumulation window "
+                f"({self.accumulated} of {self.accumulate_grad_batches} batches): each rank holds "
+                "unsharded partial gradients; save at optimizer steps (every_n_batches a multiple of "
+                "accumulate_grad_batches), or use strategy 'ddp'"
+            )
+
+    def _sharded_state(self) -> dict[str, Any]:
+        """:meth:`state_dict` under FSDP: the full state on rank 0 (the other ranks' is empty)."""
+        assert self._sharded is not None
+        self._refuse_window()
+        module_state, optimizer = self._sharded.full_state()
+        state: dict[str, Any] = {
+            "module": {k: to_plain(v, share=True) for k, v in module_state.items()},
+            "optimizer": {
+                "state": {str(pid): to_plain(s, share=True) for pid, s in optimizer.get("state", {}).items()},
+                "param_groups": [to_plain(group) for group in optimizer.get("param_groups", [])],
+            },
+            "steps": {"accumulated": 0, "optimizer_steps": self.optimizer_steps},
+        }
+        return state
 
     def check_state(self, state: Any) -> list[str]:
         """Every reason *state* cannot be loaded into this model (empty: it fits).
@@ -411,6 +471,12 @@ class TorchModel:
                 f"steps.accumulated: saved {accumulated} batches into an accumulation window, but "
                 f"accumulate_grad_batches is {self.accumulate_grad_batches}"
             )
+        elif accumulated and self._sharded is not None:
+            problems.append(
+                f"steps: saved inside a gradient accumulation window ({accumulated} batches), which "
+                "strategy 'fsdp' cannot continue; resume with strategy 'ddp' or from a checkpoint "
+                "saved at an optimizer step"
+            )
         elif accumulated:
             saved = len(steps["rank_grads"]) if isinstance(steps.get("rank_grads"), list) else 1
             size = self.world.size if self._ddp is not None else 1
@@ -442,8 +508,23 @@ class TorchModel:
             if not only:
                 self._load_rest(state)
             return
-        self._load_module(module, state["module"])
         saved = state["optimizer"]
+        if self._sharded is not None:
+            groups = self.optimizer.state_dict()["param_groups"]
+            self._sharded.load_full_state(  # copies on the host; each rank keeps its shards
+                {k: from_plain(v) for k, v in state["module"].items()},
+                {
+                    "state": {int(pid): from_plain(s) for pid, s in saved["state"].items()},
+                    "param_groups": [
+                        from_plain(group, template)
+                        for group, template in zip(saved["param_groups"], groups, strict=True)
+                    ],
+                },
+            )
+            self.accumulated = 0
+            self.optimizer_steps = int(state.get("steps", {}).get("optimizer_steps", 0))
+            return
+        self._load_module(module, state["module"])
         current = self.optimizer.state_dict()
         self.optimizer.load_state_dict(
             {

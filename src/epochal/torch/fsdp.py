@@ -1,0 +1,243 @@
+"""FSDP2 for :class:`~epochal.torch.TorchModel`: ``strategy = "fsdp"`` shards the module.
+
+On several processes ``TorchModel(..., strategy="fsdp").distribute(world)`` shards the module
+with :func:`torch.distributed.fsdp.fully_shard` (FSDP2) over a one-dimensional ``DeviceMesh`` of
+the world (CPU on gloo, CUDA on NCCL). The wrapping policy: every direct child module that holds
+parameters becomes a unit of its own (an ``nn.ModuleList``/``nn.ModuleDict`` is entered, so that
+each block of a transformer's ``layers`` is one), then the root takes the rest. Each rank holds
+its shard of every parameter (a ``DTensor``); a unit's parameters are all-gathered for its
+forward and backward, and gradients are reduce-scattered.
+
+FSDP2 replaces the module's parameters with new ``DTensor`` parameters. The optimizer the
+factory made refers to the old ones: :class:`Sharded` re-points each of its parameter groups at
+the new parameters of the same names, in place, so the optimizer keeps its class, its groups and
+their hyperparameters (and any scheduler made on it stays valid). An optimizer that keeps
+parameters anywhere but in ``param_groups`` (a custom one with its own list) is not re-pointed
+there; an optimizer that has already stepped, or one holding a tensor that is not a parameter of
+the module, is refused.
+
+The state stays the one of DDP and of one process (plain, full, the module's own names), through
+``torch.distributed.checkpoint.state_dict`` with ``full_state_dict=True, cpu_offload=True``:
+rank 0 receives the whole state on the host, the other ranks an empty one (a checkpoint is
+written by rank 0). A full state loads on each rank without a collective, each slicing its own
+shards out of it (``distribute_tensor(..., src_data_rank=None)``): rank 0 checks a checkpoint
+by loading it alone before the state goes to the other ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import torch
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from epochal.errors import ConfigError
+
+__all__ = ["STRATEGIES", "Sharded", "Strategy", "check_strategy", "shard_units"]
+
+#: the values of ``TorchModel(strategy=...)`` (Lightning's names).
+Strategy = Literal["ddp", "fsdp"]
+STRATEGIES = ("ddp", "fsdp")
+_CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict)
+
+
+def check_strategy(strategy: str, precision: str, ddp_options: Mapping[str, Any] | None = None) -> None:
+    """Refuse what FSDP2 cannot run with these options, before any training.
+
+    :raises ConfigError: ``16-mixed`` under ``fsdp`` (float16 needs a gradient scaler that
+        works on sharded gradients, which epochal does not provide for FSDP2), or ``ddp_options``.
+    """
+    if strategy == "fsdp" and ddp_options:
+        raise ConfigError(
+            f"TorchModel strategy 'fsdp' takes no ddp_options (given: {', '.join(map(str, ddp_options))}); "
+            "remove them, or use strategy 'ddp'"
+        )
+    if strategy == "fsdp" and precision == "16-mixed":
+        raise ConfigError(
+            "TorchModel strategy 'fsdp' with precision '16-mixed': float16 mixed precision needs a "
+            "gradient scaler for sharded (DTensor) gradients, which epochal has not for FSDP2; use "
+            "precision 'bf16-mixed' (or 'bf16-true', '32-true'), or strategy 'ddp'"
+        )
+
+
+def _has_parameters(module: torch.nn.Module) -> bool:
+    return any(True for _ in module.parameters())
+
+
+def shard_units(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The submodules that become FSDP units of their own, innermost first (the root not included).
+
+    Each direct child with parameters; the items of an ``nn.ModuleList``/``nn.ModuleDict`` child
+    (which has no forward of its own) instead of the container.
+    """
+    units: list[torch.nn.Module] = []
+    for child in module.children():
+        if isinstance(child, _CONTAINERS):
+            units += [item for item in child.children() if _has_parameters(item)]
+        elif _has_parameters(child):
+            units.append(child)
+    return units
+
+
+def _policy(precision: str) -> MixedPrecisionPolicy:
+    """FSDP2's mixed precision for a precision name: bf16-mixed computes in bfloat16 and reduces
+    gradients in float32; the others leave the parameters' dtype as it is."""
+    if precision == "bf16-mixed":
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+class Sharded:
+    """A module sharded by FSDP2 over the ranks of *world*, and its optimizer re-pointed.
+
+    :param module: the module to shard in place (the one inside any ``torch.compile`` wrapper).
+    :raises ConfigError: a module without parameters, an optimizer that has stepped already or
+        that holds tensors other than the module's parameters.
+    """
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        world: Any,
+        device: torch.device,
+        precision: str,
+    ) -> None:
+        if not _has_parameters(module):
+            raise ConfigError(
+                f"TorchModel strategy 'fsdp': the module ({type(module).__name__}) has no parameters "
+                "to shard; use strategy 'ddp' (or train on one process)"
+            )
+        if optimizer.state:
+            raise ConfigError(
+                "TorchModel strategy 'fsdp': the optimizer has already stepped; FSDP2 replaces the "
+                "parameters, so make the optimizer fresh in the model factory"
+            )
+        names = {id(p): name for name, p in module.named_parameters()}
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                if id(param) not in names:
+                    raise ConfigError(
+                        f"TorchModel strategy 'fsdp': the optimizer holds a tensor of shape "
+                        f"{list(param.shape)} that is no parameter of the module; FSDP2 shards "
+                        "the module's parameters only"
+                    )
+        #: the fully qualified name of each parameter in the optimizer's order (its state ids).
+        self.order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        self.mesh = init_device_mesh(device.type, (world.size,))
+        with torch.no_grad():  # every rank starts from rank 0's values, as under DDP
+            for tensor in module.state_dict().values():
+                if isinstance(tensor, torch.Tensor):
+                    torch.distributed.broadcast(tensor, src=0)
+        policy = _policy(precision)
+        for unit in shard_units(module):
+            fully_shard(unit, mesh=self.mesh, mp_policy=policy)
+        fully_shard(module, mesh=self.mesh, mp_policy=policy)
+        self.module = module
+        self.optimizer = optimizer
+        self.world = world
+        # the same parameter objects FSDP2 made, by the names the optimizer's ones had
+        new = dict(module.named_parameters())
+        for group in optimizer.param_groups:
+            group["params"] = [new[names[id(p)]] for p in group["params"]]
+        self._units = [m for m in module.modules() if isinstance(m, FSDPModule)]
+        #: whether :meth:`begin_evaluation` gathered the parameters (until :meth:`end_evaluation`).
+        self.gathered = False
+        #: the full state :meth:`full_state` gathered since the last training batch or load.
+        self._gathered_state: tuple[dict[str, Any], dict[int, Any]] | None = None
+
+    # -- training -----------------------------------------------------------------------------
+
+    def before_train_step(self, sync: bool | None) -> None:
+        """Before a training batch: free the parameters an evaluation gathered (if its end was
+        not called), and with *sync* not None, whether this backward reduce-scatters the
+        gradients (False: each rank accumulates them unsharded, FSDP2's ``no_sync``)."""
+        self._gathered_state = None
+        if self.gathered:
+            self.end_evaluation()
+        if sync is not None:
+            root: Any = self.module
+            root.set_requires_gradient_sync(sync)
+
+    def begin_evaluation(self) -> None:
+        """Gather every parameter once and keep them through the stream's forwards, so that they
+        take no collective (the ranks' evaluation shards may differ in length). A collective:
+        every rank calls it."""
+        root: Any = self.module
+        root.set_reshard_after_forward(False)
+        for unit in self._units:
+            unit.unshard()
+        self.gathered = True
+
+    def end_evaluation(self) -> None:
+        """Free the gathered parameters; back to FSDP2's defaults (the root keeps its parameters
+        gathered after forward, the other units reshard)."""
+        root: Any = self.module
+        root.set_reshard_after_forward(True)
+        root.set_reshard_after_forward(False, recurse=False)
+        for unit in self._units:
+            unit.reshard()
+        self.gathered = False
+
+    # -- state --------------------------------------------------------------------------------
+
+    def full_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The module's and the optimizer's full state on rank 0's host, by parameter ids as
+        ``optimizer.state_dict()`` numbers them (empty on the other ranks). A collective, except
+        when asked again before the next training batch or load: the tensors gathered then are
+        kept until that batch (rank 0 alone may ask again after the last save, to export the
+        weights), the hyperparameters are read afresh."""
+        if self._gathered_state is None:
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+            module_state: dict[str, Any] = dict(get_model_state_dict(self.module, options=options))
+            optimizer_state: dict[str, Any] = dict(
+                get_optimizer_state_dict(self.module, self.optimizer, options=options)
+            )
+            ids = {name: i for i, name in enumerate(self.order)}
+            tensors = {ids[name]: value for name, value in optimizer_state.get("state", {}).items()}
+            self._gathered_state = (module_state, dict(sorted(tensors.items())))
+        if not self.world.is_zero:
+            return {}, {}
+        module_state, tensors = self._gathered_state
+        groups = self.optimizer.state_dict()["param_groups"]  # ids and hyperparameters, no tensors
+        return module_state, {"state": tensors, "param_groups": groups}
+
+    def load_full_state(self, module_state: Mapping[str, Any], optimizer_state: Mapping[str, Any]) -> None:
+        """Load a full state (tensors on the host): each rank takes its own shards, by local
+        slicing: no collective (rank 0 alone loads a checkpoint to check it before the others
+        do). *optimizer_state* is numbered as :meth:`full_state` numbers it."""
+        self._gathered_state = None
+        live = self.module.state_dict()
+        self.module.load_state_dict({k: _shard_like(v, live.get(k)) for k, v in module_state.items()})
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        state = {
+            int(i): {k: _shard_like(v, params[int(i)]) for k, v in entry.items()}
+            for i, entry in optimizer_state["state"].items()
+        }
+        self.optimizer.load_state_dict(
+            {"state": state, "param_groups": list(optimizer_state["param_groups"])}
+        )
+
+
+def _shard_like(value: Any, template: Any) -> Any:
+    """*value* (a full tensor) as this rank's part of a ``DTensor`` placed like *template*, when
+    the template is one of its shape; else *value*. Local: each rank slices its own shard."""
+    if (
+        isinstance(template, DTensor)
+        and isinstance(value, torch.Tensor)
+        and not isinstance(value, DTensor)
+        and tuple(value.shape) == tuple(template.shape)
+    ):
+        value = value.to(device=template.device)
+        return distribute_tensor(value, template.device_mesh, template.placements, src_data_rank=None)
+    return value

@@ -1,0 +1,100 @@
+"""A small MLP with AdamW for the FSDP tests (``test_torch_fsdp.py``), imported by the processes.
+
+``make_model(strategy=...)`` builds the same seeded module on every rank; ``make_data`` gives
+a shuffled train stream and an evaluation stream of 17 examples (on 2 ranks, 2 batches of 8
+on one, 1 on the other).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from epochal import hookimpl
+from epochal.data import BatchStream
+from epochal.torch import TorchModel
+
+FEATURES, CLASSES = 6, 3
+
+
+def arrays(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, FEATURES)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 0.5).astype(np.int64)
+    return x, y
+
+
+def make_data(n_train: int = 64, n_valid: int = 17, batch_size: int = 8) -> dict[str, Any]:
+    xt, yt = arrays(n_train, 1)
+    xv, yv = arrays(n_valid, 2)
+    return {
+        "train": BatchStream(xt, yt, batch_size=batch_size, seed=0),
+        "valid": BatchStream(xv, yv, batch_size=batch_size, shuffle=False),
+    }
+
+
+def make_model(
+    strategy: Literal["ddp", "fsdp"] = "ddp",
+    seed: int = 0,
+    lr: float = 0.01,
+    accumulate_grad_batches: int = 1,
+    gradient_clip_val: float | None = None,
+    precision: Literal["32-true", "16-mixed", "bf16-mixed", "bf16-true"] = "32-true",
+    empty: bool = False,
+) -> TorchModel:
+    """Linear(6, 32) - Tanh - Linear(32, 32) - Tanh - Linear(32, 3), AdamW (``empty``: no parameters)."""
+    torch.manual_seed(seed)
+    layers: list[torch.nn.Module] = [torch.nn.Linear(FEATURES, 32), torch.nn.Tanh()]
+    layers += [torch.nn.Linear(32, 32), torch.nn.Tanh(), torch.nn.Linear(32, CLASSES)]
+    module = torch.nn.Sequential(torch.nn.Flatten()) if empty else torch.nn.Sequential(*layers)
+    params = list(module.parameters()) or [torch.nn.Parameter(torch.zeros(1))]
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
+    return TorchModel(
+        module,
+        optimizer,
+        torch.nn.functional.cross_entropy,
+        {"accuracy": lambda out, y: (out.argmax(dim=1) == y).float().mean()},
+        device="cpu",
+        precision=precision,
+        accumulate_grad_batches=accumulate_grad_batches,
+        gradient_clip_val=gradient_clip_val,
+        strategy=strategy,
+    )
+
+
+class Record:
+    """Writes ``record.json`` on rank 0 when training ends: every batch's loss (the mean over the
+    ranks), the valid metrics, whether the module is sharded, the final state's parameters and
+    the optimizer's per-parameter state."""
+
+    def __init__(self, path: str = "record.json") -> None:
+        self.path = path
+        self.losses: list[float] = []
+
+    @hookimpl
+    def after_batch(self, loop: Any, outputs: Any) -> None:
+        loss = float(outputs["loss"])
+        self.losses.append(loop.world.all_reduce([loss])[0] / loop.world.size)
+
+    @hookimpl(trylast=True)
+    def after_training(self, loop: Any) -> None:
+        state = loop.model.state_dict()  # every rank: a collective under FSDP
+        if not loop.world.is_zero:
+            return
+        record = {
+            "losses": self.losses,
+            "valid": {k: float(v) for k, v in loop.last_metrics.get("valid", {}).items()},
+            "sharded": loop.model.sharded,
+            "units": sum(1 for m in loop.model.raw_module.modules() if type(m).__name__.startswith("FSDP")),
+            "module": {k: np.asarray(v).tolist() for k, v in state["module"].items()},
+            "optimizer": {
+                pid: {k: np.asarray(v).tolist() for k, v in entry.items()}
+                for pid, entry in state["optimizer"]["state"].items()
+            },
+            "steps": state["steps"],
+        }
+        with open(self.path, "w", encoding="utf-8") as out:
+            json.dump(record, out)

@@ -1,0 +1,337 @@
+"""``TorchModel(strategy="fsdp")``: FSDP2 on 2 gloo processes through ``epochal run --nproc 2``.
+
+The runs train the AdamW MLP of ``fsdp_mlp.py`` (copied beside each config) with its recording
+plugin. FSDP's loss curve and weights are compared with DDP's on the same data: FSDP averages
+gradients by a reduce-scatter, DDP by an all-reduce, and the two may add the ranks' values in
+another order, so they are equal within float32 rounding (a tolerance, never bitwise by
+contract; on 2 ranks they usually agree bitwise). Checkpoints keep the plain full format: an
+FSDP checkpoint resumes under DDP and on one process, a DDP one under FSDP.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.distributed.is_available():  # pragma: no cover
+    pytest.skip("torch.distributed is not available", allow_module_level=True)
+
+from epochal.errors import ConfigError, EpochalError  # noqa: E402
+from epochal.torch import TorchModel  # noqa: E402
+from epochal.torch.fsdp import shard_units  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import fsdp_mlp  # noqa: E402
+
+#: accumulation over 2 batches and a clipping threshold the MLP's gradients exceed (they are ~1).
+TRAINING = {"accumulate_grad_batches": 2, "gradient_clip_val": 0.25}
+
+
+def write_run(
+    directory: Path, strategy: str, *, epochs: int = 2, model: dict[str, Any] | None = None
+) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    shutil.copy(HERE / "fsdp_mlp.py", directory / "fsdp_mlp.py")
+    keys = "\n".join(f"{k} = {json.dumps(v)}" for k, v in (model or {}).items())
+    config = directory / "run.toml"
+    config.write_text(
+        f"""[loop]
+max_epochs = {epochs}
+seed = 0
+run_dir = "run"
+
+[distributed]
+backend = "gloo"
+timeout = 60
+
+[model]
+factory = "fsdp_mlp:make_model"
+strategy = "{strategy}"
+{keys}
+
+[data]
+factory = "fsdp_mlp:make_data"
+
+[plugins]
+order = ["checkpoint", "record"]
+autoload = false
+
+[plugins.checkpoint]
+export = "last"
+
+[plugins.record]
+factory = "fsdp_mlp:Record"
+""",
+        encoding="utf-8",
+    )
+    return config
+
+
+def epochal(directory: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
+    env["OMP_NUM_THREADS"] = "1"
+    return subprocess.run(
+        [sys.executable, "-m", "epochal", *args],
+        cwd=directory,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def record(directory: Path) -> dict[str, Any]:
+    result: dict[str, Any] = json.loads((directory / "record.json").read_text())
+    return result
+
+
+def trained(directory: Path, strategy: str, *extra: str, **model: Any) -> dict[str, Any]:
+    config = write_run(directory, strategy, model={**TRAINING, **model})
+    done = epochal(directory, "run", str(config), "--nproc", "2", *extra)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return record(directory)
+
+
+def assert_close_weights(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_allclose(np.array(a[name]), np.array(b[name]), rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict[str, Any]]]:
+    """The same config trained 2 epochs under FSDP and under DDP (4 batches per rank and epoch)."""
+    out = {}
+    for strategy in ("fsdp", "ddp"):
+        directory = tmp_path_factory.mktemp(strategy)
+        out[strategy] = (directory, trained(directory, strategy))
+    return out
+
+
+@pytest.mark.distributed
+def test_fsdp_shards_the_module_and_trains_as_ddp_does(runs: Any) -> None:
+    (_, fsdp), (_, ddp) = runs["fsdp"], runs["ddp"]
+    assert fsdp["sharded"] is True and ddp["sharded"] is False
+    assert fsdp["units"] == 4 and ddp["units"] == 0  # the 3 Linear layers, then the root
+    assert fsdp["steps"] == ddp["steps"] == {"accumulated": 0, "optimizer_steps": 4}  # 8 batches / 2
+    assert len(fsdp["losses"]) == 8
+    assert fsdp["losses"][-1] < fsdp["losses"][0]  # it learns
+    np.testing.assert_allclose(fsdp["losses"], ddp["losses"], rtol=1e-5, atol=1e-6)
+    assert_close_weights(fsdp["module"], ddp["module"])
+    # the optimizer's state is the same plain, full one (AdamW's moments of every parameter)
+    assert fsdp["optimizer"].keys() == ddp["optimizer"].keys() == {str(i) for i in range(6)}
+    for pid in fsdp["optimizer"]:
+        assert_close_weights(fsdp["optimizer"][pid], ddp["optimizer"][pid])
+    # evaluation on the sharded module (17 examples: shards of 2 and 1 batches) gives DDP's metrics
+    assert fsdp["valid"] == pytest.approx(ddp["valid"], rel=1e-5)
+
+
+@pytest.mark.distributed
+def test_the_weights_exported_at_the_end_of_an_fsdp_run_are_the_full_ones(runs: Any) -> None:
+    """Rank 0 alone exports ``last.safetensors`` after the final save: the state gathered for
+    that save serves it (no collective on one rank)."""
+    from safetensors.numpy import load_file
+
+    directory, fsdp = runs["fsdp"]
+    exported = load_file(directory / "run" / "checkpoints" / "last.safetensors")
+    assert {k: v.tolist() for k, v in exported.items()} == fsdp["module"]
+
+
+@pytest.mark.distributed
+def test_clipping_acts_on_the_sharded_gradients(runs: Any, tmp_path: Path) -> None:
+    """With a threshold never reached the same run ends elsewhere: the threshold was reached, and applied
+    to the FSDP gradients as to DDP's (the test above)."""
+    _, fsdp = runs["fsdp"]
+    unclipped = trained(tmp_path, "fsdp", gradient_clip_val=1e3)
+    assert not np.allclose(np.array(unclipped["module"]["0.weight"]), np.array(fsdp["module"]["0.weight"]))
+
+
+def first_epoch_checkpoint(directory: Path) -> Path:
+    (found,) = (directory / "run" / "checkpoints").glob("ckpt-e0001-i000004*")
+    return found
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize(("saved", "resumed"), [("fsdp", "ddp"), ("ddp", "fsdp")])
+def test_a_checkpoint_resumes_under_the_other_strategy(
+    runs: Any, tmp_path: Path, saved: str, resumed: str
+) -> None:
+    """Epoch 1 saved under one strategy, epoch 2 trained under the other: the straight run's end."""
+    directory, straight = runs[saved]
+    resumed_record = trained(tmp_path, resumed, "--resume", str(first_epoch_checkpoint(directory)))
+    assert resumed_record["sharded"] is (resumed == "fsdp")
+    assert_close_weights(resumed_record["module"], straight["module"])
+    np.testing.assert_allclose(resumed_record["losses"], straight["losses"][4:], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.distributed
+def test_an_fsdp_checkpoint_loads_on_one_process(runs: Any) -> None:
+    from epochal_checkpoint import load_latest
+
+    directory, fsdp = runs["fsdp"]
+    state, _ = load_latest(directory / "run" / "checkpoints")
+    one = fsdp_mlp.make_model(**TRAINING)
+    assert one.check_state(state["model"]) == []
+    one.load_state_dict(state["model"])
+    trained_weights = {k: v.tolist() for k, v in one.raw_module.state_dict().items()}
+    assert trained_weights == fsdp["module"]  # bitwise: the same plain arrays
+    assert one.optimizer_steps == 4
+    ddp_state, _ = load_latest(runs["ddp"][0] / "run" / "checkpoints")
+    assert structure(state["model"]) == structure(ddp_state["model"])
+
+
+def structure(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: structure(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [structure(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return (value.shape, str(value.dtype))
+    return type(value).__name__
+
+
+@pytest.mark.distributed
+def test_check_resume_passes_under_fsdp_with_bf16_mixed(tmp_path: Path) -> None:
+    """Stopped after batch 6 (mid-epoch 2, at an optimizer step), resumed: bitwise the straight run."""
+    config = write_run(tmp_path, "fsdp", model={**TRAINING, "precision": "bf16-mixed"})
+    done = epochal(tmp_path, "check-resume", str(config), "--nproc", "2", "--at", "6")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    assert "ok: interrupted after batch 6 of 8 and resumed" in done.stdout
+
+
+# -- one process, bad input -----------------------------------------------------------------
+
+
+def test_an_unknown_strategy_gets_the_validators_line(tmp_path: Path) -> None:
+    config = write_run(tmp_path, "fsdq")
+    done = epochal(tmp_path, "run", str(config))
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert "strategy" in line and "fsdq" in line and "Traceback" not in done.stderr
+    net = torch.nn.Linear(2, 2)
+    with pytest.raises(ConfigError, match="strategy"):  # TorchModel itself validates it too
+        TorchModel(net, torch.optim.SGD(net.parameters()), torch.nn.functional.mse_loss, strategy="zero3")  # type: ignore[arg-type]
+
+
+def test_fsdp_with_16_mixed_or_ddp_options_is_refused_in_one_line() -> None:
+    with pytest.raises(ConfigError, match=r"'fsdp' with precision '16-mixed'.*bf16-mixed"):
+        fsdp_mlp.make_model("fsdp", precision="16-mixed")
+    net = torch.nn.Linear(2, 2)
+    with pytest.raises(ConfigError, match=r"'fsdp' takes no ddp_options \(given: static_graph\)"):
+        TorchModel(
+            net, torch.optim.SGD(net.parameters()), torch.nn.functional.mse_loss,
+            ddp_options={"static_graph": True}, strategy="fsdp",
+        )  # fmt: skip
+
+
+def test_fsdp_on_a_module_without_parameters_names_the_option() -> None:
+    model = fsdp_mlp.make_model("fsdp", empty=True)
+    world = types.SimpleNamespace(size=2, rank=0, local_rank=0, backend="gloo", is_zero=True)
+    with pytest.raises(ConfigError, match=r"strategy 'fsdp'.*no parameters to shard"):
+        model.distribute(world)
+    assert not model.sharded
+
+
+@pytest.mark.distributed
+def test_fsdp_on_a_module_without_parameters_stops_two_processes_in_one_line(tmp_path: Path) -> None:
+    config = write_run(tmp_path, "fsdp", model={"empty": True})
+    done = epochal(tmp_path, "run", str(config), "--nproc", "2")
+    assert done.returncode == 2, done.stdout + done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "TorchModel strategy 'fsdp'" in line and "no parameters to shard" in line
+    assert not (tmp_path / "run").exists()  # nothing written
+
+
+def test_fsdp_on_one_process_trains_the_module_unsharded() -> None:
+    model = fsdp_mlp.make_model("fsdp", accumulate_grad_batches=1)
+    model.distribute(types.SimpleNamespace(size=1, rank=0, local_rank=0, backend=None, is_zero=True))
+    assert not model.sharded and model.strategy == "fsdp"
+    x, y = fsdp_mlp.arrays(8, 0)
+    before = model.raw_module[0].weight.detach().clone()
+    model.train_step((x, y))
+    assert not torch.equal(before, model.raw_module[0].weight)
+
+
+def test_the_wrapping_policy_enters_module_lists() -> None:
+    class Blocks(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = torch.nn.Embedding(10, 4)
+            self.layers = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(3)])
+            self.act = torch.nn.ReLU()
+            self.head = torch.nn.Linear(4, 2)
+
+    net = Blocks()
+    assert shard_units(net) == [net.embed, *net.layers, net.head]
+
+
+@pytest.fixture
+def one_rank_group() -> Any:
+    """A process group of one rank in this process: FSDP2 shards over it as over several (the
+    2-process behaviour is the CLI tests' above; this one reaches what they cannot cheaply)."""
+    dist = torch.distributed
+    if dist.is_initialized():  # pragma: no cover
+        pytest.skip("a process group is already initialised in this process")
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        yield types.SimpleNamespace(size=1, rank=0, local_rank=0, backend="gloo", is_zero=True)
+    finally:
+        dist.destroy_process_group()
+
+
+def sharded_model(world: Any, **options: Any) -> TorchModel:
+    from epochal.torch.fsdp import Sharded
+
+    model = fsdp_mlp.make_model("fsdp", **options)
+    model._sharded = Sharded(model.raw_module, model.optimizer, world, model.device, "32-true")
+    model.world = world
+    return model
+
+
+def test_a_sharded_state_round_trips_and_a_save_inside_a_window_is_refused(one_rank_group: Any) -> None:
+    model = sharded_model(one_rank_group, accumulate_grad_batches=2)
+    assert model.sharded
+    params = list(model.raw_module.parameters())
+    assert all(type(p).__name__ == "DTensor" for p in params)
+    assert [p for group in model.optimizer.param_groups for p in group["params"]] == params  # re-pointed
+    batch = fsdp_mlp.arrays(8, 0)
+    model.train_step(batch)
+    with pytest.raises(
+        EpochalError, match=r"strategy 'fsdp': cannot save a state inside a gradient accumulation"
+    ):
+        model.state_dict()
+    model.train_step(batch)  # the window closes: an optimizer step
+    state = copy.deepcopy(model.state_dict())
+    one = fsdp_mlp.make_model(accumulate_grad_batches=2)
+    assert structure(state) == structure(copy.deepcopy(_stepped(one, batch)))
+    mid = {**state, "steps": {"accumulated": 1, "optimizer_steps": 1}}
+    (problem,) = model.check_state(mid)
+    assert "accumulation window" in problem and "strategy 'fsdp' cannot continue" in problem
+    model.train_step(batch)
+    model.train_step(batch)
+    model.load_state_dict(state)
+    again = model.state_dict()
+    for key, value in state["module"].items():
+        assert np.array_equal(again["module"][key], value), key
+    for pid, entry in state["optimizer"]["state"].items():
+        for key, value in entry.items():
+            assert np.array_equal(again["optimizer"]["state"][pid][key], value), (pid, key)
+    assert again["steps"] == {"accumulated": 0, "optimizer_steps": 1}
+
+
+def _stepped(model: TorchModel, batch: Any) -> dict[str, Any]:
+    model.train_step(batch)
+    model.train_step(batch)
+    return model.state_dict()
