@@ -32,9 +32,13 @@ def describe(model: Any) -> str:
     size = sum(p.numel() * p.element_size() for p in params)
     size += sum(b.numel() * b.element_size() for b in module.buffers())
     world = getattr(model, "world", None)
-    wrapped = type(model.module).__name__ if model.module is not module else None
+    name = type(module).__name__
+    if getattr(model, "sharded", False):  # fully_shard swaps the class for FSDP<name>
+        name, wrapped = name.removeprefix("FSDP"), "FSDP2"
+    else:
+        wrapped = type(model.module).__name__ if model.module is not module else None
     where = f", {wrapped} over {world.size} processes" if world is not None and wrapped else ""
     return (
-        f"{type(module).__name__}: {human(total)} parameters ({human(trainable)} trainable), "
+        f"{name}: {human(total)} parameters ({human(trainable)} trainable), "
         f"{human(size, 'B')}, {model.precision.name} on {model.device}{where}"
     )

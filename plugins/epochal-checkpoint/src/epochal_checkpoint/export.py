@@ -42,18 +42,22 @@ def _is_sharded_state(model_state: Any) -> bool:
 def _consolidated(path: str) -> dict[str, Any]:
     """The model tensors of the sharded checkpoint *path*, read whole by this one process
     (DCP's reader, no process group): the optimizer's state is not read."""
-    import warnings
 
     try:
-        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+        from torch.distributed.checkpoint import FileSystemReader
+        from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
     except ImportError:
         raise UnsupportedStateError(
             f"checkpoint {path!r} is sharded (torch.distributed.checkpoint): reading it needs torch "
             "(pip install 'epochal[torch]')"
         ) from None
-    with warnings.catch_warnings():  # DCP's note that one process reads alone: intended
-        warnings.filterwarnings("ignore", "torch.distributed is ", UserWarning)
-        loaded = _load_state_dict_from_keys(keys={"model"}, checkpoint_id=path)
+    loaded: dict[str, Any] = {}
+    # no_dist: this process reads alone, also inside a run on several processes (rank 0 exports
+    # while the others wait), where DCP's public loaders would start a collective
+    _load_state_dict(
+        loaded, FileSystemReader(path), no_dist=True, planner=_EmptyStateDictLoadPlanner(keys={"model"})
+    )
     return dict(loaded["model"])
 
 

@@ -370,13 +370,18 @@ class Checkpoint:
     def after_training(self, loop: Loop) -> None:
         """Save the final state (unless just saved); wait for any write in flight."""
         try:
-            if self.save_at_end or self._pending is not None:
+            # a sharded run's last weights are read back from its final checkpoint: save it
+            exports_last = self.export in ("last", "both")
+            if self.save_at_end or self._pending is not None or (self.sharded and exports_last):
                 self._save(loop, "end" if self.save_at_end else self._pending or "end")
             self.wait()
-            if self.export in ("last", "both") and self._directory is not None:
-                last = export_weights(
-                    loop.model.state_dict(), self._directory / LAST_WEIGHTS, self._metadata(loop)
+            if exports_last and self._directory is not None:
+                model_state = (
+                    {"dcp": str(self.last_saved)}
+                    if self.sharded and self.last_saved is not None
+                    else loop.model.state_dict()
                 )
+                last = export_weights(model_state, self._directory / LAST_WEIGHTS, self._metadata(loop))
                 if self._remote is not None:
                     self._remote.put_extra(last)
         finally:
@@ -498,7 +503,8 @@ class Checkpoint:
         }
         if self.export in ("best", "both") and metric is not None and self._improves(metric):
             meta = {**self._metadata(loop), "epochal.monitor": self.monitor, "epochal.metric": repr(metric)}
-            best = export_weights(state["model"], self._directory / BEST_WEIGHTS, meta)
+            weights = {"dcp": str(prepared[0])} if self.sharded and prepared is not None else state["model"]
+            best = export_weights(weights, self._directory / BEST_WEIGHTS, meta)
             if self._remote is not None:
                 self._remote.put_extra(best)
             self._best_exported = metric
@@ -528,12 +534,6 @@ class Checkpoint:
                 f'{where} format = "sharded" on several machines needs dir on a filesystem they all '
                 f"mount, not the URL {str(self.dir)!r} (sharded uploads from every machine are not "
                 'done yet): use format = "single", or a shared directory'
-            )
-        if self.export != "none":
-            raise ConfigError(
-                f'{where} export = "{self.export}" cannot be written by a sharded save (the weights '
-                f'are spread over the ranks): export = "none", then `epochal export CHECKPOINT` '
-                "writes them consolidated"
             )
         if self.async_save:
             self.async_save = False
