@@ -17,14 +17,14 @@ from typing import Any, Literal
 
 from epochal import _rng, plugin_state
 from epochal._dispatch import blame, each_implementation
-from epochal._options import NonNegativeInt, Seed, check_options
+from epochal._options import Fraction, NonNegativeInt, PositiveInt, Seed, check_options
 from epochal.adapters import adapt_stream
 from epochal.data import _empty_rule, _mapping_empty, _ndarray, _sequence_empty, batch_size
 from epochal.distributed.strategy import strategy_for
 from epochal.distributed.world import World, current_world
 from epochal.empty import EmptyData
 from epochal.errors import ConfigError, EpochalError
-from epochal.evaluation import MetricSums, means
+from epochal.evaluation import MetricSums, batch_interval, due, means, schedule
 from epochal.log import TrainingLog
 from epochal.model import Model
 from epochal.plugins import PluginSet, compose
@@ -41,6 +41,7 @@ OPTIONS = (
     "min_steps",
     "seed",
     "eval_every_n_epochs",
+    "eval_every_n_batches",
     "epoch_size",
     "eval_at_start",
     "on_empty_batch",
@@ -73,6 +74,11 @@ class Loop:
         run (None: leave them alone).
     :param eval_every_n_epochs: evaluate every eval stream after every n-th epoch (0: never); a
         mapping ``stream → n`` gives each stream its own schedule (streams not named: every epoch).
+    :param eval_every_n_batches: evaluate inside epochs instead, after every n-th training batch
+        of an epoch (counted from the epoch's start), in the epochs ``eval_every_n_epochs``
+        schedules; a float in (0, 1] is a fraction of the epoch's batches (Lightning's
+        ``val_check_interval``). There is then no evaluation at an epoch's end unless its last
+        batch is such a point. None: evaluate at epoch ends only.
     :param epoch_size: an epoch is this many training batches (None: one pass over the train
         stream). The train stream is then iterated on across epochs, as an endless stream needs;
         it restarts only when it ends.
@@ -109,6 +115,7 @@ class Loop:
         min_steps: NonNegativeInt = 0,
         seed: Seed | None = None,
         eval_every_n_epochs: NonNegativeInt | Mapping[str, NonNegativeInt] = 1,
+        eval_every_n_batches: PositiveInt | Fraction | None = None,
         eval_at_start: bool = False,
         epoch_size: NonNegativeInt | None = None,
         on_empty_batch: Policy = "error",
@@ -148,9 +155,12 @@ class Loop:
         self.max_iterations = max_iterations
         self.seed = seed
         self.eval_every_n_epochs = eval_every_n_epochs
-        self._schedule(eval_every_n_epochs)  # checked now, read each epoch (a plugin may change it)
+        streams = self._schedule(eval_every_n_epochs)  # checked now, read each epoch (a plugin may change it)
         self.eval_at_start = eval_at_start
         self.epoch_size = epoch_size or None
+        self.eval_every_n_batches = eval_every_n_batches
+        #: evaluate after every this many batches of an epoch (None: at epoch ends).
+        self.eval_interval = batch_interval(eval_every_n_batches, self._epoch_length(), streams, where)
         self._train_iterator: Iterator[Any] | None = None
         check_condition_streams(self._plugin_set.triggers, list(self.data), self._source)
         self.on_empty_batch = on_empty_batch
@@ -201,17 +211,14 @@ class Loop:
     def _schedule(self, every: int | Mapping[str, int]) -> dict[str, int]:
         """``[loop] eval_every_n_epochs`` as ``stream → n`` (0: never)."""
         where = f"{self._source}: [loop] eval_every_n_epochs" if self._source else "eval_every_n_epochs"
-        if not isinstance(every, Mapping):
-            return dict.fromkeys(self.eval_streams, every)
-        for stream in every:
-            if stream not in self.eval_streams:
-                from epochal.errors import did_you_mean
+        return schedule(every, self.eval_streams, where)
 
-                raise ConfigError(
-                    f"{where}: no evaluation stream {stream!r}{did_you_mean(stream, self.eval_streams)}; "
-                    f"streams: {', '.join(self.eval_streams) or 'none'}"
-                )
-        return {stream: every.get(stream, 1) for stream in self.eval_streams}
+    def _epoch_length(self) -> int | None:
+        """Training batches per epoch, where known (``epoch_size``, else the train stream's len)."""
+        try:
+            return self.epoch_size or len(self.data["train"])
+        except TypeError:
+            return None
 
     # -- public API for plugins ---------------------------------------------------------------
 
@@ -268,7 +275,9 @@ class Loop:
         """Run the evaluation stream *stream*; log and return its metrics.
 
         A metric is the batch-size-weighted mean of the step results of that name, unless the
-        model's ``end_evaluation`` returns a value for it over the whole stream.
+        model's ``end_evaluation`` returns a value for it over the whole stream. A batch weighs
+        its examples: the model's ``batch_size(batch)`` if it has one, else
+        :func:`epochal.data.batch_size` (the leading dimension of the first array found).
         """
         if stream not in self.data or stream == "train":
             raise ConfigError(f"no evaluation stream {stream!r}; streams: {', '.join(self.eval_streams)}")
@@ -281,8 +290,10 @@ class Loop:
             begin(stream)
         sums = MetricSums()
         eval_step = model.eval_step
+        declared = getattr(model, "batch_size", None)
+        size_of = declared if callable(declared) else batch_size
         for batch in self._iterate(stream):
-            size = batch_size(batch)
+            size = size_of(batch)
             if size == 0 and self._empty_batch(stream):
                 continue
             outputs = eval_step(batch)
@@ -395,6 +406,9 @@ class Loop:
         stopping.arm(limit)
         train_step = self.model.train_step
         started = self.batch_in_epoch
+        interval, at = self.eval_interval, sys.maxsize  # the iteration of the next in-epoch evaluation
+        if interval and due(self._schedule(self.eval_every_n_epochs), self.epoch + 1):
+            at = self._epoch_start + (started // interval + 1) * interval
         # The hot path: per batch, only what a batch needs (measured by bench/loop_overhead.py).
         # The empty-batch check is chosen once per batch type, not dispatched per batch.
         mapping_empty, sequence_empty, ndarray, no_item = _mapping_empty, _sequence_empty, _ndarray, _NO_ITEM
@@ -430,6 +444,10 @@ class Loop:
                 before(self, batch)
             outputs = train_step(batch)
             self.iteration += 1  # batch_in_epoch follows: it is iteration - _epoch_start
+            if self.iteration >= at:  # before after_batch: its plugins see the evaluation's rows
+                at += interval or 1
+                for stream in due(self._schedule(self.eval_every_n_epochs), self.epoch + 1):
+                    self.evaluate(stream)
             after = hooks.after_batch
             if after is not None:
                 after(self, batch, outputs)
@@ -443,9 +461,8 @@ class Loop:
         self._in_epoch = False
         self.log.status.update(epochs_done=self.epoch, iterations_done=self.iteration)
         self.log.current_row["epochs_done"] = self.epoch
-        for stream, every in self._schedule(self.eval_every_n_epochs).items():
-            if every and self.epoch % every == 0:
-                self.evaluate(stream)
+        for stream in due(self._schedule(self.eval_every_n_epochs), self.epoch) if not interval else ():
+            self.evaluate(stream)
         if hooks.after_epoch is not None:
             hooks.after_epoch(self)
         if self.batch_in_epoch == 0 and self.max_epochs is None:
