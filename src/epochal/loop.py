@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from epochal import _rng, plugin_state
+from epochal import _rng, heldout, plugin_state
 from epochal._dispatch import blame, each_implementation
 from epochal._options import Fraction, NonNegativeInt, PositiveInt, Seed, check_options
 from epochal.adapters import adapt_stream
@@ -44,6 +44,8 @@ OPTIONS = (
     "eval_every_n_batches",
     "epoch_size",
     "eval_at_start",
+    "test_streams",
+    "test_weights",
     "on_empty_batch",
     "on_empty_stream",
     "run_dir",
@@ -83,6 +85,10 @@ class Loop:
         stream). The train stream is then iterated on across epochs, as an endless stream needs;
         it restarts only when it ends.
     :param eval_at_start: evaluate every eval stream before the first epoch (epoch 0).
+    :param test_streams: streams held out of training's evaluations and evaluated once when
+        training ends by itself (:mod:`epochal.heldout`), logged as ``STREAM.KEY``.
+    :param test_weights: evaluate them with the ``last`` weights or the ``best`` saved ones (a
+        plugin gives them through the ``best_model_state`` hook).
     :param on_empty_batch: what an empty batch does: ``error``, ``warn`` (then skip) or
         ``ignore`` (skip).
     :param on_empty_stream: what a stream yielding no batch does: ``error``, ``warn``, ``ignore``.
@@ -117,6 +123,8 @@ class Loop:
         eval_every_n_epochs: NonNegativeInt | Mapping[str, NonNegativeInt] = 1,
         eval_every_n_batches: PositiveInt | Fraction | None = None,
         eval_at_start: bool = False,
+        test_streams: list[str] | None = None,
+        test_weights: Literal["last", "best"] = "last",
         epoch_size: NonNegativeInt | None = None,
         on_empty_batch: Policy = "error",
         on_empty_stream: Policy = "error",
@@ -154,6 +162,9 @@ class Loop:
         self.max_epochs = max_epochs
         self.max_iterations = max_iterations
         self.seed = seed
+        #: the streams evaluated only when training ends, with the ``test_weights``.
+        self.test_streams = heldout.check_streams(test_streams or [], self.data, where)
+        self.test_weights = test_weights
         self.eval_every_n_epochs = eval_every_n_epochs
         streams = self._schedule(eval_every_n_epochs)  # checked now, read each epoch (a plugin may change it)
         self.eval_at_start = eval_at_start
@@ -203,6 +214,8 @@ class Loop:
             self._plugin_set.pm.register(hooks, name=name)
         if added:
             self._plugin_set.hooks.rebuild()
+        #: which best state ``test_weights = "best"`` loads, as the plugin giving it says.
+        self.best_source = heldout.check_best(self, where)
         self.strategy.distribute(model)
         attach = getattr(model, "attach", None)
         if callable(attach):
@@ -317,8 +330,8 @@ class Loop:
 
     @property
     def eval_streams(self) -> list[str]:
-        """The names of the evaluation streams."""
-        return [name for name in self.data if name != "train"]
+        """The names of the streams evaluated during training (not ``train``, not ``test_streams``)."""
+        return [name for name in self.data if name != "train" and name not in self.test_streams]
 
     # -- running ------------------------------------------------------------------------------
 
@@ -335,6 +348,7 @@ class Loop:
         try:
             self._start()
             self._train()
+            heldout.evaluate_after_training(self)
             self._finish()
         except BaseException as error:
             self._fail(error)
