@@ -174,3 +174,17 @@ def test_contradictions_are_one_line_before_the_first_batch(tmp_path, loop, mess
     assert "run.toml" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not (tmp_path / "runs" / "epochal.sqlite").exists()
+
+
+def test_printing_shows_each_in_epoch_evaluation_with_its_batch(tmp_path):
+    pytest.importorskip("epochal_printing")
+    config = write(tmp_path, "eval_every_n_batches = 2", order='["printing"]')
+    result = epochal(tmp_path, "run", str(config))
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stdout.splitlines() if "valid" in line and line.startswith("epoch ")]
+    assert [line.split(":")[0] for line in lines] == [
+        "epoch 1/2 batch 2 (iteration 2)",
+        "epoch 1/2 batch 4 (iteration 4)",
+        "epoch 2/2 batch 2 (iteration 7)",
+        "epoch 2/2 batch 4 (iteration 9)",
+    ]

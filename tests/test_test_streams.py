@@ -104,6 +104,17 @@ def test_best_weights_are_the_best_checkpoint_and_the_last_come_back(tmp_path):
     assert all(last[0][k].tobytes() == last[1][k].tobytes() for k in last[0])
 
 
+def test_printing_says_which_weights_the_test_was_evaluated_with(tmp_path):
+    pytest.importorskip("epochal_printing")
+    config = write(tmp_path, 'test_streams = ["test"]', "")
+    result = epochal(tmp_path, "run", str(config), "--plugins", "printing")
+    assert result.returncode == 0, result.stderr
+    tested = [
+        line for line in result.stdout.splitlines() if "test" in line and not line.startswith("epochal:")
+    ]
+    assert len(tested) == 1 and tested[0].startswith("after training, last weights: test")
+
+
 def test_test_streams_resume_bitwise(tmp_path):
     checkpoint = 'monitor = "valid.loss"\nmode = "max"'
     config = write(tmp_path, 'test_streams = ["test"]\ntest_weights = "best"', checkpoint)
