@@ -84,18 +84,22 @@ def due(streams: Mapping[str, int], epoch: int) -> list[str]:
 
 
 def batch_interval(
-    every: int | float | None, batches: int | None, streams: Mapping[str, int], where: str
+    every: int | float | None, epoch_size: int | None, train: Any, streams: Mapping[str, int], where: str
 ) -> int | None:
     """``[loop] eval_every_n_batches`` as a number of batches (None: no evaluation in an epoch).
 
-    A float is a fraction of the epoch's *batches* (Lightning's ``val_check_interval``):
-    ``max(1, int(batches * every))``.
+    A float is a fraction of the epoch's batches (Lightning's ``val_check_interval``):
+    ``max(1, int(batches * every))``, an epoch being *epoch_size* batches, else ``len(train)``.
 
     :raises ConfigError: naming *where*, when it contradicts *streams* (the epoch schedule
         evaluates no stream), needs an epoch length that is not known, or exceeds an epoch.
     """
     if every is None:
         return None
+    try:
+        batches: int | None = epoch_size or len(train)
+    except TypeError:  # a stream without len()
+        batches = None
     if not any(streams.values()):
         reason = "evaluates no stream" if streams else "has no evaluation stream to evaluate"
         raise ConfigError(

@@ -169,9 +169,9 @@ class Loop:
         streams = self._schedule(eval_every_n_epochs)  # checked now, read each epoch (a plugin may change it)
         self.eval_at_start = eval_at_start
         self.epoch_size = epoch_size or None
-        self.eval_every_n_batches = eval_every_n_batches
+        self.eval_every_n_batches = every = eval_every_n_batches
         #: evaluate after every this many batches of an epoch (None: at epoch ends).
-        self.eval_interval = batch_interval(eval_every_n_batches, self._epoch_length(), streams, where)
+        self.eval_interval = batch_interval(every, self.epoch_size, self.data["train"], streams, where)
         self._train_iterator: Iterator[Any] | None = None
         check_condition_streams(self._plugin_set.triggers, list(self.data), self._source)
         self.on_empty_batch = on_empty_batch
@@ -225,13 +225,6 @@ class Loop:
         """``[loop] eval_every_n_epochs`` as ``stream → n`` (0: never)."""
         where = f"{self._source}: [loop] eval_every_n_epochs" if self._source else "eval_every_n_epochs"
         return schedule(every, self.eval_streams, where)
-
-    def _epoch_length(self) -> int | None:
-        """Training batches per epoch, where known (``epoch_size``, else the train stream's len)."""
-        try:
-            return self.epoch_size or len(self.data["train"])
-        except TypeError:
-            return None
 
     # -- public API for plugins ---------------------------------------------------------------
 
@@ -475,8 +468,8 @@ class Loop:
         self._in_epoch = False
         self.log.status.update(epochs_done=self.epoch, iterations_done=self.iteration)
         self.log.current_row["epochs_done"] = self.epoch
-        for stream in due(self._schedule(self.eval_every_n_epochs), self.epoch) if not interval else ():
-            self.evaluate(stream)
+        for stream in () if interval else due(self._schedule(self.eval_every_n_epochs), self.epoch):
+            self.evaluate(stream)  # with an interval, evaluations are inside the epoch
         if hooks.after_epoch is not None:
             hooks.after_epoch(self)
         if self.batch_in_epoch == 0 and self.max_epochs is None:
