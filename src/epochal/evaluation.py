@@ -88,6 +88,10 @@ def batch_interval(
 ) -> int | None:
     """``[loop] eval_every_n_batches`` as a number of batches (None: no evaluation in an epoch).
 
+    An int n evaluates after batches n, 2n, ... of each epoch (counted from its start), in the
+    epochs the epoch schedule *streams* evaluates; no evaluation then follows an epoch's end
+    unless its last batch is such a point.
+
     A float is a fraction of the epoch's batches (Lightning's ``val_check_interval``):
     ``max(1, int(batches * every))``, an epoch being *epoch_size* batches, else ``len(train)``.
 

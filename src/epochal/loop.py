@@ -76,19 +76,14 @@ class Loop:
         run (None: leave them alone).
     :param eval_every_n_epochs: evaluate every eval stream after every n-th epoch (0: never); a
         mapping ``stream → n`` gives each stream its own schedule (streams not named: every epoch).
-    :param eval_every_n_batches: evaluate inside epochs instead, after every n-th training batch
-        of an epoch (counted from the epoch's start), in the epochs ``eval_every_n_epochs``
-        schedules; a float in (0, 1] is a fraction of the epoch's batches (Lightning's
-        ``val_check_interval``). There is then no evaluation at an epoch's end unless its last
-        batch is such a point. None: evaluate at epoch ends only.
+    :param eval_every_n_batches: evaluate inside the epochs scheduled instead: every n batches,
+        or a fraction in (0, 1] of the epoch (:func:`epochal.evaluation.batch_interval`).
     :param epoch_size: an epoch is this many training batches (None: one pass over the train
         stream). The train stream is then iterated on across epochs, as an endless stream needs;
         it restarts only when it ends.
     :param eval_at_start: evaluate every eval stream before the first epoch (epoch 0).
-    :param test_streams: streams held out of training's evaluations and evaluated once when
-        training ends by itself (:mod:`epochal.heldout`), logged as ``STREAM.KEY``.
-    :param test_weights: evaluate them with the ``last`` weights or the ``best`` saved ones (a
-        plugin gives them through the ``best_model_state`` hook).
+    :param test_streams: streams evaluated only once training ends (:mod:`epochal.heldout`).
+    :param test_weights: with the ``last`` weights, or the ``best`` saved ones.
     :param on_empty_batch: what an empty batch does: ``error``, ``warn`` (then skip) or
         ``ignore`` (skip).
     :param on_empty_stream: what a stream yielding no batch does: ``error``, ``warn``, ``ignore``.
