@@ -188,3 +188,22 @@ def test_printing_shows_each_in_epoch_evaluation_with_its_batch(tmp_path):
         "epoch 2/2 batch 2 (iteration 7)",
         "epoch 2/2 batch 4 (iteration 9)",
     ]
+
+
+@pytest.mark.distributed
+def test_two_processes_evaluate_inside_epochs_and_resume_bitwise(tmp_path):
+    # 5 batches shared by 2 processes, padded: 3 a rank, so half way (3) is an epoch's end and
+    # the default point is batch 2, right after an in-epoch evaluation
+    plugins = """
+    [plugins.early_stopping]
+    monitor = "valid.loss"
+    patience = 3
+    [plugins.checkpoint]
+    every_n_batches = 1
+    when = "valid.loss.best_so_far"
+    """
+    loop = 'eval_every_n_batches = 2\nuneven_shards = "pad"'
+    config = write(tmp_path, loop, plugins, '["early_stopping", "checkpoint"]')
+    result = epochal(tmp_path, "check-resume", str(config), "--nproc", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ok: interrupted after batch 2 of 6 and resumed (batch 2 of epoch 1)" in result.stdout
