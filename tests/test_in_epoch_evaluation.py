@@ -122,6 +122,24 @@ def test_early_stopping_stops_inside_an_epoch(tmp_path):
     assert "stopping_threshold" in result.stderr + result.stdout
 
 
+def test_an_evaluation_after_an_epochs_last_batch_is_checked_once(tmp_path):
+    # mode "max" on a falling loss: every evaluation after the first is a check without
+    # improvement; patience 2 stops at the third evaluation (batch 15), not at the second,
+    # as it would if the epoch's end checked the same row again
+    plugins = """
+    [plugins.early_stopping]
+    monitor = "valid.loss"
+    mode = "max"
+    patience = 2
+    """
+    config = write(tmp_path, "eval_every_n_batches = 5", plugins, '["early_stopping", "sqlite_log"]')
+    result = epochal(tmp_path, "run", str(config), "--set", "loop.max_epochs=4")
+    assert result.returncode == 0, result.stderr
+    # the stop comes at a batch boundary (after batch 15), as a stop asked in after_batch does
+    assert "15 batch(es): early_stopping: valid.loss did not increase" in result.stdout
+    assert evaluated(tmp_path) == [5, 10, 15]
+
+
 def test_a_plateau_schedule_steps_on_the_in_epoch_rows(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("epochal_schedule")

@@ -193,8 +193,8 @@ class EarlyStopping:
         self._seen = False
         self._evaluated = False
         self._warned = False
-        #: the iteration whose row was checked last (an in-epoch evaluation at an epoch's last
-        #: batch is not checked again at the epoch's end).
+        #: the iteration whose row an in-epoch evaluation's check read last (after an epoch's
+        #: last batch, that row is not checked again at the epoch's end).
         self.checked_at: int | None = None
         #: set by load_state_dict: the next run, if it is a resumed one, continues this state.
         self._restored = False
@@ -254,7 +254,9 @@ class EarlyStopping:
 
     def _check(self, loop: Any) -> None:
         row = loop.log.current_row
-        self._seen, self.checked_at = True, loop.iteration
+        self._seen = True
+        if loop.in_epoch:
+            self.checked_at = loop.iteration
         value = _number(row[self.monitor])
         if value is None:
             raise PluginError(
