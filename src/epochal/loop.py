@@ -445,8 +445,8 @@ class Loop:
             if before is not None:
                 before(self, batch)
             outputs = train_step(batch)
-            self.iteration += 1  # batch_in_epoch follows: it is iteration - _epoch_start
-            if self.iteration >= at:  # before after_batch: its plugins see the evaluation's rows
+            self.iteration = iteration = self.iteration + 1  # batch_in_epoch is iteration - _epoch_start
+            if iteration >= at:  # before after_batch: its plugins see the evaluation's rows
                 at += interval or 1
                 for stream in due(self._schedule(self.eval_every_n_epochs), self.epoch + 1):
                     self.evaluate(stream)
