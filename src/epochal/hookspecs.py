@@ -191,8 +191,11 @@ def after_training(loop: Loop) -> None:
 def before_evaluation(loop: Loop, stream: str) -> None:
     """Called before an evaluation stream is iterated.
 
-    Evaluation runs after each epoch (every ``[loop] eval_every_n_epochs``), before training
-    when ``[loop] eval_at_start`` is set, and whenever a plugin calls ``loop.evaluate``.
+    Evaluation runs after each epoch (every ``[loop] eval_every_n_epochs``), or inside epochs
+    after every n-th batch with ``[loop] eval_every_n_batches`` (then ``loop.in_epoch`` is true,
+    and the batch's ``after_batch`` follows), before training when ``[loop] eval_at_start`` is
+    set, once after training for ``[loop] test_streams``, and whenever a plugin calls
+    ``loop.evaluate``.
 
     :param loop: the training loop.
     :param stream: the name of the evaluation stream (a key of the data factory's mapping).
