@@ -60,3 +60,53 @@ def test_needs_a_checkpoint_plugin(throwaway_cli, write_config):
     result = throwaway_cli("check-resume", str(write_config(["tw_alpha"])))
     assert result.returncode == 2
     assert "needs a plugin that saves and restores checkpoints" in result.stderr
+
+
+TWO_EPOCHS = """\
+[loop]
+max_epochs = 2
+seed = 0
+[model]
+factory = "epochal.examples.tiny:TinyModel"
+[data]
+factory = "epochal.examples.tiny:tiny_data"
+examples = {examples}
+batch_size = 8
+[plugins]
+order = ["checkpoint"]
+autoload = false
+"""
+
+
+@pytest.mark.parametrize(
+    ("examples", "expected"),
+    [
+        # 2 epochs of 4 batches: half way (4) is the end of epoch 1; 3 is inside it
+        (32, "interrupted after batch 3 of 8 and resumed (batch 3 of epoch 1)"),
+        # 2 epochs of 5 batches: half way (5) is an epoch end too; 4 is the nearest inside
+        (40, "interrupted after batch 4 of 10 and resumed (batch 4 of epoch 1)"),
+    ],
+)
+def test_the_default_point_is_inside_an_epoch(tmp_path, examples, expected):
+    config = tmp_path / "run.toml"
+    config.write_text(TWO_EPOCHS.format(examples=examples))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "epochal", "check-resume", str(config)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"ok: {expected}" in result.stdout
+
+
+def test_the_interruption_point_rule():
+    from epochal.resumecheck import interruption_point
+
+    assert interruption_point(10, [5, 10]) == 4  # never an epoch end while a batch is inside one
+    assert interruption_point(9, [3, 6, 9]) == 4
+    assert interruption_point(7, []) == 3  # no epoch ended (max_iterations): half way
+    assert interruption_point(4, [1, 2, 3, 4]) == 2  # one batch an epoch: no inside point

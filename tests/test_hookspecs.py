@@ -38,8 +38,10 @@ def test_every_contract_hook_is_specified_with_the_same_arguments():
 
 def test_hooks_beyond_the_contract_are_only_the_documented_extension():
     # resume_state: checkpoint plugins hand the loop a state; latest_checkpoint, check_fresh_run:
-    # what the launcher and the CLI ask (the contract says so in prose)
-    assert set(HOOK_ARGS) - set(contract_hooks()) == {"resume_state", "latest_checkpoint", "check_fresh_run"}
+    # what the launcher and the CLI ask (the contract says so in prose); best_model_state: the
+    # best weights [loop] test_streams are evaluated with (test_weights = "best")
+    extension = {"resume_state", "latest_checkpoint", "check_fresh_run", "best_model_state"}
+    assert set(HOOK_ARGS) - set(contract_hooks()) == extension
 
 
 @pytest.mark.parametrize("name", sorted(HOOK_ARGS))

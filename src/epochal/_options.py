@@ -23,7 +23,7 @@ import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any
 
-from annotated_types import Ge, Gt, Lt, MinLen
+from annotated_types import Ge, Gt, Le, Lt, MinLen
 
 from epochal.errors import PluginError, did_you_mean
 
@@ -32,6 +32,8 @@ NonNegativeInt = Annotated[int, Ge(0)]
 PositiveInt = Annotated[int, Ge(1)]
 NonNegativeFloat = Annotated[float, Ge(0)]
 PositiveFloat = Annotated[float, Gt(0)]
+#: a fraction of a whole, above 0 and at most 1 (of an epoch's batches, say).
+Fraction = Annotated[float, Gt(0), Le(1)]
 #: a string that is not empty (a record's name, a path).
 NonEmptyStr = Annotated[str, MinLen(1)]
 #: a seed every generator takes (numpy's legacy one refuses a negative seed or one of 2**32 or more).

@@ -636,7 +636,10 @@ def new_plugin_command(name: str, directory: str) -> None:
 @cli.command(name="check-resume")
 @click.argument("config_file", type=click.Path(dir_okay=False))
 @click.option(
-    "--at", type=click.IntRange(min=1), default=None, help="Interrupt after this batch (default: half way)."
+    "--at",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Interrupt after this batch (default: the batch inside an epoch nearest to half way).",
 )
 @click.option("--plugins", "order", multiple=True, metavar="A,B", help=_PLUGINS_HELP)
 @click.option("--only", multiple=True, metavar="A,B", help=_ONLY_HELP)
@@ -681,8 +684,8 @@ def check_resume_command(
         click.echo(f"left out (not deterministic): {', '.join(report.left_out)}")
     if report.ok:
         click.echo(
-            f"ok: interrupted after batch {report.at} of {report.iterations} and resumed: parameters, "
-            "log rows, counters, RNG and plugin states match the straight run bitwise"
+            f"ok: interrupted after batch {report.at} of {report.iterations} and resumed ({report.place}): "
+            "parameters, log rows, counters, RNG and plugin states match the straight run bitwise"
         )
         return
     click.echo(f"MISMATCH after resuming at batch {report.at}: {report.difference}", err=True)

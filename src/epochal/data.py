@@ -277,8 +277,12 @@ def check_world_size(state: Mapping[str, Any], size: int, what: str) -> None:
 def batch_size(batch: Any) -> int:
     """Return the number of examples in *batch*.
 
-    A tuple or list counts the length of its first element (0 when empty), a mapping the length
-    of its first value (0 when empty), any other sized object its length, anything else 1.
+    The leading dimension of the first array or tensor found depth-first: a tuple or list
+    counts its first element, a mapping its first value, and so on into nested tuples, lists
+    and mappings (``{"inputs": (x, flag), "targets": y}`` counts ``len(x)``); an array or tensor
+    counts its leading dimension (a 0-d one counts 1); a nested tuple or list of plain values
+    (numbers, strings) its length; an empty batch 0; any other sized object its length,
+    anything else 1.
     Called once per batch: the rule for a type is chosen once and cached (no ``isinstance``
     against ABCs, no raised and caught ``TypeError`` per batch).
     """
@@ -339,13 +343,31 @@ def _sized(obj: Any) -> int:
         return 1
 
 
+def _nested(obj: Any) -> bool:
+    """Whether *obj* is followed depth-first: an array, a tensor, a tuple, a list or a mapping."""
+    return isinstance(obj, (tuple, list, Mapping)) or hasattr(type(obj), "ndim")
+
+
+def _nested_sequence_size(item: Any) -> int:
+    # (x, flag) inside a batch counts x's examples; a list of numbers or strings its length
+    if not item:
+        return 0
+    return _len_or_1(item[0]) if _nested(item[0]) else len(item)
+
+
+def _nested_mapping_size(item: Any) -> int:
+    for value in item.values():
+        return _len_or_1(value) if _nested(value) else len(item)
+    return 0
+
+
 def _rule_for(kind: type, item: bool = False) -> Callable[[Any], int]:
     if hasattr(kind, "__len__") and hasattr(kind, "ndim"):  # numpy arrays, tensors: 0-d counts 1
         return _array_size
-    if not item and issubclass(kind, (tuple, list)):
-        return _sequence_size
-    if not item and issubclass(kind, Mapping):
-        return _mapping_size
+    if issubclass(kind, (tuple, list)):
+        return _nested_sequence_size if item else _sequence_size
+    if issubclass(kind, Mapping):
+        return _nested_mapping_size if item else _mapping_size
     return _sized if hasattr(kind, "__len__") else _one
 
 

@@ -1,4 +1,6 @@
-"""An evaluation stream's metrics: batch-size-weighted means of the step results.
+"""An evaluation stream's metrics, and when the loop evaluates.
+
+The metrics are batch-size-weighted means of the step results.
 
 Each step's numbers are summed weighted by the batch's size; a host number (a float, a numpy
 scalar, a CPU tensor) is read at once and summed in double precision, a device scalar (a CUDA
@@ -9,8 +11,10 @@ hooks still see them in the step's outputs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+from epochal.errors import ConfigError, did_you_mean
 
 
 class MetricSums:
@@ -56,3 +60,66 @@ def means(totals: Mapping[str, Any], seen: int) -> dict[str, float]:
         except (TypeError, ValueError):  # e.g. an array of several values
             continue
     return metrics
+
+
+def schedule(every: int | Mapping[str, int], streams: Sequence[str], where: str) -> dict[str, int]:
+    """``[loop] eval_every_n_epochs`` as ``stream → n`` (0: never) for the evaluation *streams*.
+
+    :raises ConfigError: naming *where*, for a stream of the mapping that is not one of *streams*.
+    """
+    if not isinstance(every, Mapping):
+        return dict.fromkeys(streams, every)
+    for stream in every:
+        if stream not in streams:
+            raise ConfigError(
+                f"{where}: no evaluation stream {stream!r}{did_you_mean(stream, list(streams))}; "
+                f"streams: {', '.join(streams) or 'none'}"
+            )
+    return {stream: every.get(stream, 1) for stream in streams}
+
+
+def due(streams: Mapping[str, int], epoch: int) -> list[str]:
+    """The streams a schedule (``stream → n``) evaluates in epoch number *epoch* (from 1)."""
+    return [stream for stream, every in streams.items() if every and epoch % every == 0]
+
+
+def batch_interval(
+    every: int | float | None, epoch_size: int | None, train: Any, streams: Mapping[str, int], where: str
+) -> int | None:
+    """``[loop] eval_every_n_batches`` as a number of batches (None: no evaluation in an epoch).
+
+    An int n evaluates after batches n, 2n, ... of each epoch (counted from its start), in the
+    epochs the epoch schedule *streams* evaluates; no evaluation then follows an epoch's end
+    unless its last batch is such a point.
+
+    A float is a fraction of the epoch's batches (Lightning's ``val_check_interval``):
+    ``max(1, int(batches * every))``, an epoch being *epoch_size* batches, else ``len(train)``.
+
+    :raises ConfigError: naming *where*, when it contradicts *streams* (the epoch schedule
+        evaluates no stream), needs an epoch length that is not known, or exceeds an epoch.
+    """
+    if every is None:
+        return None
+    try:
+        batches: int | None = epoch_size or len(train)
+    except TypeError:  # a stream without len()
+        batches = None
+    if not any(streams.values()):
+        reason = "evaluates no stream" if streams else "has no evaluation stream to evaluate"
+        raise ConfigError(
+            f"{where}: eval_every_n_batches = {every} evaluates inside epochs, but the run {reason} "
+            "(eval_every_n_epochs = 0 or no stream but 'train'): set one or the other"
+        )
+    if isinstance(every, float):
+        if batches is None:
+            raise ConfigError(
+                f"{where}: eval_every_n_batches = {every} is a fraction of an epoch, and the train "
+                "stream has no len(): set [loop] epoch_size, or give a number of batches"
+            )
+        return max(1, int(batches * every))
+    if batches is not None and every > batches:
+        raise ConfigError(
+            f"{where}: eval_every_n_batches = {every} is more than the {batches} batches of an "
+            "epoch: no evaluation would ever run"
+        )
+    return every

@@ -78,6 +78,28 @@ def resume_state(loop: Loop, resume: bool) -> Mapping[str, Any] | None:
 
 
 @hookspec
+def best_model_state(loop: Loop, read: bool) -> Any:
+    """Called when ``[loop] test_weights = "best"``: where the run's best model state is, and
+    that state.
+
+    A checkpoint plugin that ranks its saves by a monitored record answers; ``test_streams``
+    are then evaluated with the best saved weights after training (Lightning's
+    ``trainer.test(ckpt_path="best")``), and the model gets its last weights back after.
+
+    :param loop: the training loop.
+    :param read: false when asked before the first batch (answer without reading anything:
+        can you give a best state?), true after training (give it).
+
+    Return None when this plugin tracks no best (with ``read`` false) or saved none (with
+    ``read`` true). Otherwise, with ``read`` false, a few words saying which state it will be
+    (``"the checkpoint with the lowest valid.loss"``); with ``read`` true, a pair
+    ``(model_state, where)``: a state for ``loop.model.load_state_dict`` and the words the
+    log and the summary say it came from (``"checkpoint DIR (epoch 3, valid.loss=0.12)"``).
+    More than one plugin answering is an error naming them.
+    """
+
+
+@hookspec
 def before_epoch(loop: Loop) -> None:
     """Called at the start of every training epoch, before its first batch is read.
 
@@ -169,8 +191,11 @@ def after_training(loop: Loop) -> None:
 def before_evaluation(loop: Loop, stream: str) -> None:
     """Called before an evaluation stream is iterated.
 
-    Evaluation runs after each epoch (every ``[loop] eval_every_n_epochs``), before training
-    when ``[loop] eval_at_start`` is set, and whenever a plugin calls ``loop.evaluate``.
+    Evaluation runs after each epoch (every ``[loop] eval_every_n_epochs``), or inside epochs
+    after every n-th batch with ``[loop] eval_every_n_batches`` (then ``loop.in_epoch`` is true,
+    and the batch's ``after_batch`` follows), before training when ``[loop] eval_at_start`` is
+    set, once after training for ``[loop] test_streams``, and whenever a plugin calls
+    ``loop.evaluate``.
 
     :param loop: the training loop.
     :param stream: the name of the evaluation stream (a key of the data factory's mapping).

@@ -15,9 +15,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from epochal import _rng, plugin_state
+from epochal import _rng, heldout, plugin_state
 from epochal._dispatch import blame, each_implementation
-from epochal._options import NonNegativeInt, Seed, check_options
+from epochal._options import Fraction, NonNegativeInt, PositiveInt, Seed, check_options
 from epochal.adapters import adapt_stream
 from epochal.data import _empty_rule, _mapping_empty, _ndarray, _sequence_empty, batch_size
 from epochal.distributed.strategy import strategy_for
@@ -25,7 +25,7 @@ from epochal.distributed.world import World, current_world
 from epochal.empty import EmptyData
 from epochal.errors import ConfigError, EpochalError
 from epochal.estimates import stepping_batches
-from epochal.evaluation import MetricSums, means
+from epochal.evaluation import MetricSums, batch_interval, due, means, schedule
 from epochal.log import TrainingLog
 from epochal.model import Model
 from epochal.plugins import PluginSet, compose
@@ -42,8 +42,11 @@ OPTIONS = (
     "min_steps",
     "seed",
     "eval_every_n_epochs",
+    "eval_every_n_batches",
     "epoch_size",
     "eval_at_start",
+    "test_streams",
+    "test_weights",
     "on_empty_batch",
     "on_empty_stream",
     "run_dir",
@@ -74,10 +77,14 @@ class Loop:
         run (None: leave them alone).
     :param eval_every_n_epochs: evaluate every eval stream after every n-th epoch (0: never); a
         mapping ``stream → n`` gives each stream its own schedule (streams not named: every epoch).
+    :param eval_every_n_batches: evaluate inside the epochs scheduled instead: every n batches,
+        or a fraction in (0, 1] of the epoch (:func:`epochal.evaluation.batch_interval`).
     :param epoch_size: an epoch is this many training batches (None: one pass over the train
         stream). The train stream is then iterated on across epochs, as an endless stream needs;
         it restarts only when it ends.
     :param eval_at_start: evaluate every eval stream before the first epoch (epoch 0).
+    :param test_streams: streams evaluated only once training ends (:mod:`epochal.heldout`).
+    :param test_weights: with the ``last`` weights, or the ``best`` saved ones.
     :param on_empty_batch: what an empty batch does: ``error``, ``warn`` (then skip) or
         ``ignore`` (skip).
     :param on_empty_stream: what a stream yielding no batch does: ``error``, ``warn``, ``ignore``.
@@ -110,7 +117,10 @@ class Loop:
         min_steps: NonNegativeInt = 0,
         seed: Seed | None = None,
         eval_every_n_epochs: NonNegativeInt | Mapping[str, NonNegativeInt] = 1,
+        eval_every_n_batches: PositiveInt | Fraction | None = None,
         eval_at_start: bool = False,
+        test_streams: list[str] | None = None,
+        test_weights: Literal["last", "best"] = "last",
         epoch_size: NonNegativeInt | None = None,
         on_empty_batch: Policy = "error",
         on_empty_stream: Policy = "error",
@@ -148,10 +158,16 @@ class Loop:
         self.max_epochs = max_epochs
         self.max_iterations = max_iterations
         self.seed = seed
+        #: the streams evaluated only when training ends, with the ``test_weights``.
+        self.test_streams = heldout.check_streams(test_streams or [], self.data, where)
+        self.test_weights = test_weights
         self.eval_every_n_epochs = eval_every_n_epochs
-        self._schedule(eval_every_n_epochs)  # checked now, read each epoch (a plugin may change it)
+        streams = self._schedule(eval_every_n_epochs)  # checked now, read each epoch (a plugin may change it)
         self.eval_at_start = eval_at_start
         self.epoch_size = epoch_size or None
+        self.eval_every_n_batches = every = eval_every_n_batches
+        #: evaluate after every this many batches of an epoch (None: at epoch ends).
+        self.eval_interval = batch_interval(every, self.epoch_size, self.data["train"], streams, where)
         self._train_iterator: Iterator[Any] | None = None
         check_condition_streams(self._plugin_set.triggers, list(self.data), self._source)
         self.on_empty_batch = on_empty_batch
@@ -194,6 +210,8 @@ class Loop:
             self._plugin_set.pm.register(hooks, name=name)
         if added:
             self._plugin_set.hooks.rebuild()
+        #: which best state ``test_weights = "best"`` loads, as the plugin giving it says.
+        self.best_source = heldout.check_best(self, where)
         self.strategy.distribute(model)
         attach = getattr(model, "attach", None)
         if callable(attach):
@@ -202,17 +220,7 @@ class Loop:
     def _schedule(self, every: int | Mapping[str, int]) -> dict[str, int]:
         """``[loop] eval_every_n_epochs`` as ``stream → n`` (0: never)."""
         where = f"{self._source}: [loop] eval_every_n_epochs" if self._source else "eval_every_n_epochs"
-        if not isinstance(every, Mapping):
-            return dict.fromkeys(self.eval_streams, every)
-        for stream in every:
-            if stream not in self.eval_streams:
-                from epochal.errors import did_you_mean
-
-                raise ConfigError(
-                    f"{where}: no evaluation stream {stream!r}{did_you_mean(stream, self.eval_streams)}; "
-                    f"streams: {', '.join(self.eval_streams) or 'none'}"
-                )
-        return {stream: every.get(stream, 1) for stream in self.eval_streams}
+        return schedule(every, self.eval_streams, where)
 
     # -- public API for plugins ---------------------------------------------------------------
 
@@ -274,7 +282,9 @@ class Loop:
         """Run the evaluation stream *stream*; log and return its metrics.
 
         A metric is the batch-size-weighted mean of the step results of that name, unless the
-        model's ``end_evaluation`` returns a value for it over the whole stream.
+        model's ``end_evaluation`` returns a value for it over the whole stream. A batch weighs
+        its examples: the model's ``batch_size(batch)`` if it has one, else
+        :func:`epochal.data.batch_size` (the leading dimension of the first array found).
         """
         if stream not in self.data or stream == "train":
             raise ConfigError(f"no evaluation stream {stream!r}; streams: {', '.join(self.eval_streams)}")
@@ -287,8 +297,10 @@ class Loop:
             begin(stream)
         sums = MetricSums()
         eval_step = model.eval_step
+        declared = getattr(model, "batch_size", None)
+        size_of = declared if callable(declared) else batch_size
         for batch in self._iterate(stream):
-            size = batch_size(batch)
+            size = size_of(batch)
             if size == 0 and self._empty_batch(stream):
                 continue
             outputs = eval_step(batch)
@@ -312,8 +324,8 @@ class Loop:
 
     @property
     def eval_streams(self) -> list[str]:
-        """The names of the evaluation streams."""
-        return [name for name in self.data if name != "train"]
+        """The names of the streams evaluated during training (not ``train``, not ``test_streams``)."""
+        return [name for name in self.data if name != "train" and name not in self.test_streams]
 
     # -- running ------------------------------------------------------------------------------
 
@@ -330,6 +342,7 @@ class Loop:
         try:
             self._start()
             self._train()
+            heldout.evaluate_after_training(self)
             self._finish()
         except BaseException as error:
             self._fail(error)
@@ -401,6 +414,9 @@ class Loop:
         stopping.arm(limit)
         train_step = self.model.train_step
         started = self.batch_in_epoch
+        interval, at = self.eval_interval, sys.maxsize  # the iteration of the next in-epoch evaluation
+        if interval and due(self._schedule(self.eval_every_n_epochs), self.epoch + 1):
+            at = self._epoch_start + (started // interval + 1) * interval
         # The hot path: per batch, only what a batch needs (measured by bench/loop_overhead.py).
         # The empty-batch check is chosen once per batch type, not dispatched per batch.
         mapping_empty, sequence_empty, ndarray, no_item = _mapping_empty, _sequence_empty, _ndarray, _NO_ITEM
@@ -435,7 +451,11 @@ class Loop:
             if before is not None:
                 before(self, batch)
             outputs = train_step(batch)
-            self.iteration += 1  # batch_in_epoch follows: it is iteration - _epoch_start
+            self.iteration = iteration = self.iteration + 1  # batch_in_epoch is iteration - _epoch_start
+            if iteration >= at:  # before after_batch: its plugins see the evaluation's rows
+                at += interval or 1
+                for stream in due(self._schedule(self.eval_every_n_epochs), self.epoch + 1):
+                    self.evaluate(stream)
             after = hooks.after_batch
             if after is not None:
                 after(self, batch, outputs)
@@ -449,9 +469,8 @@ class Loop:
         self._in_epoch = False
         self.log.status.update(epochs_done=self.epoch, iterations_done=self.iteration)
         self.log.current_row["epochs_done"] = self.epoch
-        for stream, every in self._schedule(self.eval_every_n_epochs).items():
-            if every and self.epoch % every == 0:
-                self.evaluate(stream)
+        for stream in () if interval else due(self._schedule(self.eval_every_n_epochs), self.epoch):
+            self.evaluate(stream)  # with an interval, evaluations are inside the epoch
         if hooks.after_epoch is not None:
             hooks.after_epoch(self)
         if self.batch_in_epoch == 0 and self.max_epochs is None:

@@ -1,7 +1,9 @@
 """``epochal check-resume``: does a run interrupted at batch N and resumed match a straight run?
 
 Three runs of the same configuration, each in its own temporary run directory: a straight run;
-a run stopped right after batch N the way SIGTERM from a scheduler stops it (the loop takes the
+a run stopped right after batch N (by default the batch inside an epoch nearest to half way: a
+resume in the middle of an epoch is the harder one, and a boundary is never chosen while an
+epoch has a batch inside it) the way SIGTERM from a scheduler stops it (the loop takes the
 path its signal handler starts, without a signal being sent or announced: the batch finishes,
 ``on_interrupt`` and ``after_training`` run and the checkpoint plugin saves); and a run started
 with ``--resume`` from what that run saved. The final model state,
@@ -40,6 +42,20 @@ class ResumeReport:
     iterations: int
     difference: str | None
     left_out: list[str] = field(default_factory=list)
+    #: the training batches completed at each epoch end of the straight run.
+    epoch_ends: list[int] = field(default_factory=list)
+
+    @property
+    def place(self) -> str:
+        """Where batch :attr:`at` is: ``"batch 3 of epoch 2"`` or ``"the end of epoch 2"``."""
+        start, epoch = 0, 1
+        for end in self.epoch_ends:
+            if self.at == end:
+                return f"the end of epoch {epoch}"
+            if self.at < end:
+                break
+            start, epoch = end, epoch + 1
+        return f"batch {self.at - start} of epoch {epoch}"
 
     @property
     def ok(self) -> bool:
@@ -96,6 +112,23 @@ def _config_in(config: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
     return copied
 
 
+def epoch_ends(rows: Mapping[Any, Mapping[str, Any]]) -> list[int]:
+    """The iterations of the log *rows* (iteration → row) that end an epoch (``epochs_done``)."""
+    return sorted(int(i) for i, row in rows.items() if "epochs_done" in row)
+
+
+def interruption_point(total: int, ends: Sequence[int]) -> int:
+    """The default batch to interrupt after: the one nearest to ``total // 2`` (the earlier of
+    two as near) that is inside an epoch, not at its end (*ends*); ``total // 2`` if every
+    epoch has a single batch."""
+    middle, boundaries = total // 2, set(ends)
+    for distance in range(total):
+        for candidate in (middle - distance, middle + distance):
+            if 0 < candidate < total and candidate not in boundaries:
+                return candidate
+    return middle
+
+
 def _nondeterministic(loop: Loop) -> list[str]:
     return [name for name, plugin in loop.plugins.items() if declared(plugin, "deterministic") is False]
 
@@ -142,7 +175,8 @@ def check_resume(
         say("check-resume: 1/3 straight run (in a temporary directory)")
         straight.run()
         total = straight.iteration
-        at = total // 2 if at is None else at
+        ends = epoch_ends(dict(straight.log.rows()))
+        at = interruption_point(total, ends) if at is None else at
         if not 0 < at < total:
             raise ConfigError(
                 f"--at must be between 1 and {total - 1} (the straight run has {total} batches)"
@@ -164,7 +198,7 @@ def check_resume(
         say(f"check-resume: 3/3 resuming it from its checkpoint at batch {at}, to the end")
         resumed.run()
         difference = first_difference(_comparable(straight), _comparable(resumed))
-    return ResumeReport(at=at, iterations=total, difference=difference, left_out=left_out)
+    return ResumeReport(at, total, difference, left_out, ends)
 
 
 def check_resume_processes(
@@ -229,7 +263,8 @@ def check_resume_processes(
             raise failed("straight run", done)
         straight = pickle.loads((Path(tmp) / "straight.pickle").read_bytes())
         total = int(straight["iteration"])
-        at = total // 2 if at is None else at
+        ends = epoch_ends(straight["log rows"])
+        at = interruption_point(total, ends) if at is None else at
         if not 0 < at < total:
             raise ConfigError(
                 f"--at must be between 1 and {total - 1} (the straight run has {total} batches)"
@@ -253,7 +288,7 @@ def check_resume_processes(
             raise failed("resumed run", done)
         resumed = pickle.loads((Path(tmp) / "resumed.pickle").read_bytes())
     difference = first_difference(straight, resumed)
-    return ResumeReport(at=at, iterations=total, difference=difference, left_out=left_out)
+    return ResumeReport(at, total, difference, left_out, ends)
 
 
 def first_difference(expected: Any, found: Any, path: str = "") -> str | None:

@@ -614,6 +614,24 @@ class Checkpoint:
         return lines
 
     @hookimpl
+    def best_model_state(self, loop: Loop, read: bool) -> Any:
+        """The model state of the saved checkpoint with the best ``monitor`` value, for
+        ``[loop] test_weights = "best"`` (None without a ``monitor``, or before such a save)."""
+        if not self.monitor:
+            return None
+        if not read:
+            return f"the checkpoint with the {'lowest' if self.mode == 'min' else 'highest'} {self.monitor}"
+        from epochal_checkpoint.commands import _best, _describe
+
+        self.wait()
+        try:
+            info = _best(self.directory(loop))
+        except CheckpointNotFoundError:
+            return None
+        state, _ = storage.read_checkpoint(info.path, model_only=True)
+        return state["model"], f"checkpoint {info.path} ({_describe(info.manifest, True)})"
+
+    @hookimpl
     def latest_checkpoint(self, run_dir: Path | None) -> str | None:
         """The newest complete checkpoint in this run's directory (for the launcher's message)."""
         try:

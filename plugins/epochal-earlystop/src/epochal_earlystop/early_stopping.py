@@ -5,7 +5,9 @@ Ancestors: Blocks' ``TrackTheBest`` and ``FinishIfNoImprovementAfter``, Keras'/L
 monitored record (``valid.loss`` by default, written by the core's evaluation or by another
 plugin such as ``monitor``), the value is compared with the best so far; ``patience`` such
 checks in a row without an improvement of more than ``min_delta`` end training through
-``loop.request_stop`` with a reason. The peers' options are here under their names: Keras'
+``loop.request_stop`` with a reason. With ``[loop] eval_every_n_batches`` the check runs after
+each evaluation inside an epoch whose stream holds the record instead (as Lightning checks after
+each validation); a row is never checked twice. The peers' options are here under their names: Keras'
 ``mode = "auto"`` and ``baseline``, Lightning's ``stopping_threshold`` and
 ``divergence_threshold``, torch's ``threshold_mode`` and Ignite's ``cumulative_delta``.
 """
@@ -191,6 +193,9 @@ class EarlyStopping:
         self._seen = False
         self._evaluated = False
         self._warned = False
+        #: the iteration whose row an in-epoch evaluation's check read last (after an epoch's
+        #: last batch, that row is not checked again at the epoch's end).
+        self.checked_at: int | None = None
         #: set by load_state_dict: the next run, if it is a resumed one, continues this state.
         self._restored = False
 
@@ -229,9 +234,13 @@ class EarlyStopping:
         self._restored = False
 
     @hookimpl
-    def after_evaluation(self) -> None:
-        """Note that an evaluation took place (the missing-record warning waits for one)."""
+    def after_evaluation(self, loop: Any, stream: str) -> None:
+        """Note that an evaluation took place (the missing-record warning waits for one); inside
+        an epoch (``[loop] eval_every_n_batches``), check the monitored record of *stream*."""
         self._evaluated = True
+        ours = self.monitor.partition(".")[0] == stream
+        if ours and loop.in_epoch and self.monitor in loop.log.current_row:
+            self._check(loop)
 
     @hookimpl
     def after_epoch(self, loop: Any) -> None:
@@ -240,7 +249,14 @@ class EarlyStopping:
         if self.monitor not in row:
             self._missing(loop, row)
             return
+        if self.checked_at != loop.iteration:
+            self._check(loop)
+
+    def _check(self, loop: Any) -> None:
+        row = loop.log.current_row
         self._seen = True
+        if loop.in_epoch:
+            self.checked_at = loop.iteration
         value = _number(row[self.monitor])
         if value is None:
             raise PluginError(
@@ -369,6 +385,7 @@ class EarlyStopping:
             "checks": self.checks,
             "seen": self._seen,
             "warned": self._warned,
+            "checked_at": self.checked_at,
         }
         if self.restore_best and self.best_state is not None:
             state["best_state"] = self.best_state
@@ -392,5 +409,7 @@ class EarlyStopping:
         self.checks = int(state.get("checks", 0))
         self._seen = bool(state.get("seen", False))
         self._warned = bool(state.get("warned", False))
+        checked = state.get("checked_at")
+        self.checked_at = None if checked is None else int(checked)
         self.best_state = state.get("best_state")
         self._restored = True

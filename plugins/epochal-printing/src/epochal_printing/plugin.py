@@ -122,8 +122,15 @@ class Printing:
 
     @hookimpl
     def after_evaluation(self, loop: Any, stream: str, metrics: Mapping[str, Any]) -> None:
-        if self.active and loop.epoch == 0:  # the evaluation before the first epoch
-            shown = format_metrics({f"{stream}.{k}": v for k, v in metrics.items()}, self.digits)
+        if not self.active:
+            return
+        shown = format_metrics({f"{stream}.{k}": v for k, v in metrics.items()}, self.digits)
+        if loop.in_epoch:  # [loop] eval_every_n_batches: inside the epoch being run
+            epoch = self._epoch(loop, loop.epoch + 1)
+            self._print(f"{epoch} batch {loop.batch_in_epoch} (iteration {loop.iteration}): {shown}")
+        elif stream in getattr(loop, "test_streams", ()):  # once, after training
+            self._print(f"after training, {loop.test_weights} weights: {shown}")
+        elif loop.epoch == 0:  # the evaluation before the first epoch
             self._print(f"epoch 0: {shown}")
 
     @hookimpl

@@ -1,0 +1,227 @@
+"""Evaluation inside an epoch (``[loop] eval_every_n_batches``), through the ``epochal`` CLI.
+
+The runs train :mod:`epochal.examples.tiny` (40 examples in batches of 8: 5 batches an epoch)
+and read their log back with ``epochal log show --json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("epochal_checkpoint")
+pytest.importorskip("epochal_sqlite")
+pytest.importorskip("epochal_earlystop")
+
+CONFIG = """\
+[loop]
+max_epochs = 2
+seed = 0
+run_dir = "runs/tiny"
+{loop}
+[model]
+factory = "epochal.examples.tiny:TinyModel"
+
+[data]
+factory = "epochal.examples.tiny:tiny_data"
+examples = 40
+batch_size = 8
+
+[plugins]
+order = {order}
+autoload = false
+{plugins}
+"""
+
+
+def write(tmp: Path, loop: str = "", plugins: str = "", order: str = '["sqlite_log"]') -> Path:
+    config = tmp / "run.toml"
+    config.write_text(CONFIG.format(loop=loop, plugins=textwrap.dedent(plugins), order=order))
+    return config
+
+
+def epochal(tmp: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
+    return subprocess.run(
+        [sys.executable, "-m", "epochal", *arguments],
+        cwd=tmp,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def rows(tmp: Path) -> list[dict[str, Any]]:
+    shown = epochal(tmp, "log", "show", "latest", "--db", "runs/epochal.sqlite", "--json")
+    assert shown.returncode == 0, shown.stderr
+    return [{"iteration": row["iteration"], **row["values"]} for row in json.loads(shown.stdout)["rows"]]
+
+
+def evaluated(tmp: Path) -> list[int]:
+    return [row["iteration"] for row in rows(tmp) if "valid.loss" in row]
+
+
+@pytest.mark.parametrize("every", ["2", "0.4"])
+def test_evaluates_after_every_n_batches_of_each_epoch(tmp_path, every):
+    # 0.4 of an epoch of 5 batches is 2 batches (Lightning's int(batches * fraction))
+    result = epochal(tmp_path, "run", str(write(tmp_path, f"eval_every_n_batches = {every}")))
+    assert result.returncode == 0, result.stderr
+    # batches 2 and 4 of each epoch; none at the epoch ends (5, 10), which are no such point
+    assert evaluated(tmp_path) == [2, 4, 7, 9]
+
+
+def test_the_epoch_schedule_chooses_the_epochs_evaluated_inside(tmp_path):
+    config = write(tmp_path, "eval_every_n_batches = 5\neval_every_n_epochs = 2")
+    result = epochal(tmp_path, "run", str(config), "--set", "loop.max_epochs=4")
+    assert result.returncode == 0, result.stderr
+    assert evaluated(tmp_path) == [10, 20]  # the last batch of epochs 2 and 4
+
+
+def test_checkpoints_and_early_stopping_see_the_in_epoch_rows(tmp_path):
+    plugins = """
+    [plugins.early_stopping]
+    monitor = "valid.loss"
+    patience = 50
+    [plugins.checkpoint]
+    every_n_batches = 1
+    when = "valid.loss.best_so_far"
+    keep_last = "none"
+    save_at_end = false
+    """
+    order = '["early_stopping", "checkpoint", "sqlite_log"]'
+    config = write(tmp_path, "eval_every_n_batches = 2", plugins, order)
+    result = epochal(tmp_path, "run", str(config))
+    assert result.returncode == 0, result.stderr
+    best = [row["iteration"] for row in rows(tmp_path) if row.get("valid.loss.best_so_far")]
+    assert best and set(best) <= {2, 4, 7, 9}
+    saved = sorted(
+        int(re.search(r"-i(\d+)", p.name).group(1)) for p in (tmp_path / "runs").rglob("ckpt-*") if p.is_dir()
+    )
+    assert saved == best
+
+
+def test_early_stopping_stops_inside_an_epoch(tmp_path):
+    plugins = """
+    [plugins.early_stopping]
+    monitor = "valid.loss"
+    stopping_threshold = 100.0
+    """
+    config = write(tmp_path, "eval_every_n_batches = 2", plugins, '["early_stopping", "sqlite_log"]')
+    result = epochal(tmp_path, "run", str(config))
+    assert result.returncode == 0, result.stderr
+    assert "after 0 epoch(s), 2 batch(es)" in result.stderr + result.stdout
+    assert "stopping_threshold" in result.stderr + result.stdout
+
+
+def test_an_evaluation_after_an_epochs_last_batch_is_checked_once(tmp_path):
+    # mode "max" on a falling loss: every evaluation after the first is a check without
+    # improvement; patience 2 stops at the third evaluation (batch 15), not at the second,
+    # as it would if the epoch's end checked the same row again
+    plugins = """
+    [plugins.early_stopping]
+    monitor = "valid.loss"
+    mode = "max"
+    patience = 2
+    """
+    config = write(tmp_path, "eval_every_n_batches = 5", plugins, '["early_stopping", "sqlite_log"]')
+    result = epochal(tmp_path, "run", str(config), "--set", "loop.max_epochs=4")
+    assert result.returncode == 0, result.stderr
+    # the stop comes at a batch boundary (after batch 15), as a stop asked in after_batch does
+    assert "15 batch(es): early_stopping: valid.loss did not increase" in result.stdout
+    assert evaluated(tmp_path) == [5, 10, 15]
+
+
+def test_a_plateau_schedule_steps_on_the_in_epoch_rows(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("epochal_schedule")
+    plugins = """
+    [plugins.lr_scheduler]
+    name = "ReduceLROnPlateau"
+    interval = "batch"
+    monitor = "valid.loss"
+    mode = "max"
+    patience = 0
+    factor = 0.5
+    """
+    config = write(tmp_path, "eval_every_n_batches = 2", plugins, '["lr_scheduler", "sqlite_log"]')
+    result = epochal(tmp_path, "run", str(config))
+    assert result.returncode == 0, result.stderr
+    rates = {row["iteration"]: row["lr"] for row in rows(tmp_path) if "lr" in row}
+    # mode "max" on a falling loss: every evaluation after the first halves the rate
+    changed = [i for i in sorted(rates) if i > 1 and rates[i] != rates[i - 1]]
+    assert changed == [5, 8, 10]  # the batches after the evaluations at 4, 7 and 9
+
+
+def test_resumes_bitwise_right_after_an_in_epoch_evaluation(tmp_path):
+    plugins = """
+    [plugins.early_stopping]
+    monitor = "valid.loss"
+    patience = 1
+    """
+    config = write(tmp_path, "eval_every_n_batches = 2", plugins, '["early_stopping", "checkpoint"]')
+    result = epochal(tmp_path, "check-resume", str(config), "--at", "4", "--set", "loop.max_epochs=3")
+    assert result.returncode == 0, result.stderr
+    assert "ok: interrupted after batch 4 of 15 and resumed" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("loop", "message"),
+    [
+        (
+            "eval_every_n_batches = 2\neval_every_n_epochs = 0",
+            "[loop]: eval_every_n_batches = 2 evaluates inside epochs, but the run evaluates no stream",
+        ),
+        ("eval_every_n_batches = 6", "eval_every_n_batches = 6 is more than the 5 batches of an epoch"),
+        ("eval_every_n_batches = 1.5", "eval_every_n_batches"),
+        ("eval_every_n_batches = 0", "eval_every_n_batches"),
+    ],
+)
+def test_contradictions_are_one_line_before_the_first_batch(tmp_path, loop, message):
+    result = epochal(tmp_path, "run", str(write(tmp_path, loop)))
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert "run.toml" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not (tmp_path / "runs" / "epochal.sqlite").exists()
+
+
+def test_printing_shows_each_in_epoch_evaluation_with_its_batch(tmp_path):
+    pytest.importorskip("epochal_printing")
+    config = write(tmp_path, "eval_every_n_batches = 2", order='["printing"]')
+    result = epochal(tmp_path, "run", str(config))
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stdout.splitlines() if "valid" in line and line.startswith("epoch ")]
+    assert [line.split(":")[0] for line in lines] == [
+        "epoch 1/2 batch 2 (iteration 2)",
+        "epoch 1/2 batch 4 (iteration 4)",
+        "epoch 2/2 batch 2 (iteration 7)",
+        "epoch 2/2 batch 4 (iteration 9)",
+    ]
+
+
+@pytest.mark.distributed
+def test_two_processes_evaluate_inside_epochs_and_resume_bitwise(tmp_path):
+    # 5 batches shared by 2 processes, padded: 3 a rank, so half way (3) is an epoch's end and
+    # the default point is batch 2, right after an in-epoch evaluation
+    plugins = """
+    [plugins.early_stopping]
+    monitor = "valid.loss"
+    patience = 3
+    [plugins.checkpoint]
+    every_n_batches = 1
+    when = "valid.loss.best_so_far"
+    """
+    loop = 'eval_every_n_batches = 2\nuneven_shards = "pad"'
+    config = write(tmp_path, loop, plugins, '["early_stopping", "checkpoint"]')
+    result = epochal(tmp_path, "check-resume", str(config), "--nproc", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ok: interrupted after batch 2 of 6 and resumed (batch 2 of epoch 1)" in result.stdout
