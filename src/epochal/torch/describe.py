@@ -33,11 +33,12 @@ def describe(model: Any) -> str:
     size += sum(b.numel() * b.element_size() for b in module.buffers())
     world = getattr(model, "world", None)
     name = type(module).__name__
+    wrapped_by: str | None
     if getattr(model, "sharded", False):  # fully_shard swaps the class for FSDP<name>
-        name, wrapped = name.removeprefix("FSDP"), "FSDP2"
+        name, wrapped_by = name.removeprefix("FSDP"), "FSDP2"
     else:
-        wrapped = type(model.module).__name__ if model.module is not module else None
-    where = f", {wrapped} over {world.size} processes" if world is not None and wrapped else ""
+        wrapped_by = type(model.module).__name__ if model.module is not module else None
+    where = f", {wrapped_by} over {world.size} processes" if world is not None and wrapped_by else ""
     return (
         f"{name}: {human(total)} parameters ({human(trainable)} trainable), "
         f"{human(size, 'B')}, {model.precision.name} on {model.device}{where}"
