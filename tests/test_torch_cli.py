@@ -114,7 +114,7 @@ def test_a_checkpoint_of_another_architecture_is_refused_naming_the_key(tmp_path
 @pytest.mark.parametrize(
     ("setting", "message"),
     [
-        ("model.precision=fp16", "precision 'fp16' is not one of 32-true, 16-mixed, bf16-mixed, bf16-true"),
+        ("model.precision=bf16-mix", "not str 'bf16-mix' (did you mean 'bf16-mixed'?)"),
         ("model.accumulate_grad_batches=0", "accumulate_grad_batches must be greater than or equal to 1"),
         ("model.gradient_clip_algorithm=l2", "'gradient_clip_algorithm' of 'make_model' must be 'norm' or"),
         ("plugins.lr_scheduler.name=CosineLR", "'CosineLR' is not a scheduler of torch.optim.lr_scheduler"),
