@@ -242,7 +242,8 @@ def _train(
     import time
 
     from epochal.errors import ConfigError
-    from epochal.run_hooks import refuse_fresh_run
+    from epochal.resume_hint import continuing_command
+    from epochal.run_dirs import choose_for
     from epochal.runner import build_loop
     from epochal.stopping import ProcessSignals, install_handlers
     from epochal.summary import RunSummary
@@ -254,8 +255,7 @@ def _train(
             "epochal: pip install plugins/epochal-timing; or name it in --only, or do not disable it)"
         )
     command = _command(config_file, sys.argv)
-    if not resume:
-        refuse_fresh_run(loop.plugin_set.pm, loop.run_dir, command)
+    choose_for(loop, resume or False, command)  # its own directory (a fresh run's is new)
     if trace is not None:
         loop.trace_plugins = trace
     loop.command = command
@@ -280,6 +280,7 @@ def _train(
     finally:
         signals.end()
     if loop.world.is_zero:
+        loop.command = continuing_command(loop, summary.started)  # a resume that trains on
         for line in summary.lines(loop, time.perf_counter() - started):
             click.echo(line)
     if log.status["status"] == "interrupted" and loop.signal_received is not None:
@@ -307,6 +308,14 @@ def _command(config_file: str, argv: Sequence[str]) -> list[str]:
         it in the environment).
     """
     after = _without_resume(list(argv[argv.index(config_file) + 1 :])) if config_file in argv else []
+    from epochal.distributed.world import launched
+
+    if _LAUNCH_ARGS_ENV not in os.environ and launched():  # torchrun: its command, launcher first
+        from epochal.resume_hint import torchrun_command
+
+        under_torchrun = torchrun_command(_without_resume)
+        if under_torchrun is not None:
+            return under_torchrun
     return ["epochal", "run", config_file, *os.environ.get(_LAUNCH_ARGS_ENV, "").split(), *after]
 
 
@@ -323,10 +332,12 @@ def _launch(
 ) -> int:
     """``epochal run --nproc N``: check what can be checked here, then start N workers."""
     import shlex
+    from pathlib import Path
 
     from epochal.distributed.launch import check_port, launch, worker_arguments
     from epochal.distributed.world import DEFAULT_TIMEOUT, check_backend
-    from epochal.run_hooks import latest_checkpoint, refuse_fresh_run
+    from epochal.run_dirs import newest_resumable
+    from epochal.run_hooks import latest_checkpoint
     from epochal.runner import check_run
 
     section = config.get("distributed", {})
@@ -336,15 +347,14 @@ def _launch(
     run_dir = config.get("loop", {}).get("run_dir")
     argv = worker_arguments(sys.argv[1:])
     os.environ[_LAUNCH_ARGS_ENV] = f"--nproc {nproc}"  # for the workers' resume commands
-    command = _command(config_file, argv)
-    if not resume:
-        refuse_fresh_run(checked.pm, run_dir, command)
+    command = _command(config_file, argv)  # the fresh-run check is rank 0's, in its run directory
 
     def explain(failure: Any) -> str:
         if failure.config:  # the same command fails the same way: no resume advice
             return failure.message if failure.everywhere else failure.describe()
         try:
-            latest = latest_checkpoint(checked.pm, run_dir)
+            newest = newest_resumable(checked.pm, Path(run_dir)) if run_dir is not None else None
+            latest = latest_checkpoint(checked.pm, newest) if newest is not None else None
         except EpochalError as error:
             return f"{failure.describe()}, and the other ranks were stopped; {error}"
         if latest is None:

@@ -542,13 +542,20 @@ class Checkpoint:
             directory = self._directory_for(run_dir)
         except ConfigError:
             return None  # no directory configured: the plugin says so when training starts
+        # `epochal run` gives each fresh run a new run_dir, so only a `dir` set explicitly (shared
+        # by the config's runs) can hold another run's checkpoints here
+        elsewhere = (
+            "--set plugins.checkpoint.dir=DIR, or leave [plugins.checkpoint] dir unset: each run "
+            "then keeps its checkpoints in its own directory under [loop] run_dir"
+            if self.dir
+            else "--set loop.run_dir=DIR"
+        )
         holder = live_holder(directory) if directory.is_dir() else None
         if holder is not None:
             return (
                 f"checkpoint directory {str(directory)!r} is in use by {holder}, which is running now. "
                 "Two runs must not write one directory: wait for it to end (or stop it), or choose "
-                "another directory (--set loop.run_dir=DIR, or --set plugins.checkpoint.dir=DIR when "
-                "the config sets it)."
+                f"another directory ({elsewhere})."
             )
         found = sorted(p.name for p in directory.glob("ckpt-*") if p.is_dir()) if directory.is_dir() else []
         if not found:
@@ -557,8 +564,7 @@ class Checkpoint:
         return (
             f"checkpoint directory {str(directory)!r} already holds {len(found)} checkpoint(s) of an "
             f"earlier run (newest: {found[-1]}). To continue that run: {again}. To start afresh: "
-            "choose another directory (--set loop.run_dir=DIR, or --set plugins.checkpoint.dir=DIR "
-            "when the config sets it) or delete that one."
+            f"choose another directory ({elsewhere}) or delete that one."
         )
 
     def _background_write(
