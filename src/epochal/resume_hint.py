@@ -30,12 +30,21 @@ def torchrun_command(without_resume: Callable[[list[str]], list[str]]) -> list[s
         raw = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
     except OSError:
         return None
-    parent = [part.decode(errors="replace") for part in raw.split(b"\0") if part]
+    return launcher_command(
+        [part.decode(errors="replace") for part in raw.split(b"\0") if part], without_resume
+    )
+
+
+def launcher_command(
+    parent: Sequence[str], without_resume: Callable[[list[str]], list[str]]
+) -> list[str] | None:
+    """``torchrun ARGS`` from the arguments of a torchrun process (``torchrun ...`` or
+    ``python -m torch.distributed.run ...``), or None when *parent* is neither."""
     for k, arg in enumerate(parent):
         if Path(arg).name == "torchrun":
-            return ["torchrun", *without_resume(parent[k + 1 :])]
-        if arg == "-m" and parent[k + 1 : k + 2] == ["torch.distributed.run"]:
-            return ["torchrun", *without_resume(parent[k + 2 :])]
+            return ["torchrun", *without_resume(list(parent[k + 1 :]))]
+        if arg == "-m" and list(parent[k + 1 : k + 2]) == ["torch.distributed.run"]:
+            return ["torchrun", *without_resume(list(parent[k + 2 :]))]
     return None
 
 
