@@ -43,12 +43,12 @@ def config(tmp_path: Path) -> Path:
 def test_a_config_run_twice_makes_two_directories_and_both_exit_0(tmp_path: Path, config: Path) -> None:
     first = run(tmp_path)
     assert first.returncode == 0, first.stderr
-    assert summary(first, "run directory") == str(Path("runs/digits/version_0"))
+    assert summary(first, "directory") == str(Path("runs/digits/version_0"))
     assert summary(first, "checkpoints") == str(Path("runs/digits/version_0/checkpoints"))
     kept = {p: p.stat().st_mtime_ns for p in (tmp_path / "runs/digits/version_0").rglob("*")}
     second = run(tmp_path, "--set", "loop.max_epochs=1")
     assert second.returncode == 0, second.stderr
-    assert summary(second, "run directory") == str(Path("runs/digits/version_1"))
+    assert summary(second, "directory") == str(Path("runs/digits/version_1"))
     root = tmp_path / "runs" / "digits"
     assert [p.name for p in versions(root)] == ["version_0", "version_1"]
     assert checkpoints(root / "version_0") == ["ckpt-e0001-i000023", "ckpt-e0002-i000046"]
@@ -75,7 +75,7 @@ def test_resume_continues_the_newest_run_in_its_directory(tmp_path: Path, config
     assert resumed.returncode == 0, resumed.stderr
     version_1 = Path("runs/digits/version_1")
     assert f"resumed from checkpoint {version_1 / 'checkpoints' / 'ckpt-e0001-i000023'}" in resumed.stderr
-    assert summary(resumed, "run directory") == str(version_1)
+    assert summary(resumed, "directory") == str(version_1)
     assert "finished after 2 epoch(s)" in resumed.stdout
     root = tmp_path / "runs" / "digits"
     assert len(versions(root)) == 2  # no new directory
@@ -93,7 +93,7 @@ def test_resume_auto_with_no_run_starts_fresh_and_resume_alone_is_refused(
     auto = run(tmp_path, "--resume", "auto")
     assert auto.returncode == 0, auto.stderr
     assert "starting a fresh run" in auto.stderr
-    assert summary(auto, "run directory") == str(Path("runs/digits/version_0"))
+    assert summary(auto, "directory") == str(Path("runs/digits/version_0"))
     again = run(tmp_path, "--resume", "auto")  # a requeued job: continues it, nothing left
     assert again.returncode == 0
     assert "nothing left to train" in again.stderr and "resumed from checkpoint" in again.stderr
@@ -116,7 +116,7 @@ def test_resume_path_starts_a_new_directory_from_that_checkpoint(tmp_path: Path,
     path = tmp_path / "runs/digits/version_0/checkpoints/ckpt-e0001-i000023"
     resumed = run(tmp_path, "--resume", str(path))
     assert resumed.returncode == 0, resumed.stderr
-    assert summary(resumed, "run directory") == str(Path("runs/digits/version_1"))
+    assert summary(resumed, "directory") == str(Path("runs/digits/version_1"))
     assert checkpoints(tmp_path / "runs/digits/version_0") == ["ckpt-e0001-i000023", "ckpt-e0002-i000046"]
     assert checkpoints(tmp_path / "runs/digits/version_1") == ["ckpt-e0002-i000046"]
 
@@ -144,7 +144,9 @@ def test_two_fresh_runs_started_together_get_two_directories(tmp_path: Path, con
     ]
     outputs = [process.communicate(timeout=300) for process in started]
     assert [process.returncode for process in started] == [0, 0], outputs
-    directories = sorted(line for out, _ in outputs for line in out.splitlines() if "run directory" in line)
+    directories = sorted(
+        line for out, _ in outputs for line in out.splitlines() if "epochal: directory:" in line
+    )
     assert len(set(directories)) == 2
     assert [p.name for p in versions(tmp_path / "runs" / "digits")] == ["version_0", "version_1"]
 

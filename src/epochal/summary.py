@@ -138,7 +138,7 @@ class RunSummary:
             f"{loop.iteration} batch(es): {status['finish_reason']}{took}"
         ]
         if loop.run_dir is not None:
-            lines.append(f"epochal: run directory: {loop.run_dir}")
+            lines.append(f"epochal: directory: {loop.run_dir}")
         last = {
             stream: dict(metrics)
             for stream, metrics in sorted(self.last.items(), key=lambda i: i[0] != "train")
