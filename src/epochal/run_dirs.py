@@ -117,10 +117,12 @@ def choose_for(loop: Any, resume: bool | str, command: Sequence[str]) -> None:
     """Set ``loop.run_dir`` to this run's own directory under ``loop.run_root``.
 
     On several processes rank 0 chooses; the others get its directory, or its refusal (the
-    same error on every rank). Nothing changes for a loop without a run directory.
+    same error on every rank).
     """
     root = loop.run_root
-    if root is None:
+    if root is None:  # from Python without a run_dir: no directory to choose, only the check
+        if not resume:
+            refuse_fresh_run(loop.plugin_set.pm, None, command)
         return
     world = loop.world
     answer: tuple[bool, str] = (True, "")
