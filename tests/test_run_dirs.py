@@ -171,7 +171,7 @@ class Ended:
         self, command: list[str], epoch: int, max_epochs: int | None, config_file: str | None
     ) -> None:
         self.command, self.epoch, self.max_epochs, self.config_file = command, epoch, max_epochs, config_file
-        self.iteration, self.max_iterations, self.in_epoch = 10 * epoch, None, False
+        self.iteration, self.max_iterations = 10 * epoch, None
 
 
 def test_the_continuing_command_keeps_a_limit_not_reached_and_raises_one_reached(tmp_path: Path) -> None:
@@ -187,6 +187,10 @@ def test_the_continuing_command_keeps_a_limit_not_reached_and_raises_one_reached
     # reached on the command line, the file's own 3 trains on: the --set goes
     short = Ended([*base, "--set", "loop.max_epochs=1", "--disable", "x"], 1, 1, str(config))
     assert continuing_command(short) == [*base, "--disable", "x"]
+    # max_iterations reached in the middle of an epoch: as many batches again
+    mid = Ended([*base, "--set", "loop.max_iterations=3"], epoch=0, max_epochs=None, config_file=str(config))
+    mid.iteration, mid.max_iterations = 3, 3
+    assert continuing_command(mid) == [*base, "--set", "loop.max_iterations=6"]
 
 
 def test_the_command_under_torchrun_is_torchruns() -> None:

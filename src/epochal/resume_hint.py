@@ -93,7 +93,7 @@ def continuing_command(loop: Any, started: tuple[int, int] = (0, 0)) -> list[str
     :param started: ``(epoch, iteration)`` where this run started (a resumed run's state).
     """
     command = list(loop.command)
-    if not command or loop.in_epoch:
+    if not command:
         return command
     for (option, counter), begun in zip(_LIMITS, started, strict=True):
         limit = getattr(loop, option)
