@@ -243,7 +243,7 @@ def _train(
 
     from epochal.errors import ConfigError
     from epochal.resume_hint import continuing_command
-    from epochal.run_dirs import choose_for
+    from epochal.run_dirs import choose_for, discard_if_empty
     from epochal.runner import build_loop
     from epochal.stopping import ProcessSignals, install_handlers
     from epochal.summary import RunSummary
@@ -255,7 +255,7 @@ def _train(
             "epochal: pip install plugins/epochal-timing; or name it in --only, or do not disable it)"
         )
     command = _command(config_file, sys.argv)
-    choose_for(loop, resume or False, command)  # its own directory (a fresh run's is new)
+    made = choose_for(loop, resume or False, command)  # its own directory (a fresh run's is new)
     if trace is not None:
         loop.trace_plugins = trace
     loop.command = command
@@ -277,6 +277,9 @@ def _train(
             err=True,
         )
         sys.exit(128 + signal.SIGINT)
+    except BaseException:
+        discard_if_empty(made)
+        raise
     finally:
         signals.end()
     if loop.world.is_zero:

@@ -113,8 +113,10 @@ def choose(pm: pluggy.PluginManager, root: Path, resume: bool | str, command: Se
     return fresh
 
 
-def choose_for(loop: Any, resume: bool | str, command: Sequence[str]) -> None:
-    """Set ``loop.run_dir`` to this run's own directory under ``loop.run_root``.
+def choose_for(loop: Any, resume: bool | str, command: Sequence[str]) -> list[Path]:
+    """Set ``loop.run_dir`` to this run's own directory under ``loop.run_root``; return the
+    directories this process made for it (on rank 0: the new ``version_N``, and the root when it
+    did not exist), innermost first.
 
     On several processes rank 0 chooses; the others get its directory, or its refusal (the
     same error on every rank).
@@ -123,13 +125,16 @@ def choose_for(loop: Any, resume: bool | str, command: Sequence[str]) -> None:
     if root is None:  # from Python without a run_dir: no directory to choose, only the check
         if not resume:
             refuse_fresh_run(loop.plugin_set.pm, None, command)
-        return
+        return []
     world = loop.world
+    root = Path(root)
+    existed = {path.name for path in versions(root)} if world.is_zero else set()
+    root_existed = root.is_dir()
     answer: tuple[bool, str] = (True, "")
     failed: BaseException | None = None
     if world.is_zero:
         try:
-            answer = (True, str(choose(loop.plugin_set.pm, Path(root), resume, command)))
+            answer = (True, str(choose(loop.plugin_set.pm, root, resume, command)))
         except Exception as error:  # every rank must leave the broadcast, then fail alike
             failed, answer = error, (False, str(error))
     if world.distributed:
@@ -140,3 +145,16 @@ def choose_for(loop: Any, resume: bool | str, command: Sequence[str]) -> None:
     if not chosen:
         raise ConfigError(value)
     loop.run_dir = Path(value)
+    if not world.is_zero or loop.run_dir == root or loop.run_dir.name in existed:
+        return []
+    return [loop.run_dir] if root_existed else [loop.run_dir, root]
+
+
+def discard_if_empty(made: Sequence[Path]) -> None:
+    """Remove the directories *made* for a run that ended before writing anything into them (a
+    configuration error found when training starts), so that no empty ``version_N`` is left."""
+    for directory in made:
+        try:
+            directory.rmdir()  # only an empty directory goes
+        except OSError:
+            return

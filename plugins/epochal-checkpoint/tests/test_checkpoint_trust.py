@@ -258,7 +258,7 @@ def test_a_forged_log_segment_costs_only_its_rows(signed: Path, monkeypatch: pyt
 
 @pytest.mark.slow
 def test_resume_with_a_key_falls_back_past_a_forged_checkpoint_or_errors_in_one_line(signed: Path) -> None:
-    project = signed.parent.parent
+    project = signed.parents[2]  # project/run/version_0/checkpoints
     forge(signed / NEWEST)
     resumed = train(project, KEY, "--resume", "--set", "loop.max_epochs=3")
     assert resumed.returncode == 0, resumed.stderr
