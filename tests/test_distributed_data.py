@@ -117,6 +117,15 @@ def test_lists_and_callables_are_sharded_by_batches() -> None:
         shard_stream("train", batches[:5], 0, 2, "error").__class__  # noqa: B018
 
 
+def test_a_padded_callable_stream_says_so_once_not_every_epoch(capsys: pytest.CaptureFixture[str]) -> None:
+    batches = [np.full(2, k) for k in range(5)]
+    factory = shard_stream("train", lambda: batches, 0, 2)  # padded by default
+    assert [int(b[0]) for b in factory()] == [0, 2, 4] and [int(b[0]) for b in factory()] == [0, 2, 4]
+    told = capsys.readouterr().err.splitlines()
+    assert len(told) == 1 and "5 batches on 2 processes: 1 of them repeated per pass" in told[0]
+    assert [int(b[0]) for b in shard_stream("train", batches, 1, 2)] == [1, 3, 0]  # the first one again
+
+
 def test_a_stream_that_cannot_be_sharded_is_a_clear_error() -> None:
     def endless() -> Any:
         yield from range(3)
