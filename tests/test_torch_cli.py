@@ -77,7 +77,7 @@ def test_resume_continues_bitwise_and_the_load_plugin_starts_from_a_checkpoint(t
     assert first.returncode == 0, first.stderr
     resumed = run(tmp_path, "run", str(EXAMPLE), "--set", "loop.max_epochs=2", "--resume", *sets)
     assert resumed.returncode == 0, resumed.stderr
-    a = load_file(str(tmp_path / "a/checkpoints/last.safetensors"))
+    a = load_file(str(tmp_path / "a/version_0/checkpoints/last.safetensors"))
     b = load_file(str(tmp_path / "b/ckpt/last.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
@@ -164,7 +164,7 @@ def test_the_example_reaches_its_documented_accuracy(tmp_path: Path) -> None:
     summary = next(line for line in result.stdout.splitlines() if line.startswith("epochal: last valid:"))
     metrics = dict(item.split("=") for item in summary.removeprefix("epochal: last valid: ").split(", "))
     assert float(metrics["accuracy"]) >= 0.97 and float(metrics["f1"]) >= 0.97
-    assert (tmp_path / "runs" / "digits_torch" / "checkpoints" / "best.safetensors").is_file()
+    assert (tmp_path / "runs" / "digits_torch" / "version_0" / "checkpoints" / "best.safetensors").is_file()
 
 
 def test_model_line_counts_read_as_people_write_them() -> None:

@@ -265,7 +265,8 @@ def _train(
     import time
 
     from epochal.errors import ConfigError
-    from epochal.run_hooks import refuse_fresh_run
+    from epochal.resume_hint import continuing_command
+    from epochal.run_dirs import choose_for, discard_if_empty
     from epochal.runner import build_loop
     from epochal.stopping import ProcessSignals, install_handlers
     from epochal.summary import RunSummary
@@ -277,8 +278,7 @@ def _train(
             "epochal: pip install plugins/epochal-timing; or name it in --only, or do not disable it)"
         )
     command = _command(config_file, sys.argv)
-    if not resume:
-        refuse_fresh_run(loop.plugin_set.pm, loop.run_dir, command)
+    made = choose_for(loop, resume or False, command)  # its own directory (a fresh run's is new)
     if trace is not None:
         loop.trace_plugins = trace
     loop.command = command
@@ -300,9 +300,13 @@ def _train(
             err=True,
         )
         sys.exit(128 + signal.SIGINT)
+    except BaseException:
+        discard_if_empty(made)
+        raise
     finally:
         signals.end()
     if loop.world.is_zero:
+        loop.command = continuing_command(loop, summary.started)  # a resume that trains on
         for line in summary.lines(loop, time.perf_counter() - started):
             click.echo(line)
     if log.status["status"] == "interrupted" and loop.signal_received is not None:
@@ -330,6 +334,14 @@ def _command(config_file: str, argv: Sequence[str]) -> list[str]:
         it in the environment).
     """
     after = _without_resume(list(argv[argv.index(config_file) + 1 :])) if config_file in argv else []
+    from epochal.distributed.world import launched
+
+    if _LAUNCH_ARGS_ENV not in os.environ and launched():  # torchrun: its command, launcher first
+        from epochal.resume_hint import torchrun_command
+
+        under_torchrun = torchrun_command(_without_resume)
+        if under_torchrun is not None:
+            return under_torchrun
     return ["epochal", "run", config_file, *os.environ.get(_LAUNCH_ARGS_ENV, "").split(), *after]
 
 
@@ -348,10 +360,12 @@ def _launch(
     """``epochal run --nproc N [--nnodes M --rdzv-endpoint E]``: check what can be checked
     here, then start N workers (this machine's, with M machines)."""
     import shlex
+    from pathlib import Path
 
     from epochal.distributed.launch import check_port, launch, worker_arguments
     from epochal.distributed.world import DEFAULT_TIMEOUT, check_backend
-    from epochal.run_hooks import latest_checkpoint, refuse_fresh_run
+    from epochal.run_dirs import newest_resumable
+    from epochal.run_hooks import latest_checkpoint
     from epochal.runner import check_run
 
     section = config.get("distributed", {})
@@ -366,15 +380,14 @@ def _launch(
         f" --nnodes {nnodes} --rdzv-endpoint {endpoint}" if nnodes > 1 else ""
     )
     os.environ[_LAUNCH_ARGS_ENV] = launcher_args  # for the workers' resume commands
-    command = _command(config_file, argv)
-    if not resume:
-        refuse_fresh_run(checked.pm, run_dir, command)
+    command = _command(config_file, argv)  # the fresh-run check is rank 0's, in its run directory
 
     def explain(failure: Any) -> str:
         if failure.config:  # the same command fails the same way: no resume advice
             return failure.message if failure.everywhere else failure.describe()
         try:
-            latest = latest_checkpoint(checked.pm, run_dir)
+            newest = newest_resumable(checked.pm, Path(run_dir)) if run_dir is not None else None
+            latest = latest_checkpoint(checked.pm, newest) if newest is not None else None
         except EpochalError as error:
             return f"{failure.describe()}, and the other ranks were stopped; {error}"
         if latest is None:

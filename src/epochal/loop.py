@@ -88,7 +88,9 @@ class Loop:
     :param on_empty_batch: what an empty batch does: ``error``, ``warn`` (then skip) or
         ``ignore`` (skip).
     :param on_empty_stream: what a stream yielding no batch does: ``error``, ``warn``, ``ignore``.
-    :param run_dir: where plugins keep this run's files (checkpoints, logs).
+    :param run_dir: where plugins keep this run's files (checkpoints, logs). ``epochal run``
+        gives each fresh run its own directory under it (``loop.run_dir``; this one stays
+        ``loop.run_root``).
     :param resume: ask the plugins for a state to resume from (``epochal run --resume``): True
         or ``"latest"`` (the newest complete checkpoint; an error if none), ``"auto"`` (the newest
         if any, else a fresh start), or a checkpoint path. Plugins read the mode from
@@ -100,8 +102,9 @@ class Loop:
     :param world: this process's place among the processes training together (default: the
         world :func:`epochal.distributed.init_from_env` joined; one process when none).
     :param uneven_shards: on several processes, what to do when the train stream's examples
-        cannot be shared evenly by the processes: ``error`` (before training), ``drop`` (leave
-        the remainder of each epoch's order out) or ``pad`` (repeat its first examples).
+        cannot be shared evenly by the processes: ``pad`` (the default, as torch's
+        ``DistributedSampler`` does: repeat the first examples of each epoch's order, said once),
+        ``drop`` (leave the remainder out) or ``error`` (an error before training).
         Evaluation streams are shared out whole (the ranks' parts may differ by one batch).
     """
 
@@ -130,7 +133,7 @@ class Loop:
         handle_signals: bool = True,
         trace_plugins: str | None = None,
         world: World | None = None,
-        uneven_shards: Literal["error", "drop", "pad"] = "error",
+        uneven_shards: Literal["error", "drop", "pad"] = "pad",
     ) -> None:
         if "train" not in data:
             raise ConfigError(
@@ -172,7 +175,8 @@ class Loop:
         check_condition_streams(self._plugin_set.triggers, list(self.data), self._source)
         self.on_empty_batch = on_empty_batch
         self.on_empty_stream = on_empty_stream
-        self.run_dir = Path(run_dir) if run_dir is not None else None
+        #: this run's files; ``epochal run`` makes it ``run_root/version_N`` (:mod:`epochal.run_dirs`).
+        self.run_dir = self.run_root = Path(run_dir) if run_dir is not None else None
         self.resume = resume
         self.config = dict(config or {})
         self.handle_signals = handle_signals

@@ -657,10 +657,18 @@ class Checkpoint:
         newest; the user says which they want: continue (``--resume``) or another directory.
         """
         self._check_shared(run_dir)
+        # `epochal run` gives each fresh run a new run_dir, so only a `dir` set explicitly (shared
+        # by the config's runs) can hold another run's checkpoints here
+        elsewhere = (
+            "--set plugins.checkpoint.dir=DIR, or leave [plugins.checkpoint] dir unset: each run "
+            "then keeps its checkpoints in its own directory under [loop] run_dir"
+            if self.dir
+            else "--set loop.run_dir=DIR"
+        )
         remote = self._store()
         if remote is not None:  # no lock on an object store; an unreachable one fails here, one line
             committed = [info.name for info in remote.checkpoints()[0]]
-            return self._refusal(remote.url, committed, command)
+            return self._refusal(remote.url, committed, command, elsewhere)
         try:
             directory = self._directory_for(run_dir)
         except ConfigError:
@@ -670,22 +678,20 @@ class Checkpoint:
             return (
                 f"checkpoint directory {str(directory)!r} is in use by {holder}, which is running now. "
                 "Two runs must not write one directory: wait for it to end (or stop it), or choose "
-                "another directory (--set loop.run_dir=DIR, or --set plugins.checkpoint.dir=DIR when "
-                "the config sets it)."
+                f"another directory ({elsewhere})."
             )
         found = sorted(p.name for p in directory.glob("ckpt-*") if p.is_dir()) if directory.is_dir() else []
-        return self._refusal(str(directory), found, command)
+        return self._refusal(str(directory), found, command, elsewhere)
 
     @staticmethod
-    def _refusal(directory: str, found: list[str], command: Sequence[str]) -> str | None:
+    def _refusal(directory: str, found: list[str], command: Sequence[str], elsewhere: str) -> str | None:
         if not found:
             return None
         again = shlex.join([*command, "--resume"]) if command else "--resume"
         return (
             f"checkpoint directory {directory!r} already holds {len(found)} checkpoint(s) of an "
             f"earlier run (newest: {found[-1]}). To continue that run: {again}. To start afresh: "
-            "choose another directory (--set loop.run_dir=DIR, or --set plugins.checkpoint.dir=DIR "
-            "when the config sets it) or delete that one."
+            f"choose another directory ({elsewhere}) or delete that one."
         )
 
     def _background_write(
