@@ -6,14 +6,7 @@ import sys
 
 import click
 
-from epochal.commands.common import (
-    BACKEND_OPTION,
-    NPROC_OPTION,
-    ONLY_HELP,
-    PLUGINS_HELP,
-    plugin_choice,
-    split,
-)
+from epochal.commands import common
 
 __all__ = ["check_resume_command"]
 
@@ -26,14 +19,14 @@ __all__ = ["check_resume_command"]
     default=None,
     help="Interrupt after this batch (default: the batch inside an epoch nearest to half way).",
 )
-@click.option("--plugins", "order", multiple=True, metavar="A,B", help=PLUGINS_HELP)
-@click.option("--only", multiple=True, metavar="A,B", help=ONLY_HELP)
+@click.option("--plugins", "order", multiple=True, metavar="A,B", help=common.PLUGINS_HELP)
+@click.option("--only", multiple=True, metavar="A,B", help=common.ONLY_HELP)
 @click.option("--disable", multiple=True, help="Plugins to leave out: x,y.")
 @click.option(
     "--set", "overrides", multiple=True, metavar="SECTION.KEY=VALUE", help="Override a config value."
 )
-@NPROC_OPTION
-@BACKEND_OPTION
+@common.NPROC_OPTION
+@common.BACKEND_OPTION
 def check_resume_command(
     config_file: str,
     at: int | None,
@@ -53,7 +46,7 @@ def check_resume_command(
     from epochal.resumecheck import check_resume, check_resume_processes
 
     config = load_config(config_file, overrides)
-    choice = plugin_choice(config, order, only)
+    choice = common.plugin_choice(config, order, only)
     if nproc > 1:
         from epochal.distributed.world import check_backend
 
@@ -64,7 +57,7 @@ def check_resume_command(
         arguments += ["--backend", backend] if backend else []
         report = check_resume_processes(config_file, nproc, at, arguments, say=click.echo)
     else:
-        report = check_resume(config, at, choice, split(disable), say=click.echo)
+        report = check_resume(config, at, choice, common.split(disable), say=click.echo)
     if report.left_out:
         click.echo(f"left out (not deterministic): {', '.join(report.left_out)}")
     if report.ok:
