@@ -19,6 +19,7 @@ from epochal.data import BatchStream, UnevenShardsError, shard_indices
 from epochal.distributed import World
 from epochal.distributed.sharding import shard_stream
 from epochal.errors import ConfigError
+from epochal.testing import StubModel
 
 
 def flatten(lists: Any) -> list[Any]:
@@ -136,10 +137,11 @@ def test_a_stream_that_cannot_be_sharded_is_a_clear_error() -> None:
         shard_stream("train", endless(), 0, 2)
 
 
-class Recorder:
+class Recorder(StubModel):
     """A model that records the world it is distributed to."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.worlds: list[World] = []
         self.attached = False
 
@@ -149,18 +151,6 @@ class Recorder:
 
     def attach(self, loop: Any) -> None:
         self.attached = True
-
-    def train_step(self, batch: Any) -> dict[str, float]:
-        return {"loss": 0.0}
-
-    def eval_step(self, batch: Any) -> dict[str, float]:
-        return {"loss": 0.0}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: Any) -> None:
-        pass
 
 
 def test_the_loop_shards_its_streams_and_distributes_the_model_once() -> None:

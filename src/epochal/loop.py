@@ -15,17 +15,17 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from epochal import _rng, heldout, plugin_state
+from epochal import _rng, evaluation, heldout, plugin_state
 from epochal._dispatch import blame, each_implementation
 from epochal._options import Fraction, NonNegativeInt, PositiveInt, Seed, check_options
 from epochal.adapters import adapt_stream
-from epochal.data import _empty_rule, _mapping_empty, _ndarray, _sequence_empty, batch_size
+from epochal.data import _empty_rule, _mapping_empty, _ndarray, _sequence_empty
 from epochal.distributed.strategy import strategy_for
 from epochal.distributed.world import World, current_world
 from epochal.empty import EmptyData
 from epochal.errors import ConfigError, EpochalError
 from epochal.estimates import stepping_batches
-from epochal.evaluation import MetricSums, batch_interval, due, means, schedule
+from epochal.evaluation import batch_interval, due, schedule
 from epochal.log import TrainingLog
 from epochal.model import Model
 from epochal.plugins import PluginSet, compose
@@ -290,41 +290,7 @@ class Loop:
         its examples: the model's ``batch_size(batch)`` if it has one, else
         :func:`epochal.data.batch_size` (the leading dimension of the first array found).
         """
-        if stream not in self.data or stream == "train":
-            raise ConfigError(f"no evaluation stream {stream!r}; streams: {', '.join(self.eval_streams)}")
-        hooks = self.hooks
-        if hooks.before_evaluation is not None:
-            hooks.before_evaluation(self, stream)
-        model = self.model
-        begin = getattr(model, "begin_evaluation", None)
-        if callable(begin):
-            begin(stream)
-        sums = MetricSums()
-        eval_step = model.eval_step
-        declared = getattr(model, "batch_size", None)
-        size_of = declared if callable(declared) else batch_size
-        for batch in self._iterate(stream):
-            size = size_of(batch)
-            if size == 0 and self._empty_batch(stream):
-                continue
-            outputs = eval_step(batch)
-            sums.add(outputs, size)
-            if hooks.after_eval_batch is not None:
-                hooks.after_eval_batch(self, stream, batch, outputs)
-        seen, totals = self.strategy.reduce_evaluation(stream, sums.seen, sums.totals)
-        if seen == 0:
-            self._empty_stream(stream)
-        metrics: dict[str, Any] = means(totals, seen)
-        end = getattr(model, "end_evaluation", None)
-        if seen and callable(end):
-            metrics.update(end(stream))
-        row = self.log.current_row
-        for key, value in metrics.items():
-            row[f"{stream}.{key}"] = value
-        self.last_metrics[stream] = metrics
-        if hooks.after_evaluation is not None:
-            hooks.after_evaluation(self, stream, metrics)
-        return metrics
+        return evaluation.evaluate(self, stream)
 
     @property
     def eval_streams(self) -> list[str]:
