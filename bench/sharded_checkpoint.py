@@ -116,7 +116,6 @@ def timed(world: Any, action: Callable[[], None]) -> float:
 
 
 def worker(rank: int, strategy: str, case: str, mb: int, rounds: int, base: str, port: int, out: str) -> None:
-
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     dist.init_process_group("gloo", rank=rank, world_size=2)
     from epochal_checkpoint.sharded import write_tensors
