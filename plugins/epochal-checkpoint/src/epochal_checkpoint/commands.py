@@ -93,7 +93,11 @@ def _best(directory: Path | store.RemoteStore) -> CheckpointInfo:
         )
     mode = scored[-1].manifest.get("mode", "min")
     sign = -1.0 if mode == "max" else 1.0
-    chosen = min(scored, key=lambda info: sign * float(info.manifest["metric"]))
+    # ties: the older checkpoint, or the newer one where the run saved with greater_or_equal
+    ties_newer = bool(scored[-1].manifest.get("greater_or_equal"))
+    chosen = min(
+        scored[::-1] if ties_newer else scored, key=lambda info: sign * float(info.manifest["metric"])
+    )
     record = scored[-1].manifest.get("best")
     if isinstance(record, dict) and is_finite_number(record.get("metric")):
         at = (record.get("epoch"), record.get("iteration"))

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from epochal import hookimpl, triggers
 from epochal.errors import ConfigError
 from epochal.protocol import NonNegativeFloat, NonNegativeInt, Phase, Rank
-from epochal_checkpoint import incremental, storage
+from epochal_checkpoint import incremental, naming, storage
 from epochal_checkpoint import sharded as shards
 from epochal_checkpoint.errors import (
     CheckpointNotFoundError,
@@ -102,6 +102,11 @@ class Checkpoint:
         rank writes its own tensors in parallel through ``torch.distributed.checkpoint``
         (:mod:`epochal_checkpoint.sharded`); ``"auto"``: sharded when the model says
         ``sharded`` is True (an FSDP-sharded TorchModel), single otherwise.
+    :param filename: a template of metrics appended to each checkpoint's name, e.g.
+        ``"{epoch}-{valid.loss:.3f}"`` (``ckpt-e0003-i000069_3-0.412``): see
+        :mod:`epochal_checkpoint.naming`. None: the bare ``ckpt-e<epoch>-i<iteration>``.
+    :param greater_or_equal: a ``monitor`` value equal to the best counts as the new best (the
+        newer checkpoint wins ties, Ignite's ``greater_or_equal``); false: the older one stays best.
     """
 
     phase: ClassVar[Phase] = "save"  # after every decision: a resumed run holds them
@@ -127,8 +132,13 @@ class Checkpoint:
         export: Literal["none", "last", "best", "both"] = "none",
         storage_options: dict[str, Any] | None = None,
         format: Literal["auto", "single", "sharded"] = "auto",
+        filename: str | None = None,
+        greater_or_equal: bool = False,
     ) -> None:
         where = "[plugins.checkpoint]"
+        #: the parsed ``filename`` template (None: bare names); checked here, before any batch.
+        self._template = naming.Template(filename, where) if filename else None
+        self.filename, self.greater_or_equal = filename, greater_or_equal
         if export in ("best", "both") and not monitor:
             raise ConfigError(f'{where} export = "{export}" needs monitor = "<log key>" (e.g. valid.loss)')
         if keep_best and not monitor:
@@ -473,10 +483,11 @@ class Checkpoint:
             self._defer(loop, reason)  # back-pressure: never wait for the disk on a periodic save
             return
         self._pending = None
+        name = self._checkpoint_name(loop)
         if self._directory is None:
             if not self._writer:  # another rank: its part of the state goes to rank 0, which writes
                 if self.sharded:  # its own tensors it writes itself
-                    shards.save_part(loop, None, storage.checkpoint_name(*key))
+                    shards.save_part(loop, None, name)
                 else:
                     loop.state_dict(log_rows=False)
                 self._last_key = key
@@ -485,7 +496,7 @@ class Checkpoint:
         self._sequence += 1
         prepared = None
         if self.sharded:
-            state, prepared = shards.save_part(loop, self._directory, storage.checkpoint_name(*key))
+            state, prepared = shards.save_part(loop, self._directory, name)
         else:
             state = loop.state_dict(log_rows=False)  # the rows go into segments: only what changed
         # plan() updates the base in place: until this write completes there is none, so a save
@@ -511,6 +522,7 @@ class Checkpoint:
             "reason": reason,
             "monitor": self.monitor,
             "mode": self.mode,
+            "greater_or_equal": self.greater_or_equal,
             "metric": metric,
             "best": self._best,  # the run family's best save: `epochal export --best` checks it is kept
             "plugins": self._plugin_set,
@@ -526,7 +538,6 @@ class Checkpoint:
         if error is not None:  # --resume says so: plugins after this one had not seen the batch
             manifest["error_plugin"] = getattr(error, "epochal_plugin", None)
             manifest["error_hook"] = getattr(error, "epochal_hook", None)
-        name = storage.checkpoint_name(*key)
         self._last_key = key
         if self.async_save:
             self._spare = snapshot.arrays  # reused by the next save, once this write is done
@@ -538,6 +549,24 @@ class Checkpoint:
             self._thread.start()
         else:
             self._write(self._directory, name, snapshot, manifest, log_save, prepared)
+
+    def _checkpoint_name(self, loop: Loop) -> str:
+        """This save's name: the counters and the formatted ``filename`` template.
+
+        :raises ConfigError: a key of the template that is not logged (see :mod:`.naming`).
+        """
+        if self._template is None:
+            return storage.checkpoint_name(loop.epoch, loop.iteration)
+        log = loop.log
+
+        def logged() -> list[str]:
+            return sorted({key for _, row in log.rows() for key in row})
+
+        evaluated = {stream: stream in loop.last_metrics for stream in loop.eval_streams}
+        tag = self._template.format(
+            {"epoch": loop.epoch, "iteration": loop.iteration}, log.last, evaluated, logged
+        )
+        return storage.checkpoint_name(loop.epoch, loop.iteration, tag)
 
     def _check_sharded(self, loop: Loop) -> None:
         """Refuse what a sharded save cannot do yet; say what it does instead."""
@@ -595,6 +624,8 @@ class Checkpoint:
         return best is None or self._better(metric, best)
 
     def _better(self, metric: float, than: float) -> bool:
+        if self.greater_or_equal:
+            return metric <= than if self.mode == "min" else metric >= than
         return metric < than if self.mode == "min" else metric > than
 
     @staticmethod
@@ -797,6 +828,8 @@ class Checkpoint:
         best = max(self.keep_best, 1) if self.monitor else 0
         if best:
             scored = [info for info in mine if storage.is_finite_number(info.manifest.get("metric"))]
+            if self.greater_or_equal:  # ties: the newer first (the stable sort keeps this order)
+                scored.reverse()
             scored.sort(key=lambda info: float(info.manifest["metric"]), reverse=self.mode == "max")
             keep.update(info.name for info in scored[:best])
         doomed = [info for info in mine if info.name not in keep]

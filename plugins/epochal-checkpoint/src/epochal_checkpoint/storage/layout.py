@@ -1,7 +1,8 @@
 """The checkpoint directory: names, the ``latest`` pointer, listing, deletion and leftovers.
 
-A checkpoint is a directory ``ckpt-e<epoch>-i<iteration>`` (``-v2``, ``-v3``... when the name is
-taken) beside the others; ``latest`` is a symbolic link holding the newest one's bare name.
+A checkpoint is a directory ``ckpt-e<epoch>-i<iteration>`` (``_<formatted filename template>``
+when one is set; ``-v2``, ``-v3``... when the name is taken) beside the others; ``latest`` is a
+symbolic link holding the newest one's bare name.
 :func:`list_checkpoints` finds the complete ones (a manifest that verifies) in their save order
 and says why it ignored the others. Temporary names carry the suffix ``.epochal-tmp-<hex>``:
 writes happen under them, deletions rename to them first, and :func:`clean_temporaries`
@@ -44,12 +45,16 @@ __all__ = [
 POINTER = "latest"
 TMP_MARK = ".epochal-tmp-"
 TMP_RE = re.compile(r"\.epochal-tmp-[0-9a-f]{32}$")
-NAME_RE = re.compile(r"^ckpt-e(\d+)-i(\d+)(?:-v(\d+))?$")
+#: a checkpoint's name: the counters, the ``filename`` template's text after ``_`` (letters,
+#: digits and ``._=+-``; see :mod:`epochal_checkpoint.naming`), a ``-vN`` suffix when taken.
+NAME_RE = re.compile(r"^ckpt-e(\d+)-i(\d+)(?:_([A-Za-z0-9._=+-]{1,160}?))?(?:-v(\d+))?$")
 
 
-def checkpoint_name(epoch: int, iteration: int) -> str:
-    """The directory name of a checkpoint taken after *epoch* epochs and *iteration* batches."""
-    return f"ckpt-e{epoch:04d}-i{iteration:06d}"
+def checkpoint_name(epoch: int, iteration: int, tag: str = "") -> str:
+    """The directory name of a checkpoint taken after *epoch* epochs and *iteration* batches,
+    with *tag* (the formatted ``filename`` template) after an underscore when given."""
+    name = f"ckpt-e{epoch:04d}-i{iteration:06d}"
+    return f"{name}_{tag}" if tag else name
 
 
 def temp_name(name: str) -> str:
@@ -70,7 +75,7 @@ def read_pointer(directory: Path) -> str | None:
     """The checkpoint name ``<directory>/latest`` points at (None if absent or unreadable).
 
     ``latest`` is a symbolic link holding a bare name. Only a checkpoint name
-    (``ckpt-e<epoch>-i<iteration>[-v<n>]``, no path) is accepted, so the pointer never leads out
+    (``ckpt-e<epoch>-i<iteration>[_<tag>][-v<n>]``, no path) is accepted, so the pointer never leads out
     of *directory*; anything else (a regular file, a FIFO, a link to a path) is not followed.
     """
     try:
