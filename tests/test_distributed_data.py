@@ -308,3 +308,84 @@ def test_a_loader_shard_with_worker_processes_loads_its_part() -> None:
     in_process = LoaderStream(loader(16, shuffle=True), seed=4).shard(1, 2, "error")
     assert loader_ids(with_workers) == loader_ids(in_process)
     assert len(flatten(loader_ids(in_process))) == 8
+
+
+# -- [loop] shard_order = "distributed_sampler" (issue 30) ----------------------------------------
+
+
+def _sampler_order(
+    n: int, size: int, rank: int, shuffle: bool, seed: int, epoch: int, drop: bool
+) -> list[int]:
+    from torch.utils.data import DistributedSampler
+
+    sampler = DistributedSampler(range(n), size, rank, shuffle=shuffle, seed=seed, drop_last=drop)  # type: ignore[arg-type]
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
+@pytest.mark.parametrize(
+    ("n", "size", "uneven"), [(16, 2, "error"), (13, 2, "pad"), (13, 3, "drop"), (20, 4, "pad")]
+)
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("kind", ["batch_stream", "dataloader"])
+def test_distributed_sampler_order_gives_each_rank_what_distributed_sampler_gives_it(
+    n: int, size: int, uneven: str, shuffle: bool, kind: str
+) -> None:
+    pytest.importorskip("torch")
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    for rank in range(size):
+        if kind == "batch_stream":
+            train: Any = BatchStream(np.arange(n), batch_size=3, shuffle=shuffle, seed=5)
+        else:
+            train = DataLoader(TensorDataset(torch.arange(n)), batch_size=3, shuffle=shuffle)
+        loop = Loop(
+            Recorder(), {"train": train}, world=World(rank=rank, size=size), max_epochs=1, seed=5,
+            handle_signals=False, uneven_shards=uneven, shard_order="distributed_sampler",  # type: ignore[arg-type]
+        )  # fmt: skip
+        for epoch in range(3):
+            seen = flatten(
+                [int(v) for v in np.asarray(b[0] if kind == "dataloader" else b)] for b in loop.data["train"]
+            )
+            assert seen == _sampler_order(n, size, rank, shuffle, 5, epoch, uneven == "drop"), (rank, epoch)
+
+
+def test_distributed_sampler_order_on_one_process_is_the_samplers_too() -> None:
+    pytest.importorskip("torch")
+    loop = Loop(
+        Recorder(), {"train": BatchStream(np.arange(10), batch_size=4, seed=2)}, max_epochs=1,
+        handle_signals=False, shard_order="distributed_sampler",
+    )  # fmt: skip
+    for epoch in range(2):
+        assert flatten(ids_of(loop.data["train"])) == _sampler_order(10, 1, 0, True, 2, epoch, False)
+    epochal_own = BatchStream(np.arange(10), batch_size=4, seed=2)
+    assert flatten(ids_of(epochal_own)) != _sampler_order(10, 1, 0, True, 2, 0, False)  # the default differs
+
+
+def test_distributed_sampler_order_refuses_what_has_no_such_order() -> None:
+    pytest.importorskip("torch")
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset, WeightedRandomSampler
+
+    with pytest.raises(
+        ConfigError, match=r"shard_order = \"distributed_sampler\": \[data\] stream 'train' \(list\)"
+    ):
+        Loop(
+            Recorder(), {"train": [np.arange(3)] * 4}, handle_signals=False, shard_order="distributed_sampler"
+        )
+    weighted = DataLoader(
+        TensorDataset(torch.arange(8)), batch_size=2, sampler=WeightedRandomSampler([1.0] * 8, 8)
+    )
+    with pytest.raises(
+        ConfigError, match=r"stream 'train': DistributedSampler's order.*WeightedRandomSampler"
+    ):
+        Loop(Recorder(), {"train": weighted}, handle_signals=False, shard_order="distributed_sampler")
+    with pytest.raises(ConfigError, match="shard_order"):
+        Loop(Recorder(), {"train": [np.arange(3)]}, handle_signals=False, shard_order="torch")  # type: ignore[arg-type]
+    # an evaluation stream without an order of examples keeps its own
+    loop = Loop(
+        Recorder(), {"train": BatchStream(np.arange(8), batch_size=4), "valid": [np.arange(3)] * 2},
+        handle_signals=False, shard_order="distributed_sampler",
+    )  # fmt: skip
+    assert len(loop.data["valid"]) == 2

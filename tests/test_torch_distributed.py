@@ -273,3 +273,25 @@ def test_nccl_on_two_gpus_trains_like_one_process(tmp_path: Path) -> None:
     for name, value in ranks[0]["params"].items():
         np.testing.assert_allclose(value, expected[name], rtol=1e-4, atol=1e-5)
     assert ranks[0]["metrics"]["valid"]["f1"] == ranks[1]["metrics"]["valid"]["f1"]
+
+
+@pytest.mark.parametrize("loader", [True, False])
+def test_shard_order_distributed_sampler_is_the_samplers_order_on_each_rank(
+    tmp_path: Path, loader: bool
+) -> None:
+    """An outside DDP port: the examples of each rank, epoch by epoch, are DistributedSampler's."""
+    from torch.utils.data import DistributedSampler
+
+    loop = 'shard_order = "distributed_sampler"\nuneven_shards = "pad"'
+    data = f"n_train = 63\nloader = {str(loader).lower()}"
+    ranks = records(tmp_path, torchrun(tmp_path, config(tmp_path, data=data, loop=loop, epochs=3)))
+    x = ddp_probe.arrays(63, 1)[0]
+    for rank, record in enumerate(ranks):
+        seen = rows(record["train"])
+        expected = []
+        for epoch in range(3):
+            sampler = DistributedSampler(range(63), 2, rank, shuffle=True, seed=0)  # type: ignore[arg-type]
+            sampler.set_epoch(epoch)
+            expected += [x[i].tobytes() for i in sampler]
+        assert seen == expected, f"rank {rank}"
+    assert_same_parameters(ranks)

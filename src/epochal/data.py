@@ -27,6 +27,27 @@ _STATE_KEYS = frozenset({"seed", "epoch", "position"})
 #: what a shard does with the examples left over when the world size does not divide them.
 Remainder = Literal["error", "drop", "pad", "keep"]
 REMAINDERS = ("error", "drop", "pad", "keep")
+#: how an epoch's order of the examples is derived (``[loop] shard_order``): epochal's own
+#: permutation, or ``torch.utils.data.DistributedSampler``'s.
+ShardOrder = Literal["epochal", "distributed_sampler"]
+
+
+def distributed_sampler_order(n: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+    """The order ``DistributedSampler(dataset, shuffle=shuffle, seed=seed).set_epoch(epoch)``
+    shares out (before its padding and its ``[rank::size]``, which :func:`shard_indices` does):
+    ``torch.randperm(n)`` of a generator seeded with ``seed + epoch``, or ``range(n)``.
+
+    :raises ValueError: torch is not installed (the order is torch's generator's).
+    """
+    if not shuffle:
+        return np.arange(n)
+    try:
+        import torch
+    except ImportError:
+        raise ValueError("the DistributedSampler order needs torch (pip install torch)") from None
+    generator = torch.Generator()
+    generator.manual_seed(seed + epoch)
+    return torch.randperm(n, generator=generator).numpy().astype(np.int64)
 
 
 class UnevenShardsError(ValueError):
@@ -135,6 +156,19 @@ class BatchStream:
         #: this stream's shard: rank ``rank`` of ``shards`` (0 of 1: the whole data).
         self.rank, self.shards = 0, 1
         self.remainder: Remainder = "keep"
+        #: how each epoch's order is derived (:meth:`use_shard_order`).
+        self.shard_order: ShardOrder = "epochal"
+
+    def use_shard_order(self, order: ShardOrder) -> None:
+        """Derive every epoch's order as *order* says from now on (``[loop] shard_order``):
+        ``"distributed_sampler"`` visits (and shards) the examples exactly as
+        ``DistributedSampler(dataset, num_replicas, rank, shuffle, seed).set_epoch(epoch)`` does.
+
+        :raises ValueError: ``"distributed_sampler"`` without torch installed.
+        """
+        if order == "distributed_sampler" and self.shuffle:
+            distributed_sampler_order(0, self._seed, 0, True)  # torch is there, or say so now
+        self.shard_order = order
 
     def shard(self, rank: int, size: int, remainder: Remainder = "keep") -> BatchStream:
         """A stream over rank *rank*'s part of every epoch, for *size* processes.
@@ -153,6 +187,7 @@ class BatchStream:
             drop_last=self.drop_last,
         )  # fmt: skip
         part.rank, part.shards, part.remainder = rank, size, remainder
+        part.shard_order = self.shard_order
         n = len(shard_indices(np.arange(self.num_examples), rank, size, remainder))
         part._num_batches = n // self.batch_size if self.drop_last else -(-n // self.batch_size)
         return part
@@ -178,6 +213,8 @@ class BatchStream:
 
     def order(self, epoch: int) -> np.ndarray:
         """Return the indices of the examples in the order *epoch* visits them."""
+        if self.shard_order == "distributed_sampler":
+            return distributed_sampler_order(self.num_examples, self._seed, epoch, self.shuffle)
         if self.shuffle:
             return np.random.default_rng([self._seed, epoch]).permutation(self.num_examples)
         return np.arange(self.num_examples)

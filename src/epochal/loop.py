@@ -19,7 +19,8 @@ from epochal import _rng, evaluation, heldout, plugin_state
 from epochal._dispatch import blame, each_implementation
 from epochal._options import Fraction, NonNegativeInt, PositiveInt, Seed, check_options
 from epochal.adapters import adapt_stream
-from epochal.data import _empty_rule, _mapping_empty, _ndarray, _sequence_empty
+from epochal.data import ShardOrder, _empty_rule, _mapping_empty, _ndarray, _sequence_empty
+from epochal.distributed.sharding import in_shard_order
 from epochal.distributed.strategy import strategy_for
 from epochal.distributed.world import World, current_world
 from epochal.empty import EmptyData
@@ -51,6 +52,7 @@ OPTIONS = (
     "on_empty_stream",
     "run_dir",
     "uneven_shards",
+    "shard_order",
 )
 STATE_FORMAT = 1
 
@@ -106,6 +108,10 @@ class Loop:
         ``DistributedSampler`` does: repeat the first examples of each epoch's order, said once),
         ``drop`` (leave the remainder out) or ``error`` (an error before training).
         Evaluation streams are shared out whole (the ranks' parts may differ by one batch).
+    :param shard_order: how each epoch's order of the examples is derived: ``epochal`` (its own
+        permutation of ``(seed, epoch)``) or ``distributed_sampler`` (exactly
+        ``torch.utils.data.DistributedSampler``'s, on one process or several:
+        :func:`epochal.distributed.sharding.in_shard_order`).
     """
 
     def __init__(
@@ -134,6 +140,7 @@ class Loop:
         trace_plugins: str | None = None,
         world: World | None = None,
         uneven_shards: Literal["error", "drop", "pad"] = "pad",
+        shard_order: ShardOrder = "epochal",
     ) -> None:
         if "train" not in data:
             raise ConfigError(
@@ -153,6 +160,10 @@ class Loop:
         #: the empty-batch and empty-stream policies (and the streams whose len() is 0, as given).
         self._empty = EmptyData(data)
         wrapped = {name: adapt_stream(stream, seed) for name, stream in data.items()}
+        if shard_order != "epochal":
+            wrapped = {
+                n: in_shard_order(n, s, shard_order, seed, self._source or "") for n, s in wrapped.items()
+            }
         self.data = self.strategy.shard_data(wrapped, uneven_shards, seed, self._source or "")
         self._plugin_set = plugins if isinstance(plugins, PluginSet) else compose(plugins or {})
         self._plugin_set.check_dependencies()

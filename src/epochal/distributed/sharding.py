@@ -15,6 +15,11 @@ does: the first examples of each epoch's order are repeated, and rank 0 says onc
 ``"drop"`` or ``"error"`` (a clear error before training). Evaluation streams are shared out
 without dropping or repeating anything (``"keep"``), so metrics reduced over the ranks are those
 of the whole stream.
+
+``[loop] shard_order = "distributed_sampler"`` (:func:`in_shard_order`) makes the streams of
+examples (:class:`~epochal.data.BatchStream`, DataLoaders) visit each epoch in the exact order of
+``torch.utils.data.DistributedSampler``, so that a port of a DDP script trains on the same
+examples in the same order as the original, on one process or several.
 """
 
 from __future__ import annotations
@@ -23,10 +28,59 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from epochal.data import Remainder, UnevenShardsError, shard_indices
+from epochal.adapters import adapt_stream
+from epochal.data import Remainder, ShardOrder, UnevenShardsError, shard_indices
 from epochal.errors import ConfigError
 
-__all__ = ["shard_stream"]
+__all__ = ["in_shard_order", "shard_stream"]
+
+
+def in_shard_order(
+    name: str, stream: Any, order: ShardOrder, seed: int | None = None, where: str = ""
+) -> Any:
+    """*stream*, its epochs visited in *order* (``[loop] shard_order``), before any sharding.
+
+    A stream with ``use_shard_order(order)`` (:class:`~epochal.data.BatchStream`,
+    :class:`~epochal.torch.LoaderStream`) is told; a zero-argument callable's every result is.
+    An evaluation stream without the method keeps its order (evaluation covers the whole
+    stream, whatever the order); the train stream is refused.
+
+    :raises ConfigError: the train stream cannot take the order, or a loader that cannot.
+    """
+    if order == "epochal":
+        return stream
+    prefix = f"{where}: " if where else ""
+    if callable(stream) and not hasattr(stream, "__iter__"):
+        return _OrderedFactory(stream, name, order, seed, where)
+    use = getattr(stream, "use_shard_order", None)
+    try:
+        if callable(use):
+            use(order)
+            return stream
+    except ValueError as error:
+        raise ConfigError(
+            f'{prefix}[loop] shard_order = "{order}": [data] stream {name!r}: {error}'
+        ) from None
+    if name != "train":
+        return stream
+    raise ConfigError(
+        f'{prefix}[loop] shard_order = "{order}": [data] stream {name!r} ({type(stream).__name__}) has '
+        "no order of examples to take it: return an epochal.data.BatchStream or a torch DataLoader, "
+        "or give the stream a use_shard_order(order) method"
+    )
+
+
+class _OrderedFactory:
+    """A zero-argument callable stream whose every result visits its epochs in ``order``."""
+
+    def __init__(
+        self, factory: Callable[[], Any], name: str, order: ShardOrder, seed: int | None, where: str
+    ):
+        self.factory, self.name, self.order, self.seed, self.where = factory, name, order, seed, where
+
+    def __call__(self) -> Any:
+        stream = adapt_stream(self.factory(), self.seed)
+        return in_shard_order(self.name, stream, self.order, self.seed, self.where)
 
 
 def shard_stream(

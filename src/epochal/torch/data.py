@@ -25,10 +25,18 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
-from epochal.data import Remainder, UnevenShardsError, check_shard, check_world_size, shard_indices
+from epochal.data import (
+    Remainder,
+    ShardOrder,
+    UnevenShardsError,
+    check_shard,
+    check_world_size,
+    distributed_sampler_order,
+    shard_indices,
+)
 
 __all__ = ["LoaderStream", "is_dataloader"]
 
@@ -78,6 +86,42 @@ class LoaderStream:
         self.rank, self.shards = 0, 1
         self.remainder: Remainder = "keep"
         self._shard_batches: int | None = None
+        #: how each epoch's order is derived (:meth:`use_shard_order`).
+        self.shard_order: ShardOrder = "epochal"
+
+    def use_shard_order(self, order: ShardOrder) -> None:
+        """Derive every epoch's order as *order* says from now on (``[loop] shard_order``).
+
+        ``"distributed_sampler"``: the order of ``DistributedSampler(dataset, num_replicas,
+        rank, shuffle, seed=<this stream's seed>).set_epoch(epoch)``, where ``shuffle`` is
+        whether the loader shuffles (a ``RandomSampler``) or not (a ``SequentialSampler``); a
+        loader whose sampler is a ``DistributedSampler`` already keeps it.
+
+        :raises ValueError: another sampler (weighted, with replacement, a custom batch sampler):
+            DistributedSampler's order is of a plain dataset, shuffled or not.
+        """
+        if order == "distributed_sampler":
+            self._sampler_shuffles()  # refuse what DistributedSampler's order cannot stand for
+        self.shard_order = order
+
+    def _sampler_shuffles(self) -> bool | None:
+        """Whether the loader's sampler shuffles, for DistributedSampler's order (None: the
+        loader's sampler is a DistributedSampler, used as it is)."""
+        loader = self.loader
+        sampler = getattr(loader, "sampler", None)
+        if isinstance(sampler, DistributedSampler):
+            return None
+        if loader.batch_size is not None and type(sampler) is SequentialSampler:
+            return False
+        plain = type(sampler) is RandomSampler and not sampler.replacement
+        whole = plain and sampler.num_samples == len(loader.dataset)  # type: ignore[arg-type, union-attr]
+        if loader.batch_size is not None and whole:
+            return True
+        raise ValueError(
+            f"DistributedSampler's order is of a DataLoader with shuffle=True or False; this one has "
+            f"{type(sampler).__name__ if loader.batch_size is not None else 'a custom batch_sampler'}"
+            " (with replacement or num_samples for a RandomSampler)"
+        )
 
     def shard(self, rank: int, size: int, remainder: Remainder = "keep") -> LoaderStream:
         """A stream over rank *rank*'s part of every epoch, for *size* processes.
@@ -97,6 +141,7 @@ class LoaderStream:
         loader = self.loader
         part = LoaderStream(loader, seed=self._seed)
         part.rank, part.shards, part.remainder = rank, size, remainder
+        part.shard_order = self.shard_order
         sampler = getattr(loader, "sampler", None)
         if isinstance(sampler, DistributedSampler):
             if (sampler.rank, sampler.num_replicas) != (rank, size):
@@ -135,7 +180,11 @@ class LoaderStream:
             batches = list(loader.batch_sampler)  # type: ignore[arg-type]
             chosen = shard_indices(np.arange(len(batches)), self.rank, self.shards, self.remainder)
             return [list(batches[i]) for i in chosen]
-        order = np.asarray(list(loader.sampler), dtype=np.int64)
+        shuffles = self._sampler_shuffles() if self.shard_order == "distributed_sampler" else None
+        if shuffles is not None:
+            order = distributed_sampler_order(len(loader.dataset), self._seed, self._epoch, shuffles)  # type: ignore[arg-type]
+        else:
+            order = np.asarray(list(loader.sampler), dtype=np.int64)
         mine = shard_indices(order, self.rank, self.shards, self.remainder).tolist()
         b = loader.batch_size
         batches = [mine[i : i + b] for i in range(0, len(mine), b)]
@@ -158,7 +207,7 @@ class LoaderStream:
         epoch, position = self._epoch, self._position
         self._prepare(epoch)
         loader = self.loader
-        if self._shard_batches is not None:
+        if self._shard_batches is not None or self.shard_order != "epochal":
             batches = self._batches()[position:]
             self._prepare(epoch)  # the workers' seeds as the full epoch's loader had them
             iterator = iter(self._rest(batches))
