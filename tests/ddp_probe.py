@@ -61,6 +61,7 @@ def make_model(
     compile: str = "",
     device: str = "cpu",
     plain_metric: bool = False,
+    train_stream_metrics: bool = False,
 ) -> TorchModel:
     """An MLP trained by plain SGD, with a batch metric and a torchmetrics F1 over whole streams."""
     from torchmetrics.classification import MulticlassF1Score
@@ -82,6 +83,7 @@ def make_model(
         metrics,
         device=device,
         accumulate_grad_batches=accumulate_grad_batches,
+        train_stream_metrics=train_stream_metrics,
     )
 
 
@@ -166,6 +168,7 @@ class Probe:
             "train": self.train,
             "valid": self.valid,
             "metrics": loop.last_metrics,
+            "rows": {i: dict(row) for i, row in loop.log.rows()},
             "params": params_of(model),
             "state": model.state_dict(),
             "allreduces": self.allreduces,

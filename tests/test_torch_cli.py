@@ -34,8 +34,12 @@ def run(tmp_path: Path, *args: str, timeout: float = 300):
         ["model.optimizer=adadelta", "model.precision=bf16-true"],
         ["model.optimizer=groups", "model.precision=16-mixed", "model.gradient_clip_algorithm=value"],
         ["model.precision=bf16-mixed", "data.loader=false", 'model.compile="aot_eager"'],
+        ["model.stream_metrics=true", "model.train_stream_metrics=true"],  # train.f1's state mid-epoch
     ],
-    ids=["adam", "adamw-accumulate", "sgd-loader-workers", "adadelta-bf16", "groups-16-mixed", "compile"],
+    ids=[
+        "adam", "adamw-accumulate", "sgd-loader-workers", "adadelta-bf16", "groups-16-mixed", "compile",
+        "train-stream-metrics",
+    ],
 )  # fmt: skip
 def test_check_resume_is_bitwise(tmp_path: Path, settings: list[str]) -> None:
     sets = [a for s in ["loop.max_epochs=2", "plugins.lr_scheduler.T_max=2", *settings] for a in ("--set", s)]

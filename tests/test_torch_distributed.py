@@ -295,3 +295,33 @@ def test_shard_order_distributed_sampler_is_the_samplers_order_on_each_rank(
             expected += [x[i].tobytes() for i in sampler]
         assert seen == expected, f"rank {rank}"
     assert_same_parameters(ranks)
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_train_stream_metrics_are_computed_over_each_whole_epoch(tmp_path: Path, nproc: int) -> None:
+    """TorchModel(train_stream_metrics=True): ``train.f1`` is the F1 of the epoch's training
+    predictions (every rank's shard: synced as in evaluation), not a mean of batch F1 values."""
+    from torchmetrics.functional.classification import multiclass_f1_score
+
+    # lr = 1e-30: the weights never move, so every batch's predictions are the final model's
+    model = "lr = 1e-30\ntrain_stream_metrics = true"
+    result = torchrun(tmp_path, config(tmp_path, model=model, epochs=2), nproc=nproc)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    ranks = [pickle.loads((tmp_path / "probe" / f"rank{r}.pkl").read_bytes()) for r in range(nproc)]
+    final = ddp_probe.make_model()
+    final.load_state_dict(ranks[0]["state"])
+    logged = [[row["train.f1"] for _, row in sorted(r["rows"].items()) if "train.f1" in row] for r in ranks]
+    assert all(values == logged[0] for values in logged)  # every rank logs the same value
+    assert len(logged[0]) == 2
+    per_epoch = len(ranks[0]["train"]) // 2
+    with torch.no_grad():
+        for epoch in range(2):
+            batches = [b for r in ranks for b in r["train"][epoch * per_epoch : (epoch + 1) * per_epoch]]
+            predictions = [final.raw_module(torch.from_numpy(x)) for x, _ in batches]
+            targets = [torch.from_numpy(y) for _, y in batches]
+            whole = multiclass_f1_score(torch.cat(predictions), torch.cat(targets), 3, average="macro")
+            assert logged[0][epoch] == pytest.approx(float(whole), abs=1e-6)
+            batch_mean = np.mean(
+                [float(multiclass_f1_score(p, t, 3, average="macro")) for p, t in zip(predictions, targets)]
+            )
+            assert abs(batch_mean - float(whole)) > 1e-3  # the epoch's value is not the batch mean

@@ -449,7 +449,12 @@ class Loop:
         self.epoch += 1
         self._in_epoch = False
         self.log.status.update(epochs_done=self.epoch, iterations_done=self.iteration)
-        self.log.current_row["epochs_done"] = self.epoch
+        row = self.log.current_row
+        row["epochs_done"] = self.epoch
+        end_train = getattr(self.model, "end_train_epoch", None)  # metric objects over the epoch
+        if callable(end_train) and self.batch_in_epoch:
+            for key, value in end_train().items():
+                row[f"train.{key}"] = value
         for stream in () if interval else due(self._schedule(self.eval_every_n_epochs), self.epoch):
             self.evaluate(stream)  # with an interval, evaluations are inside the epoch
         if hooks.after_epoch is not None:

@@ -14,7 +14,11 @@ class Model(Protocol):
     loop calls when present: ``attach(loop)`` once when the loop is made (so that the model can
     call hooks of its own, such as ``before_optimizer_step``), ``begin_evaluation(stream)``
     before an evaluation stream, and ``end_evaluation(stream) -> Mapping[str, Any]`` after it,
-    whose values (metrics over the whole stream) replace the batch means of the same name.
+    whose values (metrics over the whole stream) replace the batch means of the same name, and
+    ``end_train_epoch() -> Mapping[str, Any]`` when a training epoch ends (before its
+    evaluations), whose values are logged as ``train.<name>`` in the epoch's row (metric objects
+    over the epoch's training batches: :class:`epochal.torch.TorchModel`'s
+    ``train_stream_metrics``).
 
     On several processes (``torchrun``, ``epochal run --nproc``) the loop calls the model's
     ``distribute(world)`` once, before ``attach``: the model makes its training steps agree

@@ -89,6 +89,7 @@ def make_model(
     gradient_clip_algorithm: Literal["norm", "value"] = "norm",
     compile: bool | str = False,
     stream_metrics: bool = False,
+    train_stream_metrics: bool = False,
     ddp_options: dict[str, Any] | None = None,
     strategy: Literal["ddp", "fsdp"] = "ddp",
 ) -> TorchModel:
@@ -102,6 +103,7 @@ def make_model(
     :param compile: ``torch.compile`` the module (true), or with the backend named.
     :param stream_metrics: add a macro F1 score over each whole evaluation stream
         (torchmetrics).
+    :param train_stream_metrics: compute that F1 over each training epoch too (``train.f1``).
     The other keys are :class:`TorchModel`'s.
     """
     torch.manual_seed(seed)
@@ -127,6 +129,7 @@ def make_model(
         gradient_clip_algorithm=gradient_clip_algorithm,
         ddp_options=ddp_options,
         strategy=strategy,
+        train_stream_metrics=train_stream_metrics,
     )
 
 

@@ -32,6 +32,7 @@ from epochal.torch.checks import check_module, check_optimizer, compare_keys
 from epochal.torch.device import Precision, move_to, resolve_device
 from epochal.torch.fsdp import Sharded, Strategy, check_strategy
 from epochal.torch.state import from_plain, is_tensor_record, reading_tensor, shareable, to_plain
+from epochal.torch.train_metrics import TrainMetrics
 
 __all__ = ["TorchModel"]
 
@@ -74,7 +75,8 @@ class TorchModel:
         mean, averaged over a stream weighted by batch sizes), or an object with
         ``update(outputs, targets)``/``compute()``/``reset()`` (torchmetrics' protocol), computed
         over a whole evaluation stream. Functions apply to training and evaluation batches,
-        metric objects to evaluation streams.
+        metric objects to evaluation streams (and to training epochs with
+        *train_stream_metrics*).
     :param device: ``"auto"`` (cuda, else mps, else cpu), ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
     :param precision: ``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"`` or ``"bf16-true"``.
     :param accumulate_grad_batches: step the optimizer every N batches, gradients summed over
@@ -87,6 +89,10 @@ class TorchModel:
     :param strategy: on several processes, ``"ddp"`` (a replica of the module on every rank) or
         ``"fsdp"`` (the module sharded across the ranks by FSDP2: :mod:`epochal.torch.fsdp`).
         On one process both train the module as it is.
+    :param train_stream_metrics: also compute the metric objects over each training epoch
+        (updated with every training batch, computed and reset at the epoch's end, logged as
+        ``train.<name>`` in the epoch's row; Lightning's ``self.log(metric, on_epoch=True)``):
+        :mod:`epochal.torch.train_metrics`. False: metric objects serve evaluation only.
 
     A batch is ``(inputs, targets)`` or a mapping with ``"inputs"`` and ``"targets"``; arrays
     and tensors in it (nested in tuples, lists, dicts) are moved to the device. Each step
@@ -118,12 +124,14 @@ class TorchModel:
         gradient_clip_algorithm: Literal["norm", "value"] = "norm",
         ddp_options: Mapping[str, Any] | None = None,
         strategy: Strategy = "ddp",
+        train_stream_metrics: bool = False,
     ) -> None:
         options = {
             "accumulate_grad_batches": accumulate_grad_batches,
             "gradient_clip_val": gradient_clip_val,
             "gradient_clip_algorithm": gradient_clip_algorithm,
             "strategy": strategy,
+            "train_stream_metrics": train_stream_metrics,
         }
         check_options("TorchModel", TorchModel, options, "TorchModel", ConfigError, keys=list(options))
         check_strategy(strategy, precision, ddp_options)
@@ -146,6 +154,12 @@ class TorchModel:
         for metric in self._stream_metrics.values():
             if isinstance(metric, torch.nn.Module):
                 metric.to(self.device)
+        #: copies of the metric objects over the training epoch (None: evaluation only).
+        self._train_metrics = (
+            TrainMetrics(self._stream_metrics, self.device)
+            if train_stream_metrics and self._stream_metrics
+            else None
+        )
         #: batches whose gradients are accumulated but not yet applied.
         self.accumulated = 0
         #: optimizer steps taken; ``optimizer_stepped`` tells whether the last batch took one.
@@ -189,12 +203,14 @@ class TorchModel:
             for metric in self._stream_metrics.values():
                 if isinstance(metric, torch.nn.Module):
                     metric.to(device)
+            if self._train_metrics is not None:
+                self._train_metrics.to(device)
         for name, metric in self._stream_metrics.items():
             if not callable(getattr(metric, "sync", None)):  # torchmetrics' Metric syncs in compute()
                 warnings.warn(
                     f"TorchModel metric {name!r} ({type(metric).__name__}) has no sync(): on "
                     f"{world.size} processes its value is computed over this rank's shard of each "
-                    "evaluation stream only (torchmetrics' metrics sync across the ranks)",
+                    "stream only (torchmetrics' metrics sync across the ranks)",
                     RuntimeWarning,
                     stacklevel=2,
                 )
@@ -277,6 +293,8 @@ class TorchModel:
         self.optimizer_stepped = self.accumulated >= window
         if self.optimizer_stepped:
             self._optimizer_step()
+        if self._train_metrics is not None:
+            self._train_metrics.update(outputs, targets)
         return self._results(loss, outputs, targets)
 
     def _optimizer_step(self) -> None:
@@ -344,6 +362,11 @@ class TorchModel:
             results[name] = value
         return results
 
+    def end_train_epoch(self) -> dict[str, Any]:
+        """With *train_stream_metrics*: the metric objects' values over the training epoch that
+        just ended (a collective on several processes, as :meth:`end_evaluation`), then reset."""
+        return self._train_metrics.end_epoch() if self._train_metrics is not None else {}
+
     def _results(self, loss: torch.Tensor, outputs: Any, targets: Any) -> dict[str, Any]:
         results: dict[str, Any] = {"loss": loss.detach()}
         if self._batch_metrics:
@@ -403,6 +426,8 @@ class TorchModel:
                 state["steps"]["grads"] = grads
         if self.precision.scaler is not None:
             state["scaler"] = to_plain(self.precision.scaler.state_dict())
+        if self._train_metrics is not None:
+            state["train_metrics"] = self._train_metrics.by_rank(self.world)
         return state
 
     def sharded_state_dict(self) -> dict[str, Any]:
@@ -437,6 +462,8 @@ class TorchModel:
             },
             "steps": {"accumulated": 0, "optimizer_steps": self.optimizer_steps},
         }
+        if self._train_metrics is not None:
+            state["train_metrics"] = self._train_metrics.by_rank(self.world)
         return state
 
     def check_state(self, state: Any) -> list[str]:
@@ -448,7 +475,9 @@ class TorchModel:
         sharded = isinstance(state, Mapping) and "dcp" in state
         tensors = {"dcp"} if sharded else {"module", "optimizer"}
         extra = {"dcp_only"} if sharded else set()
-        problems = compare_keys("", {*tensors, *extra, "steps", "scaler"}, state, missing_ok=True)
+        problems = compare_keys(
+            "", {*tensors, *extra, "steps", "scaler", "train_metrics"}, state, missing_ok=True
+        )
         if isinstance(state, Mapping) and (missing := tensors - set(state)):
             problems.append(f"missing keys {sorted(missing)}")
         if problems:
@@ -523,6 +552,8 @@ class TorchModel:
             )
             self.accumulated = 0
             self.optimizer_steps = int(state.get("steps", {}).get("optimizer_steps", 0))
+            if self._train_metrics is not None:
+                self._train_metrics.load_by_rank(state.get("train_metrics"), self.world)
             return
         self._load_module(module, state["module"])
         current = self.optimizer.state_dict()
@@ -552,6 +583,8 @@ class TorchModel:
             param.grad = from_plain(grads[name], param, share=True) if name in grads else None
         if self.precision.scaler is not None and "scaler" in state:
             self.precision.scaler.load_state_dict(from_plain(state["scaler"]))
+        if self._train_metrics is not None:
+            self._train_metrics.load_by_rank(state.get("train_metrics"), self.world)
 
     def _load_module(self, module: torch.nn.Module, saved: Mapping[str, Any]) -> None:
         """Load *saved* (checked) into *module*: its CPU parameters and buffers take the arrays'
