@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -325,3 +326,34 @@ def test_train_stream_metrics_are_computed_over_each_whole_epoch(tmp_path: Path,
                 [float(multiclass_f1_score(p, t, 3, average="macro")) for p, t in zip(predictions, targets)]
             )
             assert abs(batch_mean - float(whole)) > 1e-3  # the epoch's value is not the batch mean
+
+
+def test_checkpoint_names_with_metrics_on_two_processes(tmp_path: Path) -> None:
+    """The filename template is rank 0's, taken by every rank; a key never logged stops every
+    rank with the one line (no rank left waiting in the save's collective)."""
+    pytest.importorskip("epochal_checkpoint")
+    from epochal_checkpoint import list_checkpoints
+
+    def with_checkpoint(filename: str) -> str:
+        text = config(tmp_path, loop='uneven_shards = "pad"').replace(
+            'order = ["probe"]', 'order = ["probe", "checkpoint"]'
+        )
+        return text + f'\n[plugins.checkpoint]\nkeep_last = "none"\nfilename = "{filename}"\n'
+
+    result = torchrun(tmp_path, with_checkpoint("loss={valid.loss:.4f}"))
+    assert result.returncode == 0, result.stderr[-5000:]
+    infos = list_checkpoints(tmp_path / "run" / "checkpoints")[0]
+    assert [info.manifest["epoch"] for info in infos] == [1, 2]
+    rows = pickle.loads((tmp_path / "probe" / "rank0.pkl").read_bytes())["rows"]
+    losses = [row["valid.loss"] for _, row in sorted(rows.items()) if "valid.loss" in row]
+    assert [info.name.split("_", 1)[1] for info in infos] == [f"loss={value:.4f}" for value in losses]
+
+    shutil.rmtree(tmp_path / "run")  # a fresh run: not refused for the earlier run's checkpoints
+    refused = torchrun(tmp_path, with_checkpoint("{valid.los:.4f}"), timeout=120)
+    assert refused.returncode != 0
+    output = refused.stdout + refused.stderr
+    # every rank refuses alike (rank 1 takes rank 0's refusal): one line per rank at most, as under
+    # torchrun the first rank to fail makes torchrun stop the other (see the uneven-data test)
+    line = "[plugins.checkpoint] filename '{valid.los:.4f}': 'valid.los' is not in the training log"
+    assert output.count(line) in (1, 2)
+    assert "[rank0]: Traceback" not in output and "[rank1]: Traceback" not in output

@@ -553,19 +553,30 @@ class Checkpoint:
     def _checkpoint_name(self, loop: Loop) -> str:
         """This save's name: the counters and the formatted ``filename`` template.
 
+        On several processes rank 0 formats it from its log (plugins that run on rank 0 only
+        log there only) and every rank takes rank 0's name, or its error (one collective).
+
         :raises ConfigError: a key of the template that is not logged (see :mod:`.naming`).
         """
         if self._template is None:
             return storage.checkpoint_name(loop.epoch, loop.iteration)
-        log = loop.log
+        tag, error = "", None
+        if loop.world.is_zero:
+            log = loop.log
 
-        def logged() -> list[str]:
-            return sorted({key for _, row in log.rows() for key in row})
+            def logged() -> list[str]:
+                return sorted({key for _, row in log.rows() for key in row})
 
-        evaluated = {stream: stream in loop.last_metrics for stream in loop.eval_streams}
-        tag = self._template.format(
-            {"epoch": loop.epoch, "iteration": loop.iteration}, log.last, evaluated, logged
-        )
+            evaluated = {stream: stream in loop.last_metrics for stream in loop.eval_streams}
+            counters = {"epoch": loop.epoch, "iteration": loop.iteration}
+            try:
+                tag = self._template.format(counters, log.last, evaluated, logged)
+            except ConfigError as refused:
+                error = str(refused)
+        if loop.world.distributed:
+            tag, error = loop.world.all_gather_object((tag, error))[0]
+        if error is not None:
+            raise ConfigError(error)
         return storage.checkpoint_name(loop.epoch, loop.iteration, tag)
 
     def _check_sharded(self, loop: Loop) -> None:
