@@ -389,3 +389,13 @@ def test_distributed_sampler_order_refuses_what_has_no_such_order() -> None:
         handle_signals=False, shard_order="distributed_sampler",
     )  # fmt: skip
     assert len(loop.data["valid"]) == 2
+
+
+def test_distributed_sampler_order_reaches_the_streams_a_callable_makes() -> None:
+    pytest.importorskip("torch")
+    loop = Loop(
+        Recorder(), {"train": lambda: BatchStream(np.arange(9), batch_size=4, seed=1)}, max_epochs=1,
+        handle_signals=False, shard_order="distributed_sampler",
+    )  # fmt: skip
+    made = loop.data["train"]()
+    assert flatten(ids_of(made)) == _sampler_order(9, 1, 0, True, 1, 0, False)

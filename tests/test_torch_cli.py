@@ -64,6 +64,22 @@ def test_check_resume_is_bitwise_on_two_processes_inside_an_accumulation_window(
     assert "ok: interrupted after batch 31 of 46 and resumed" in result.stdout
 
 
+def test_check_resume_is_bitwise_on_two_processes_with_training_epoch_metrics(tmp_path: Path) -> None:
+    """train.f1 over whole training epochs on 2 gloo processes, interrupted inside an epoch: each
+    rank's partial metric state is saved and continued, so train.f1 matches bitwise."""
+    settings = [
+        "loop.max_epochs=2",
+        "plugins.lr_scheduler.T_max=2",
+        "model.stream_metrics=true",
+        "model.train_stream_metrics=true",
+        "loop.uneven_shards=drop",
+    ]
+    sets = [a for s in settings for a in ("--set", s)]
+    result = run(tmp_path, "check-resume", str(EXAMPLE), "--nproc", "2", "--at", "30", *sets, *QUIET)
+    assert result.returncode == 0, result.stderr
+    assert "ok: interrupted after batch 30 of 46 and resumed" in result.stdout
+
+
 def test_resume_continues_bitwise_and_the_load_plugin_starts_from_a_checkpoint(tmp_path: Path) -> None:
     common = ("--set", "plugins.checkpoint.export=last", *QUIET)
     straight = run(

@@ -12,7 +12,8 @@ run resumed in the middle of an epoch computes the same value as an uninterrupte
 torchmetrics object's ``metric_state`` (its tensors), or the ``state_dict``/``load_state_dict``
 of an object of the user's own. An object with neither restarts from the resume point (its value
 covers the batches since). On several processes each rank's state is its own (its shard's
-batches): they are gathered with the rest of the state (a collective), and ``compute()`` syncs
+batches): inside an epoch they are gathered with the rest of the state (a collective, as the
+gradients inside an accumulation window are; none between epochs), and ``compute()`` syncs
 them across the ranks as in evaluation (torchmetrics does; an object without ``sync`` gives
 rank 0's shard's value).
 """
@@ -45,6 +46,8 @@ class TrainMetrics:
 
     def __init__(self, metrics: Mapping[str, Any], device: torch.device) -> None:
         self.metrics = {name: copy.deepcopy(metric) for name, metric in metrics.items()}
+        #: training batches added since the last reset (the same on every rank: equal shards).
+        self.batches = 0
         self.to(device)
         for metric in self.metrics.values():
             metric.reset()
@@ -62,12 +65,14 @@ class TrainMetrics:
         with torch.no_grad():
             for metric in self.metrics.values():
                 metric.update(outputs, targets)
+        self.batches += 1
 
     def end_epoch(self) -> dict[str, Any]:
         """The values over the epoch's batches (synced across the ranks: a collective), then reset."""
         results = {name: _value(metric.compute()) for name, metric in self.metrics.items()}
         for metric in self.metrics.values():
             metric.reset()
+        self.batches = 0
         return results
 
     def state_dict(self) -> dict[str, Any]:
@@ -101,16 +106,23 @@ class TrainMetrics:
             elif "own" in state:
                 metric.load_state_dict(from_plain(state["own"]))
 
-    def by_rank(self, world: Any) -> list[dict[str, Any]]:
-        """Every rank's :meth:`state_dict`, by rank (*world* None: one process; else a
-        collective: each rank's state is its own shard's)."""
+    def by_rank(self, world: Any) -> dict[str, Any]:
+        """``{"batches", "ranks"}``: the batches of the epoch so far and every rank's
+        :meth:`state_dict` by rank (none between epochs). Inside an epoch on several processes
+        a collective (*world* None: one process), as the gradients inside an accumulation
+        window are: each rank's state is its own shard's."""
+        if not self.batches:
+            return {"batches": 0, "ranks": []}
         states = self.state_dict()
-        return world.all_gather_object(states) if world is not None else [states]
+        ranks = world.all_gather_object(states) if world is not None else [states]
+        return {"batches": self.batches, "ranks": ranks}
 
     def load_by_rank(self, saved: Any, world: Any) -> None:
-        """Load this rank's state from :meth:`by_rank`'s list (none saved: start afresh)."""
+        """Continue this rank's state from :meth:`by_rank` (none saved: start afresh)."""
         rank = world.rank if world is not None else 0
-        self.load_state_dict(saved[rank] if isinstance(saved, list) and rank < len(saved) else None)
+        ranks = saved.get("ranks") if isinstance(saved, Mapping) else None
+        self.load_state_dict(ranks[rank] if isinstance(ranks, list) and rank < len(ranks) else None)
+        self.batches = int(saved.get("batches", 0)) if isinstance(saved, Mapping) and ranks else 0
 
     @staticmethod
     def _device(metric: Any) -> torch.device | None:
