@@ -342,7 +342,7 @@ def test_checkpoint_names_with_metrics_on_two_processes(tmp_path: Path) -> None:
 
     result = torchrun(tmp_path, with_checkpoint("loss={valid.loss:.4f}"))
     assert result.returncode == 0, result.stderr[-5000:]
-    infos = list_checkpoints(tmp_path / "run" / "checkpoints")[0]
+    infos = list_checkpoints(tmp_path / "run" / "version_0" / "checkpoints")[0]
     assert [info.manifest["epoch"] for info in infos] == [1, 2]
     rows = pickle.loads((tmp_path / "probe" / "rank0.pkl").read_bytes())["rows"]
     losses = [row["valid.loss"] for _, row in sorted(rows.items()) if "valid.loss" in row]

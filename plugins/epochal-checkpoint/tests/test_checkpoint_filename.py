@@ -52,7 +52,7 @@ TEMPLATE = 'filename = "{epoch}-{valid.loss:.3f}-acc={valid.accuracy:.2f}"\n'
 def test_names_carry_the_formatted_metrics_and_resume_reads_them(tmp_path: Path) -> None:
     code, err = _run(tmp_path, extra=TEMPLATE)
     assert code == 0, err
-    directory = tmp_path / "run" / "checkpoints"
+    directory = tmp_path / "run" / "version_0" / "checkpoints"
     infos = list_checkpoints(directory)[0]
     assert [info.manifest["epoch"] for info in infos] == [1, 2, 3]  # all listed, in save order
     losses = []
@@ -76,7 +76,7 @@ def test_names_carry_the_formatted_metrics_and_resume_reads_them(tmp_path: Path)
 def test_the_name_holds_the_monitored_value_the_manifest_records(tmp_path: Path) -> None:
     code, err = _run(tmp_path, extra='monitor = "valid.loss"\nfilename = "loss={valid.loss:.6f}"\n')
     assert code == 0, err
-    for info in list_checkpoints(tmp_path / "run" / "checkpoints")[0]:
+    for info in list_checkpoints(tmp_path / "run" / "version_0" / "checkpoints")[0]:
         assert info.name.endswith(f"_loss={info.manifest['metric']:.6f}")
 
 
@@ -85,7 +85,7 @@ def test_a_save_before_the_first_evaluation_says_none(tmp_path: Path) -> None:
         tmp_path, "--set", "loop.max_epochs=1", extra='every_n_batches = 4\nfilename = "{valid.loss:.2f}"\n'
     )
     assert code == 0, err
-    names = [info.name for info in list_checkpoints(tmp_path / "run" / "checkpoints")[0]]
+    names = [info.name for info in list_checkpoints(tmp_path / "run" / "version_0" / "checkpoints")[0]]
     assert names[0] == "ckpt-e0000-i000004_none"
     assert re.fullmatch(r"ckpt-e0001-i000006_\d\.\d\d", names[-1])
 
@@ -107,8 +107,8 @@ def test_a_template_that_cannot_work_is_refused_before_the_first_batch(
     assert code == 2, err
     assert says in err and "[plugins.checkpoint] filename" in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
-    assert not (tmp_path / "run" / "checkpoints").exists() or not list(
-        (tmp_path / "run" / "checkpoints").glob("ckpt-*")
+    assert not (tmp_path / "run" / "version_0" / "checkpoints").exists() or not list(
+        (tmp_path / "run" / "version_0" / "checkpoints").glob("ckpt-*")
     )
 
 
@@ -118,7 +118,7 @@ def test_a_key_never_logged_is_refused_at_the_first_save(tmp_path: Path) -> None
     assert "'valid.los' is not in the training log at the save after epoch 1" in err
     assert "did you mean 'valid.loss'?" in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
-    assert not list((tmp_path / "run" / "checkpoints").glob("ckpt-*"))
+    assert not list((tmp_path / "run" / "version_0" / "checkpoints").glob("ckpt-*"))
 
 
 # lr = 1e-300: the weights never change, so every epoch's valid.loss ties with the first one's
@@ -133,12 +133,14 @@ def test_greater_or_equal_chooses_the_newer_of_tied_checkpoints(
     (tmp_path / "run.toml").write_text(CONFIG.replace('keep_last = "none"\n', "") + config)
     done = epochal_command("run", "run.toml", "--set", "model.lr=1e-300", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    infos = list_checkpoints(tmp_path / "run" / "checkpoints")[0]
+    infos = list_checkpoints(tmp_path / "run" / "version_0" / "checkpoints")[0]
     metrics = {info.manifest["metric"] for info in infos}
     assert len(metrics) == 1  # a tie indeed
     assert infos[-1].manifest["best"]["epoch"] == best_epoch
     # kept: the newest (epoch 3) and the best
     assert sorted({info.manifest["epoch"] for info in infos}) == sorted({best_epoch, 3})
-    exported = epochal_command("export", "run/checkpoints", "--best", "-o", "b.safetensors", cwd=tmp_path)
+    exported = epochal_command(
+        "export", "run/version_0/checkpoints", "--best", "-o", "b.safetensors", cwd=tmp_path
+    )
     assert exported.returncode == 0, exported.stderr
     assert f"(epoch {best_epoch}," in exported.stdout
