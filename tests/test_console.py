@@ -78,7 +78,7 @@ def test_a_run_on_an_80_column_terminal(tmp_path: Path) -> None:
     assert re.search(r"epochal: run [0-9a-f]{12} finished after 3 epoch\(s\), 69 batch\(es\)", text)
     text = text.replace(" \\\n    ", " ")  # a command wrapped with a shell continuation
     assert re.search(r"epochal: best valid: loss=[0-9.]+ \(epoch \d\), accuracy=[0-9.]+ \(epoch \d\)", text)
-    assert "epochal: last train (epoch means): loss=" in text
+    assert "epochal: last train (epoch): loss=" in text
     assert "epochal: directory: runs/digits/version_0" in text
     assert "epochal: checkpoints: runs/digits/version_0/checkpoints" in text
     assert "epochal: log: runs/epochal.sqlite" in text
@@ -152,7 +152,7 @@ def test_plugins_orders_and_only_selects(tmp_path: Path, epochal_cli: EpochalCli
     assert only.returncode == 0, only.stderr
     assert "epochal: checkpoints:" in ordered.stdout  # every installed plugin ran
     assert "epochal: checkpoints:" not in only.stdout and "epochal: log:" not in only.stdout
-    assert "last train (epoch means)" in only.stdout  # monitor ran
+    assert "last train (epoch)" in only.stdout  # monitor ran
     both = epochal_cli("run", "run.toml", "--only", "monitor", "--plugins", "monitor")
     assert both.returncode == 2 and "--plugins and --only exclude each other" in both.stderr
 

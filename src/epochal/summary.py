@@ -155,7 +155,7 @@ class RunSummary:
                 {k: n for k, v in metrics.items() if (n := _number(v)) is not None}
             )
         for stream, metrics in last.items():
-            label = "train (epoch means)" if stream == "train" else stream
+            label = "train (epoch)" if stream == "train" else stream  # means, or whole-epoch metric objects
             lines.append(f"epochal: last {label}: {format_metrics(metrics)}")
         for stream, best in self.best.items():
             if stream == "train" or loop.epoch < 2:
