@@ -34,7 +34,7 @@ def test_sigterm_saves_an_interrupt_checkpoint_and_resume_continues(tmp_path: Pa
     env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
     command = [sys.executable, "-c", "from epochal.cli import main; main()", "run", "run.toml"]
     proc = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    directory = tmp_path / "run" / "checkpoints"
+    directory = tmp_path / "run" / "version_0" / "checkpoints"
     deadline = time.monotonic() + 60
     while not list_checkpoints(directory)[0] and time.monotonic() < deadline:  # an epoch checkpoint
         time.sleep(0.02)

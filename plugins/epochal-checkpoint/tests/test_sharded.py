@@ -164,7 +164,7 @@ def test_every_rank_writes_its_files_listed_with_sizes_and_checksums(trained: Pa
     from epochal_checkpoint import list_checkpoints
     from epochal_checkpoint.storage import read_manifest
 
-    checkpoints = trained / "run" / "checkpoints"
+    checkpoints = trained / "run" / "version_0" / "checkpoints"
     names = [info.name for info in list_checkpoints(checkpoints)[0]]
     assert names == [MID, FIRST, "ckpt-e0001-i000010", BEFORE, NEWEST]
     manifest = read_manifest(checkpoints / NEWEST)
@@ -184,13 +184,13 @@ def test_check_resume_on_two_processes_is_bitwise_equal(tmp_path: Path) -> None:
 
 
 def test_resuming_on_one_process_at_an_epoch_end_reshards(copy: Path) -> None:
-    checkpoints = copy / "run" / "checkpoints"
+    checkpoints = copy / "run" / "version_0" / "checkpoints"
     ok(run(copy, "run", "run.toml", "--set", "loop.max_epochs=3", "--resume"))
     assert_same(np.load(copy / "resumed.npz"), saved(checkpoints / NEWEST))
 
 
 def test_a_damaged_shard_is_skipped_with_a_warning_and_never_pruned(copy: Path) -> None:
-    checkpoints = copy / "run" / "checkpoints"
+    checkpoints = copy / "run" / "version_0" / "checkpoints"
     shard = sorted((checkpoints / NEWEST).glob("__1_*.distcp"))[0]
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF  # same size, one byte changed
@@ -205,7 +205,7 @@ def test_a_damaged_shard_is_skipped_with_a_warning_and_never_pruned(copy: Path) 
 
 
 def test_a_checkpoint_without_its_commit_record_is_skipped(copy: Path) -> None:
-    checkpoints = copy / "run" / "checkpoints"
+    checkpoints = copy / "run" / "version_0" / "checkpoints"
     (checkpoints / NEWEST / "manifest.json").unlink()
     done = ok(run(copy, "run", "run.toml", "--nproc", "2", "--set", "loop.max_epochs=3", "--resume"))
     assert f"ignoring {NEWEST}" in done.stderr
@@ -213,7 +213,7 @@ def test_a_checkpoint_without_its_commit_record_is_skipped(copy: Path) -> None:
 
 
 def test_a_mid_epoch_checkpoint_of_two_processes_is_refused_on_one(copy: Path) -> None:
-    done = run(copy, "run", "run.toml", "--resume", f"run/checkpoints/{MID}")
+    done = run(copy, "run", "run.toml", "--resume", f"run/version_0/checkpoints/{MID}")
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("Error: ")]
@@ -224,7 +224,7 @@ def test_export_writes_the_consolidated_weights(trained: Path, tmp_path: Path) -
     from safetensors.numpy import load_file
 
     out = tmp_path / "weights.safetensors"
-    ok(run(trained, "export", "run/checkpoints", "-o", str(out)))
+    ok(run(trained, "export", "run/version_0/checkpoints", "-o", str(out)))
     final = np.load(trained / "final.npz")
     weights = load_file(str(out))
     assert sorted(weights) == sorted(k.removeprefix("model/") for k in final if k.startswith("model/"))
@@ -245,7 +245,7 @@ def test_sharded_format_for_a_model_without_tensors_is_one_line(tmp_path: Path) 
 
 def test_load_weights_only_takes_the_modules_tensors_on_one_process(trained: Path, tmp_path: Path) -> None:
     where = project(tmp_path / "tuned")
-    source = trained / "run" / "checkpoints" / NEWEST
+    source = trained / "run" / "version_0" / "checkpoints" / NEWEST
     done = run(
         where,
         *("run", "run.toml", "--plugins", "load,probe", "--set", "loop.max_epochs=0"),
