@@ -31,7 +31,15 @@ from epochal.torch import sharded_state
 from epochal.torch.checks import check_module, check_optimizer, compare_keys
 from epochal.torch.device import Precision, move_to, resolve_device
 from epochal.torch.fsdp import Sharded, Strategy, check_strategy
-from epochal.torch.state import from_plain, is_tensor_record, reading_tensor, shareable, to_plain
+from epochal.torch.state import (
+    destination,
+    from_plain,
+    in_place,
+    is_tensor_record,
+    reading_tensor,
+    shareable,
+    to_plain,
+)
 
 __all__ = ["TorchModel"]
 
@@ -439,6 +447,36 @@ class TorchModel:
         }
         return state
 
+    def load_destinations(self) -> dict[str, Any]:
+        """Where a reader may read a state of :meth:`state_dict` straight into (issue 32): the
+        same tree with, for each CPU tensor that can take its saved bytes as they are, a
+        writable array on that tensor's own memory (the module's parameters and buffers, the
+        optimizer's existing state). :meth:`load_state_dict` then finds those values in place
+        and copies nothing. Empty under FSDP, and for the module when its
+        ``load_state_dict`` does more than copy (hooks, custom loaders).
+
+        A reader must fill the destinations only once the whole checkpoint has verified
+        (``epochal_checkpoint`` does): they are the live model.
+        """
+        if self._sharded is not None:
+            return {}
+        module = self.raw_module
+        out: dict[str, Any] = {}
+        if _loads_plainly(module):
+            live = module.state_dict(keep_vars=True)
+            out["module"] = {k: d for k, t in live.items() if (d := destination(t)) is not None}
+        states = {}
+        for pid, saved in self.optimizer.state_dict()["state"].items():
+            views = {
+                k: d
+                for k, t in saved.items()
+                if isinstance(t, torch.Tensor) and (d := destination(t)) is not None
+            }
+            if views:
+                states[str(pid)] = views
+        out["optimizer"] = {"state": states}
+        return out
+
     def check_state(self, state: Any) -> list[str]:
         """Every reason *state* cannot be loaded into this model (empty: it fits).
 
@@ -526,11 +564,16 @@ class TorchModel:
             return
         self._load_module(module, state["module"])
         current = self.optimizer.state_dict()
+        live = current["state"]
         self.optimizer.load_state_dict(
             {
                 # on the host: torch moves each value where its parameter's policy wants it
-                # (no copy where it is there already)
-                "state": {int(pid): from_plain(s, share=True) for pid, s in saved["state"].items()},
+                # (no copy where it is there already); a value read into the live tensor
+                # (load_destinations) is that tensor
+                "state": {
+                    int(pid): self._optimizer_value(s, live.get(int(pid)))
+                    for pid, s in saved["state"].items()
+                },
                 "param_groups": [
                     from_plain(group, template)
                     for group, template in zip(saved["param_groups"], current["param_groups"], strict=True)
@@ -538,6 +581,19 @@ class TorchModel:
             }
         )
         self._load_rest(state)
+
+    @staticmethod
+    def _optimizer_value(saved: Any, live: Any) -> Any:
+        """One parameter's saved optimizer state as tensors: the live tensor where the saved
+        array is its memory already, else on the arrays (:func:`from_plain` sharing them)."""
+        if not isinstance(saved, Mapping) or not isinstance(live, Mapping):
+            return from_plain(saved, share=True)
+        return {
+            k: live[k]
+            if isinstance(live.get(k), torch.Tensor) and in_place(v, live[k])
+            else from_plain(v, share=True)
+            for k, v in saved.items()
+        }
 
     def _load_rest(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`rest_state_dict` saved: the accumulation window, the scaler."""
@@ -568,6 +624,8 @@ class TorchModel:
             for key, value in saved.items():
                 target = live[key]
                 array = isinstance(value, np.ndarray) or is_tensor_record(value)
+                if isinstance(target, torch.Tensor) and in_place(value, target):
+                    continue  # read into this tensor already (load_destinations)
                 if (
                     id(target) in owned
                     and type(target) in (torch.Tensor, torch.nn.Parameter)  # no DTensor, no subclass

@@ -204,14 +204,15 @@ class Checkpoint:
         if directory.is_dir() and remote is None:
             self._claim(directory, loop)
             storage.clean_temporaries(directory)
+        into = load_destinations(loop)
         if mode not in ("latest", "auto"):
-            state, where = read_from(mode, storage_options=self.storage_options, known=remote)
+            state, where = read_from(mode, storage_options=self.storage_options, known=remote, into=into)
             manifest = storage.read_manifest(where)
             check_fits(loop, state, where)
             self._adopt(loop, directory, storage.CheckpointInfo(where, manifest), state, [])
             return state
         try:
-            read, failures = remote.find_latest() if remote else storage.find_latest(directory)
+            read, failures = remote.find_latest() if remote else storage.find_latest(directory, into=into)
         except CheckpointNotFoundError as error:
             # a fresh start only where no checkpoint directory exists at all: damaged ones
             # (a manifest that does not verify) are refused as by --resume, never started over
@@ -867,9 +868,11 @@ def read_from(
     model_only: bool = False,
     storage_options: Mapping[str, Any] | None = None,
     known: store.RemoteStore | None = None,
+    into: Any = None,
 ) -> tuple[dict[str, Any], Path]:
     """Read the checkpoint at *path*: a checkpoint, its manifest or ``latest`` file, or a
     directory of checkpoints (its newest complete one). Return ``(state, checkpoint path)``.
+    *into*: where a local checkpoint's arrays may be read straight into (:func:`load_destinations`).
 
     *path* may be an fsspec URL (opened with *storage_options*; *known*, a store already open,
     is used when the URL is its own): the checkpoint is downloaded into the store's staging
@@ -883,14 +886,25 @@ def read_from(
         return read.state, read.path
     path = store.local_path(path)
     try:
-        return _read_from(path, model_only)
+        return _read_from(path, model_only, into)
     except OSError as error:  # pathlib's checks raise for a name too long, permission denied...
         raise CheckpointNotFoundError(
             f"cannot read a checkpoint at {str(error.filename or path)!r:.300}: {error.strerror or error}"
         ) from None
 
 
-def _read_from(path: Path, model_only: bool) -> tuple[dict[str, Any], Path]:
+def load_destinations(loop: Loop) -> dict[str, Any] | None:
+    """The loop's model's ``load_destinations()`` as a loop state's tree (``{"model": ...}``):
+    the live tensors a resume reads the checkpoint's arrays straight into, once it verified
+    (issue 32); None when the model offers none."""
+    offer = getattr(loop.model, "load_destinations", None)
+    if not callable(offer):
+        return None
+    destinations = offer()
+    return {"model": destinations} if destinations else None
+
+
+def _read_from(path: Path, model_only: bool, into: Any = None) -> tuple[dict[str, Any], Path]:
     if not path.exists():
         raise CheckpointNotFoundError(f"no checkpoint at {str(path)!r} (the path does not exist)")
     if path.is_file() and path.name == storage.MANIFEST:
@@ -911,9 +925,9 @@ def _read_from(path: Path, model_only: bool) -> tuple[dict[str, Any], Path]:
                 f"{str(path)!r} is neither an epochal checkpoint (no {storage.MANIFEST}) nor a "
                 "directory of checkpoints"
             )
-        state, info = storage.load_latest(path, model_only=model_only)
-        return state, info.path
-    state, _ = storage.read_checkpoint(path, model_only=model_only)
+        read, _ = storage.find_latest(path, model_only=model_only, into=into)
+        return read.state, read.path
+    state, _ = storage.read_checkpoint(path, model_only=model_only, into=into)
     return state, path
 
 
