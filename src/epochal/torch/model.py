@@ -32,8 +32,9 @@ from epochal.torch.checks import check_module, check_optimizer, compare_keys
 from epochal.torch.device import Precision, move_to, resolve_device
 from epochal.torch.fsdp import Sharded, Strategy, check_strategy
 from epochal.torch.state import (
-    destination,
+    destinations,
     from_plain,
+    from_plain_or_live,
     in_place,
     is_tensor_record,
     reading_tensor,
@@ -463,18 +464,9 @@ class TorchModel:
         module = self.raw_module
         out: dict[str, Any] = {}
         if _loads_plainly(module):
-            live = module.state_dict(keep_vars=True)
-            out["module"] = {k: d for k, t in live.items() if (d := destination(t)) is not None}
-        states = {}
-        for pid, saved in self.optimizer.state_dict()["state"].items():
-            views = {
-                k: d
-                for k, t in saved.items()
-                if isinstance(t, torch.Tensor) and (d := destination(t)) is not None
-            }
-            if views:
-                states[str(pid)] = views
-        out["optimizer"] = {"state": states}
+            out["module"] = destinations(module.state_dict(keep_vars=True))
+        states = {str(pid): destinations(s) for pid, s in self.optimizer.state_dict()["state"].items()}
+        out["optimizer"] = {"state": {pid: views for pid, views in states.items() if views}}
         return out
 
     def check_state(self, state: Any) -> list[str]:
@@ -571,8 +563,7 @@ class TorchModel:
                 # (no copy where it is there already); a value read into the live tensor
                 # (load_destinations) is that tensor
                 "state": {
-                    int(pid): self._optimizer_value(s, live.get(int(pid)))
-                    for pid, s in saved["state"].items()
+                    int(pid): from_plain_or_live(s, live.get(int(pid))) for pid, s in saved["state"].items()
                 },
                 "param_groups": [
                     from_plain(group, template)
@@ -581,19 +572,6 @@ class TorchModel:
             }
         )
         self._load_rest(state)
-
-    @staticmethod
-    def _optimizer_value(saved: Any, live: Any) -> Any:
-        """One parameter's saved optimizer state as tensors: the live tensor where the saved
-        array is its memory already, else on the arrays (:func:`from_plain` sharing them)."""
-        if not isinstance(saved, Mapping) or not isinstance(live, Mapping):
-            return from_plain(saved, share=True)
-        return {
-            k: live[k]
-            if isinstance(live.get(k), torch.Tensor) and in_place(v, live[k])
-            else from_plain(v, share=True)
-            for k, v in saved.items()
-        }
 
     def _load_rest(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`rest_state_dict` saved: the accumulation window, the scaler."""

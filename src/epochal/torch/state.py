@@ -39,7 +39,9 @@ import torch
 __all__ = [
     "TENSOR_TAG",
     "destination",
+    "destinations",
     "from_plain",
+    "from_plain_or_live",
     "in_place",
     "is_tensor_record",
     "plain_dtype_and_shape",
@@ -190,6 +192,29 @@ def destination(tensor: torch.Tensor) -> np.ndarray | dict[str, Any] | None:
     if bits is None:
         return None
     return {TENSOR_TAG: str(tensor.dtype).removeprefix("torch."), "bits": tensor.view(bits).numpy()}
+
+
+def destinations(tensors: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`destination` of each tensor of *tensors* that has one, by the same keys."""
+    out = {}
+    for key, tensor in tensors.items():
+        if isinstance(tensor, torch.Tensor) and (view := destination(tensor)) is not None:
+            out[key] = view
+    return out
+
+
+def from_plain_or_live(saved: Any, live: Any) -> Any:
+    """*saved* (a table of plain values, e.g. one parameter's optimizer state) as tensors: the
+    tensor of *live* (the same keys) where a value is that tensor's memory already
+    (:func:`in_place`), elsewhere :func:`from_plain` with ``share=True``."""
+    if not isinstance(saved, Mapping) or not isinstance(live, Mapping):
+        return from_plain(saved, share=True)
+    return {
+        k: live[k]
+        if isinstance(live.get(k), torch.Tensor) and in_place(v, live[k])
+        else from_plain(v, share=True)
+        for k, v in saved.items()
+    }
 
 
 def in_place(value: Any, tensor: torch.Tensor) -> bool:
