@@ -320,3 +320,37 @@ def test_a_resume_reads_the_checkpoint_into_the_parameters(tmp_path: Path) -> No
     assert resumed.resumed
     assert params(fresh) == params(trained)
     assert {k: t.data_ptr() for k, t in fresh.module.state_dict().items()} == pointers
+
+
+def test_a_damaged_checkpoint_leaves_the_model_as_it_was(tmp_path: Path) -> None:
+    checkpoint = pytest.importorskip("epochal_checkpoint")
+    from epochal import Loop
+    from epochal_checkpoint.storage.load import read_state_document
+
+    def loop(model: TorchModel, epochs: int, **options: Any) -> Loop:
+        plugins = {"checkpoint": checkpoint.Checkpoint(keep_last=None)}
+        return Loop(model, {"train": batches(4)}, plugins=plugins, max_epochs=epochs, seed=0,
+                    run_dir=tmp_path, handle_signals=False, **options)  # fmt: skip
+
+    def damage(path: Path) -> None:  # the last array of data.bin: those before it verify
+        entry = max(read_state_document(path)["arrays"], key=lambda e: e["offset"])
+        data = bytearray((path / "data.bin").read_bytes())
+        data[entry["offset"] + 130] ^= 0xFF  # past its .npy header
+        (path / "data.bin").write_bytes(data)
+
+    loop(make(seed=1), 2).run()
+    older, newest = (info.path for info in checkpoint.list_checkpoints(tmp_path / "checkpoints")[0])
+    damage(newest)
+    fresh = make(seed=2)
+    with pytest.warns(RuntimeWarning, match=f"{newest.name}.*fails its checksum"):
+        loop(fresh, 1, resume=True).run()  # the previous checkpoint, the last epoch: no training
+    saved, _ = checkpoint.read_checkpoint(older, model_only=True)
+    for key, tensor in fresh.module.state_dict().items():
+        assert np.array_equal(tensor.numpy(), saved["model"]["module"][key]), key
+
+    damage(older)
+    untouched = make(seed=3)
+    before = params(untouched)
+    with pytest.raises(checkpoint.CorruptCheckpointError), pytest.warns(RuntimeWarning):
+        loop(untouched, 2, resume=True).run()
+    assert params(untouched) == before
