@@ -324,8 +324,9 @@ def test_a_resume_reads_the_checkpoint_into_the_parameters(tmp_path: Path) -> No
 
 def test_a_damaged_checkpoint_leaves_the_model_as_it_was(tmp_path: Path) -> None:
     checkpoint = pytest.importorskip("epochal_checkpoint")
-    from epochal import Loop
     from epochal_checkpoint.storage.load import read_state_document
+
+    from epochal import Loop
 
     def loop(model: TorchModel, epochs: int, **options: Any) -> Loop:
         plugins = {"checkpoint": checkpoint.Checkpoint(keep_last=None)}
