@@ -1,12 +1,14 @@
 """Sharded checkpoints on 2 processes: epochal's sharded save against DCP alone and the rank-0 format.
 
-Run: ``python bench/sharded_checkpoint.py [--mb 200] [--rounds 3] [--dir DIR]`` (needs torch and
-epochal-checkpoint installed; CPU, gloo over loopback).
+Run: ``python bench/sharded_checkpoint.py [--mb 200] [--rounds 3] [--strategy ddp|fsdp|both]
+[--dir DIR]`` (needs torch and epochal-checkpoint installed; CPU, gloo over loopback).
 
-Two processes hold a DDP ``TorchModel`` whose state is ``--mb`` MB: four bias-free square
-``Linear`` layers (half the state) and SGD's momentum buffers (the other half). Three cases,
-each in its own pair of fresh processes (so each one's peak memory is its own), one after the
-other in one run; per case an untimed warm-up round, then ``--rounds`` timed ones (medians):
+Two processes hold a ``TorchModel`` whose state is ``--mb`` MB: four bias-free square
+``Linear`` layers (half the state) and SGD's momentum buffers (the other half), under DDP
+(every rank holds the whole state) and under FSDP2 (``strategy="fsdp"``: each rank holds its
+half of every parameter and momentum buffer). Per strategy three cases, each in its own pair of
+fresh processes (so each one's peak memory is its own), one after the other in one run; per
+case an untimed warm-up round, then ``--rounds`` timed ones (medians):
 
 - **epochal sharded**: what the checkpoint plugin's ``format = "sharded"`` save does after the
   loop state is taken: ``write_tensors`` (rank 0 makes the temporary directory, every rank
@@ -18,8 +20,10 @@ other in one run; per case an untimed warm-up round, then ``--rounds`` timed one
 - **DCP alone**: ``dcp.save(model.sharded_state_dict(), checkpoint_id=DIR)``; the load
   ``dcp.load`` + ``set_state_dict``. The floor: no checksums, no commit record.
 - **epochal single** (today's format 4): rank 0 flattens ``TorchModel.state_dict()`` and writes
-  one ``data.bin`` (``write_checkpoint``); the other rank waits. The load is a resume's: rank 0
-  reads it and broadcasts the whole state (``broadcast_object``), every rank loads it.
+  one ``data.bin`` (``write_checkpoint``); the other rank waits (under FSDP it takes part in
+  gathering the full state to rank 0's host). The load is a resume's: rank 0 reads it and
+  broadcasts the whole state (``broadcast_object``), every rank loads it (under FSDP each rank
+  slices its shards out of it).
 
 Each time is rank 0's, from a barrier before to a barrier after. ``os.sync()`` runs (untimed)
 before each save. Memory: rank 0's resident set is sampled every 2 ms during the saves (and
@@ -81,20 +85,26 @@ class Peak:
         self.peak = max(self.peak, rss())
 
 
-def make_model(mb: int, world: Any) -> Any:
+def make_model(mb: int, world: Any, strategy: str) -> Any:
     from epochal.torch import TorchModel
 
     torch.manual_seed(0)
     side = int((mb * MB / 2 / 4 / 4) ** 0.5)  # four square float32 layers: half the state
     module = torch.nn.Sequential(*(torch.nn.Linear(side, side, bias=False) for _ in range(4)))
     optimizer = torch.optim.SGD(module.parameters(), lr=0.1, momentum=0.9)
-    for p in module.parameters():
+    model = TorchModel(module, optimizer, torch.nn.functional.mse_loss, device="cpu", strategy=strategy)
+    model.distribute(world)  # FSDP2 shards (and refuses an optimizer that has stepped): first
+    for p in model.raw_module.parameters():
         p.grad = torch.full_like(p, 1e-3)
     optimizer.step()  # the momentum buffers: the other half
     optimizer.zero_grad(set_to_none=True)
-    model = TorchModel(module, optimizer, torch.nn.functional.mse_loss, device="cpu")
-    model.distribute(world)
     return model
+
+
+def local_bytes(tensor: torch.Tensor) -> int:
+    """The bytes this rank holds of *tensor* (its shard of a DTensor)."""
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return int(local.numel() * local.element_size())
 
 
 def timed(world: Any, action: Callable[[], None]) -> float:
@@ -105,7 +115,7 @@ def timed(world: Any, action: Callable[[], None]) -> float:
     return time.perf_counter() - start
 
 
-def worker(rank: int, case: str, mb: int, rounds: int, base: str, port: int, out: str) -> None:
+def worker(rank: int, strategy: str, case: str, mb: int, rounds: int, base: str, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     dist.init_process_group("gloo", rank=rank, world_size=2)
     from epochal_checkpoint.sharded import write_tensors
@@ -115,9 +125,11 @@ def worker(rank: int, case: str, mb: int, rounds: int, base: str, port: int, out
     from epochal.torch import sharded_state
 
     world = World(rank=rank, size=2, local_rank=rank, backend="gloo")
-    model = make_model(mb, world)
-    state_bytes = sum(t.nbytes for t in model.sharded_state_dict()["model"].values()) * 2
-    root = Path(base) / case.replace(" ", "-")
+    model = make_model(mb, world, strategy)
+    params = list(model.raw_module.parameters())
+    state_bytes = sum(p.numel() * p.element_size() for p in params) * 2  # + momentum: the same
+    held_bytes = sum(local_bytes(p) for p in params) * 2
+    root = Path(base) / f"{strategy}-{case.replace(' ', '-')}"
     if world.is_zero:
         root.mkdir(parents=True)
     world.barrier()
@@ -138,8 +150,10 @@ def worker(rank: int, case: str, mb: int, rounds: int, base: str, port: int, out
             if world.is_zero:
                 snapshot = flatten({"model": model.rest_state_dict()})
                 write_checkpoint(target, name, snapshot, {"sequence": i}, prepared=prepared)
-        elif world.is_zero:
-            write_checkpoint(target, name, flatten({"model": model.state_dict()}), {"sequence": i})
+        else:
+            full = model.state_dict()  # under FSDP a collective: the full state on rank 0's host
+            if world.is_zero:
+                write_checkpoint(target, name, flatten({"model": full}), {"sequence": i})
 
     def load(i: int) -> None:
         target = root / f"r{i}"
@@ -173,8 +187,10 @@ def worker(rank: int, case: str, mb: int, rounds: int, base: str, port: int, out
             shutil.rmtree(root / f"r{i}")
     if world.is_zero:
         result = {
+            "strategy": strategy,
             "case": case,
             "state_mb": state_bytes / MB,
+            "held_mb": held_bytes / MB,
             "save_s": statistics.median(saves),
             "load_s": statistics.median(loads),
             "save_peak_mb": save_peak / MB,
@@ -197,31 +213,41 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mb", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--strategy", choices=("ddp", "fsdp", "both"), default="both")
     parser.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="epochal-sharded-bench-", dir=args.dir))
+    strategies = ("ddp", "fsdp") if args.strategy == "both" else (args.strategy,)
     results = []
     try:
-        for case in CASES:
-            out = base / f"{case.replace(' ', '-')}.json"
-            mp.spawn(worker, args=(case, args.mb, args.rounds, str(base), free_port(), str(out)), nprocs=2)
-            results.append(json.loads(out.read_text()))
+        for strategy in strategies:
+            for case in CASES:
+                out = base / f"{strategy}-{case.replace(' ', '-')}.json"
+                spawn_args = (strategy, case, args.mb, args.rounds, str(base), free_port(), str(out))
+                mp.spawn(worker, args=spawn_args, nprocs=2)
+                results.append(json.loads(out.read_text()))
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    floor = next(r for r in results if r["case"] == "DCP alone")
-    print(f"2 processes (gloo, CPU), state {results[0]['state_mb']:.0f} MB, {args.rounds} rounds, medians")
-    print("| case | save s | DCP/save | load s | DCP/load |", end="")
-    print(" rank 0 peak RSS above start: save | load | ru_maxrss |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    state = results[0]["state_mb"]
+    print(f"2 processes (gloo, CPU), state {state:.0f} MB, {args.rounds} rounds, medians")
+    print("| strategy | case | save s | DCP/save | load s | DCP/load | rank 0 holds |", end="")
+    print(" rank 0 peak RSS above start: save | load | peak/state: save | load | ru_maxrss |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
+        floor = next(f for f in results if f["strategy"] == r["strategy"] and f["case"] == "DCP alone")
         print(
-            f"| {r['case']} | {r['save_s']:.3f} | {floor['save_s'] / r['save_s']:.2f} | {r['load_s']:.3f}"
-            f" | {floor['load_s'] / r['load_s']:.2f} | {r['save_peak_mb']:.0f} MB"
-            f" | {r['load_peak_mb']:.0f} MB"
+            f"| {r['strategy']} | {r['case']} | {r['save_s']:.3f} | {floor['save_s'] / r['save_s']:.2f}"
+            f" | {r['load_s']:.3f} | {floor['load_s'] / r['load_s']:.2f} | {r['held_mb']:.0f} MB"
+            f" | {r['save_peak_mb']:.0f} MB | {r['load_peak_mb']:.0f} MB"
+            f" | {r['save_peak_mb'] / state:.2f} | {r['load_peak_mb'] / state:.2f}"
             f" | {r['maxrss_mb']:.0f} MB |"
         )
-    before = results[0]["rss_before_mb"]
-    print(f"(rank 0's resident set before the saves: {before:.0f} MB, the state included)")
+    for strategy in strategies:
+        before = next(r["rss_before_mb"] for r in results if r["strategy"] == strategy)
+        print(
+            f"({strategy}: rank 0's resident set before the saves: {before:.0f} MB, "
+            "its part of the state included)"
+        )
 
 
 if __name__ == "__main__":

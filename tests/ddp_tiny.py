@@ -86,6 +86,15 @@ class StopOnRank:
             loop.request_stop(f"stop-on-rank after epoch {self.epoch}")
 
 
+class RunDir:
+    """Writes, per rank, the directory the run writes into (the ranks must agree on it)."""
+
+    @hookimpl
+    def before_training(self, loop: Any) -> None:
+        with open(f"run-dir-{loop.world.rank}.txt", "w", encoding="utf-8") as out:
+            out.write(f"{loop.run_dir}\n")
+
+
 class Where:
     """Writes, per rank, where the run ended (for the tests to compare the ranks)."""
 

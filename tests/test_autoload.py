@@ -24,24 +24,11 @@ FACTORIES = """
 import json
 
 from epochal import hookimpl
-
-
-class Flat:
-    def train_step(self, batch):
-        return {"loss": 1.0}
-
-    def eval_step(self, batch):
-        return {"loss": 1.0}
-
-    def state_dict(self):
-        return {}
-
-    def load_state_dict(self, state):
-        pass
+from epochal.testing import StubModel
 
 
 def model():
-    return Flat()
+    return StubModel(train={"loss": 1.0}, evaluation={"loss": 1.0})
 
 
 def data():

@@ -23,6 +23,8 @@ pytest.importorskip("epochal_monitor")
 MODULE = """\
 import numpy as np
 
+from epochal.testing import StubModel
+
 TARGETS = np.arange(10, dtype=float) ** 2   # 10 examples: batches of 4, 4 and 2
 
 
@@ -39,18 +41,9 @@ def make_data():
     return {"train": batches(), "valid": batches()}
 
 
-class Model:
-    def train_step(self, batch):
-        return {"loss": 0.0}
-
-    def eval_step(self, batch):
-        return {"target": float(batch["targets"].mean())}
-
-    def state_dict(self):
-        return {}
-
-    def load_state_dict(self, state):
-        pass
+class Model(StubModel):
+    def __init__(self):
+        super().__init__(evaluation=lambda batch: {"target": float(batch["targets"].mean())})
 
 
 class Declared(Model):

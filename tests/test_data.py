@@ -299,23 +299,16 @@ def test_empty_rule_agrees_with_batch_size_for_every_batch_type() -> None:
 
 def test_loop_skips_empty_batches_of_every_type() -> None:
     from epochal import Loop
+    from epochal.testing import StubModel
 
-    class Model:
+    class Model(StubModel):
         def __init__(self) -> None:
+            super().__init__(evaluation={})
             self.seen: list[object] = []
 
         def train_step(self, batch: object) -> dict[str, float]:
             self.seen.append(batch)
             return {}
-
-        def eval_step(self, batch: object) -> dict[str, float]:
-            return {}
-
-        def state_dict(self) -> dict[str, object]:
-            return {}
-
-        def load_state_dict(self, state: object) -> None:
-            pass
 
     x = np.zeros((3, 2))
     full = [x, (x, x), {"a": x}, [x], OrderedDict(a=[1]), {"a": np.array(1.0)}, {"a": [1], "b": []}]

@@ -101,15 +101,23 @@ def where(tmp_path: Path) -> list[str]:
     return [p.read_text().strip() for p in sorted(tmp_path.glob("where-*.txt"))]
 
 
+def newest_run(tmp_path: Path) -> Path:
+    """The directory of the newest run of ``run.toml`` (``run/version_N``)."""
+    from epochal.run_dirs import versions
+
+    found = versions(tmp_path / "run")
+    return found[-1] if found else tmp_path / "run" / "version_0"
+
+
 def checkpoints(tmp_path: Path) -> list[str]:
-    directory = tmp_path / "run" / "checkpoints"
+    directory = newest_run(tmp_path) / "checkpoints"
     return sorted(p.name for p in directory.glob("ckpt-*")) if directory.is_dir() else []
 
 
 def final_state(tmp_path: Path) -> dict[str, Any]:
     from epochal_checkpoint.plugin import read_from
 
-    state, _ = read_from(tmp_path / "run" / "checkpoints")
+    state, _ = read_from(newest_run(tmp_path) / "checkpoints")
     return state
 
 
@@ -136,7 +144,7 @@ def test_two_processes_train_with_one_writer_of_checkpoints_and_log_rows(tmp_pat
     # one summary (rank 0), which names the resume command with --nproc
     assert done.stdout.count("epochal: run ") == 1
     assert "finished after 3 epoch(s), 24 batch(es)" in done.stdout
-    assert "--nproc 2 --resume" in done.stdout
+    assert "--nproc 2 --set loop.max_epochs=6 --resume" in done.stdout  # as many epochs again
     # both ranks trained the same batches
     assert where(tmp_path) == ["3 24 max_epochs=3 reached"] * 2
     # one checkpoint per epoch, written once, holding both ranks' parts
@@ -275,7 +283,7 @@ def test_a_rank_killed_ends_the_run_with_one_clear_error_and_resume_continues(tm
     assert errors(err) == last, err  # the survivor says nothing: the launcher's line only
     assert "by peer" not in err
     kept = checkpoints(tmp_path)
-    assert kept and f"the last complete checkpoint is run/checkpoints/{kept[-1]}" in last[0]
+    assert kept and f"the last complete checkpoint is run/version_0/checkpoints/{kept[-1]}" in last[0]
     final_state(tmp_path)  # complete and verified
     resumed = epochal(tmp_path, "run", str(tmp_path / "run.toml"), "--nproc", "2", "--resume")
     assert resumed.returncode == 0, resumed.stderr
@@ -347,6 +355,37 @@ def test_torchrun_starts_the_same_run(tmp_path):
     assert final_state(tmp_path)["world_size"] == 2
 
 
+def test_under_torchrun_ranks_agree_on_a_new_directory_an_odd_train_set_is_padded_hint_is_torchruns(
+    tmp_path,
+):
+    """Issue 29: rank 0 makes the run's directory and every rank writes into it; 61 examples on 2
+    processes train (one repeated, said once); the resume command is torchrun's and trains on."""
+    extra = '[plugins.rundir]\nfactory = "ddp_tiny:RunDir"\n'
+    config = write_run(tmp_path, ["checkpoint"], max_epochs=1, extra=extra)
+    (tmp_path / "run" / "version_0").mkdir(parents=True)  # an earlier run's
+    command = ["--standalone", "--nproc-per-node", "2", "-m", "epochal", "run", str(config)]
+    done = subprocess.run(
+        [*TORCHRUN, *command, "--set", "data.examples=61"],
+        cwd=tmp_path,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    agreed = {(tmp_path / f"run-dir-{rank}.txt").read_text().strip() for rank in range(2)}
+    assert agreed == {"run/version_1"}
+    padded = [line for line in done.stderr.splitlines() if "repeated per epoch" in line]
+    assert len(padded) == 1, done.stderr
+    assert "[data] stream 'train': 61 examples on 2 processes: 1 of them repeated per epoch" in padded[0]
+    assert where(tmp_path) == [f"1 {PER_EPOCH} max_epochs=1 reached"] * 2  # 31 examples each
+    assert checkpoints(tmp_path) == ["ckpt-e0001-i000008"]
+    assert done.stdout.count("epochal: directory: run/version_1") == 1
+    hint = [line for line in done.stdout.splitlines() if line.startswith("epochal: resume: ")]
+    again = "--set data.examples=61 --set loop.max_epochs=2 --resume"  # max_epochs = 1 was reached
+    assert hint == [f"epochal: resume: torchrun {' '.join(command)} {again}"], done.stdout
+
+
 def test_under_torchrun_a_sigterm_to_one_rank_stops_every_rank_and_torchrun_exits_1(tmp_path):
     """What docs/scaling-out.md says of torchrun (torch's launcher, not epochal's): every rank
     stops at the same batch and saves, each exits with 143, and torchrun reports that as its
@@ -410,9 +449,19 @@ def test_bad_input_is_refused_before_anything_starts(tmp_path, args, message):
 
 
 def test_uneven_shards_are_one_error_line_without_resume_advice(tmp_path):
-    """61 examples on 2 ranks: every rank finds it; the launcher says it once (issue 31)."""
+    """61 examples on 2 ranks under "error": every rank finds it; the launcher says it once (issue 31)."""
     config = write_run(tmp_path, ["checkpoint"])
-    done = epochal(tmp_path, "run", str(config), "--nproc", "2", "--set", "data.examples=61")
+    done = epochal(
+        tmp_path,
+        "run",
+        str(config),
+        "--nproc",
+        "2",
+        "--set",
+        "data.examples=61",
+        "--set",
+        "loop.uneven_shards=error",
+    )
     assert done.returncode == 2
     assert len(errors(done.stderr)) == 1, done.stderr
     assert "[loop] uneven_shards" in errors(done.stderr)[0]

@@ -19,6 +19,7 @@ from epochal.data import BatchStream, UnevenShardsError, shard_indices
 from epochal.distributed import World
 from epochal.distributed.sharding import shard_stream
 from epochal.errors import ConfigError
+from epochal.testing import StubModel
 
 
 def flatten(lists: Any) -> list[Any]:
@@ -114,7 +115,16 @@ def test_lists_and_callables_are_sharded_by_batches() -> None:
     with pytest.raises(
         ConfigError, match=r"\[data\] stream 'train'.*5 batches cannot be shared.*uneven_shards"
     ):
-        shard_stream("train", batches[:5], 0, 2).__class__  # noqa: B018
+        shard_stream("train", batches[:5], 0, 2, "error").__class__  # noqa: B018
+
+
+def test_a_padded_callable_stream_says_so_once_not_every_epoch(capsys: pytest.CaptureFixture[str]) -> None:
+    batches = [np.full(2, k) for k in range(5)]
+    factory = shard_stream("train", lambda: batches, 0, 2)  # padded by default
+    assert [int(b[0]) for b in factory()] == [0, 2, 4] and [int(b[0]) for b in factory()] == [0, 2, 4]
+    told = capsys.readouterr().err.splitlines()
+    assert len(told) == 1 and "5 batches on 2 processes: 1 of them repeated per pass" in told[0]
+    assert [int(b[0]) for b in shard_stream("train", batches, 1, 2)] == [1, 3, 0]  # the first one again
 
 
 def test_a_stream_that_cannot_be_sharded_is_a_clear_error() -> None:
@@ -127,10 +137,11 @@ def test_a_stream_that_cannot_be_sharded_is_a_clear_error() -> None:
         shard_stream("train", endless(), 0, 2)
 
 
-class Recorder:
+class Recorder(StubModel):
     """A model that records the world it is distributed to."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.worlds: list[World] = []
         self.attached = False
 
@@ -140,18 +151,6 @@ class Recorder:
 
     def attach(self, loop: Any) -> None:
         self.attached = True
-
-    def train_step(self, batch: Any) -> dict[str, float]:
-        return {"loss": 0.0}
-
-    def eval_step(self, batch: Any) -> dict[str, float]:
-        return {"loss": 0.0}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: Any) -> None:
-        pass
 
 
 def test_the_loop_shards_its_streams_and_distributes_the_model_once() -> None:
@@ -164,14 +163,21 @@ def test_the_loop_shards_its_streams_and_distributes_the_model_once() -> None:
     assert len(loop.data["valid"]) == 1
 
 
-def test_uneven_train_data_on_several_processes_names_the_option() -> None:
+def test_uneven_train_data_on_several_processes_names_the_option(capsys: pytest.CaptureFixture[str]) -> None:
     data = {"train": BatchStream(np.arange(15), batch_size=4, seed=0)}
     with pytest.raises(
         ConfigError, match=r"stream 'train': 15 examples.*2 processes.*\[loop\] uneven_shards = \"drop\""
     ):
-        Loop(Recorder(), data, world=World(rank=0, size=2), handle_signals=False)
-    loop = Loop(Recorder(), data, world=World(rank=0, size=2), uneven_shards="pad", handle_signals=False)
-    assert len(loop.data["train"]) == 2
+        Loop(Recorder(), data, world=World(rank=0, size=2), uneven_shards="error", handle_signals=False)
+    capsys.readouterr()
+    loop = Loop(Recorder(), data, world=World(rank=0, size=2), handle_signals=False)  # pads by default
+    assert len(loop.data["train"]) == 2 and loop.data["train"].remainder == "pad"
+    told = capsys.readouterr().err.splitlines()
+    assert len(told) == 1 and "15 examples on 2 processes: 1 of them repeated per epoch" in told[0]
+    Loop(Recorder(), data, world=World(rank=1, size=2), handle_signals=False)
+    assert capsys.readouterr().err == ""  # rank 0 says it, the others do not
+    Loop(Recorder(), {"train": BatchStream(np.arange(16), batch_size=4, seed=0)}, world=World(rank=0, size=2))
+    assert capsys.readouterr().err == ""  # nothing repeated, nothing said
     with pytest.raises(
         ConfigError, match="Loop\\(\\): uneven_shards must be 'error', 'drop' or 'pad', not 'repeat'"
     ):
@@ -235,7 +241,7 @@ def test_uneven_loader_and_unshardable_loaders_are_clear_errors() -> None:
     from epochal.torch import LoaderStream
 
     with pytest.raises(ConfigError, match=r"stream 'train': 30 examples cannot be shared evenly by 4"):
-        shard_stream("train", loader(30), 0, 4)
+        shard_stream("train", loader(30), 0, 4, "error")
     dropped = shard_stream("train", loader(30, drop_last=True), 3, 4, "drop")
     assert isinstance(dropped, LoaderStream) and len(dropped) == 1 and len(loader_ids(dropped)[0]) == 4
 
@@ -255,7 +261,9 @@ def test_a_custom_batch_sampler_is_sharded_by_whole_batches() -> None:
     parts = [loader_ids(shard_stream("train", data, rank, 2)) for rank in range(2)]
     assert parts == [[[0, 1, 2], [4, 5]], [[3], [6, 7, 8, 9]]]
     with pytest.raises(ConfigError, match="3 batches cannot be shared evenly by 2"):
-        shard_stream("train", DataLoader(TensorDataset(torch.arange(10)), batch_sampler=batches[:3]), 0, 2)
+        shard_stream(
+            "train", DataLoader(TensorDataset(torch.arange(10)), batch_sampler=batches[:3]), 0, 2, "error"
+        )
 
 
 def test_a_distributed_sampler_for_this_rank_is_used_as_it_is() -> None:

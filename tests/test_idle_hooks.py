@@ -7,20 +7,12 @@ from typing import Any
 import pytest
 
 from epochal import Loop, PluginError, hookimpl, load_plugins
+from epochal.testing import StubModel
 
 
-class Model:
-    def train_step(self, batch: Any) -> dict[str, float]:
-        return {"loss": float(batch)}
-
-    def eval_step(self, batch: Any) -> dict[str, float]:
-        return {"loss": 0.0}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: Any) -> None:
-        pass
+def model() -> StubModel:
+    """A model whose train loss is the batch (a float)."""
+    return StubModel(train=lambda batch: {"loss": float(batch)})
 
 
 class Counting:
@@ -56,7 +48,13 @@ class Wrapping:
 
 
 def run(plugins: dict[str, object]) -> Loop:
-    loop = Loop(Model(), {"train": [1.0, 2.0, 3.0]}, plugins=plugins, max_epochs=2, handle_signals=False)
+    loop = Loop(
+        model(),
+        {"train": [1.0, 2.0, 3.0]},
+        plugins=plugins,
+        max_epochs=2,
+        handle_signals=False,
+    )
     loop.run()
     return loop
 
@@ -108,7 +106,7 @@ def test_checkpoint_declares_after_batch_idle_only_when_no_save_can_come_due_the
         order=["checkpoint"], autoload=False, options={"checkpoint": {"every_n_batches": 2}}
     )
     loop = Loop(
-        Model(),
+        model(),
         {"train": [1.0, 2.0, 3.0, 4.0]},
         plugins=plugins,
         max_epochs=1,

@@ -83,7 +83,8 @@ def test_each_plugin_adds_its_lines_and_a_bad_one_costs_only_its_own(tmp_path):
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert "epochal: hello after 2 epoch(s)" in lines
-    assert "epochal: epochal run run.toml --set loop.seed=3" in lines
+    # loop.command after training: the command that, with --resume, trains on (max_epochs = 2 reached)
+    assert "epochal: epochal run run.toml --set loop.seed=3 --set loop.max_epochs=4" in lines
     assert "finished after 2 epoch(s)" in lines[0]
     warnings = [line for line in done.stderr.splitlines() if "run_summary" in line]
     assert len(warnings) == 2, done.stderr

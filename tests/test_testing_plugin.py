@@ -55,3 +55,26 @@ def test_cli_fixture_and_digits_config(epochal_cli, tmp_path, monkeypatch):
     assert "valid: loss=" in result.stdout
     leaked = epochal_cli("run", str(config), env={"EPOCHAL_PLUGINS": "does_not_exist"})
     assert leaked.returncode == 2 and "'does_not_exist'" in leaked.stderr
+
+
+def test_stub_model_and_train_records(epochal_run):
+    from epochal.testing import StubModel, TrainRecords
+
+    model = StubModel(train=lambda batch: {"loss": float(batch)}, evaluation={"acc": 0.5})
+    data = {"train": [1.0, 2.0, 3.0], "valid": [0.0]}
+    result = epochal_run({"records": TrainRecords()}, model=model, data=data, max_epochs=1)
+    assert result.log.history("train.loss") == [(1, 1.0), (2, 2.0), (3, 3.0)]
+    assert result.calls_of("after_evaluation")[0].kwargs["metrics"] == {"acc": 0.5}
+    assert model.state_dict() == {}
+    assert StubModel().train_step(None) == {"loss": 0.0}
+
+
+def test_save_at_keeps_the_state_of_its_epoch_for_resume_from(epochal_run):
+    from epochal.testing import ResumeFrom, SaveAt
+
+    save = SaveAt(epoch=1)
+    first = epochal_run({"save": save}, max_epochs=2)
+    assert save.state is not None and save.state["iteration"] == 4  # 4 batches an epoch
+    assert first.loop.iteration == 8
+    resumed = epochal_run({"resume": ResumeFrom(save.state)}, max_epochs=2)
+    assert [c.iteration for c in resumed.calls_of("after_batch")] == [5, 6, 7, 8]

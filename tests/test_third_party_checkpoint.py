@@ -79,42 +79,53 @@ def epochal(site: Path, tmp_path: Path, *args: str) -> subprocess.CompletedProce
     )
 
 
-def saved(tmp_path: Path) -> list[str]:
-    return sorted(p.name for p in (tmp_path / "run" / "npy").glob("npy-*.npy"))
+def saved(tmp_path: Path, run: str = "version_0", where: str = "npy") -> list[str]:
+    return sorted(p.name for p in (tmp_path / "run" / run / where).glob("npy-*.npy"))
 
 
-def test_the_summary_has_its_lines_and_a_second_fresh_run_is_refused(npy_site, tmp_path):
+def test_the_summary_has_its_lines_a_second_run_its_own_directory_a_shared_dir_is_refused(npy_site, tmp_path):
     write_run(tmp_path)
     first = epochal(npy_site, tmp_path, "run", "run.toml", "--set", "loop.seed=0")
     assert first.returncode == 0, first.stderr
-    assert "epochal: checkpoints: run/npy" in first.stdout.splitlines()
-    assert "epochal: resume: epochal run run.toml --set loop.seed=0 --resume" in first.stdout
+    assert "epochal: checkpoints: run/version_0/npy" in first.stdout.splitlines()
+    # max_epochs = 2 was reached: the resume command asks for as many again
+    assert (
+        "epochal: resume: epochal run run.toml --set loop.seed=0 --set loop.max_epochs=4 --resume"
+        in first.stdout
+    )
     assert saved(tmp_path) == ["npy-00000016.npy", "npy-00000032.npy"]
     again = epochal(npy_site, tmp_path, "run", "run.toml")
-    assert again.returncode == 2
-    assert again.stderr.count("\n") == 1, again.stderr  # one line
-    assert "npy_checkpoint: run/npy holds 2 checkpoint(s)" in again.stderr
-    assert "epochal run run.toml --resume" in again.stderr
-    assert saved(tmp_path) == ["npy-00000016.npy", "npy-00000032.npy"]  # nothing written
+    assert again.returncode == 0, again.stderr
+    assert saved(tmp_path, "version_1") == ["npy-00000016.npy", "npy-00000032.npy"]
+    # a directory the config shares between its runs: the plugin's check_fresh_run refuses
+    shared = ("--set", "plugins.npy_checkpoint.dir=shared")
+    assert epochal(npy_site, tmp_path, "run", "run.toml", *shared).returncode == 0
+    refused = epochal(npy_site, tmp_path, "run", "run.toml", *shared)
+    assert refused.returncode == 2
+    assert refused.stderr.count("\n") == 1, refused.stderr  # one line
+    assert "npy_checkpoint: shared holds 2 checkpoint(s)" in refused.stderr
+    assert "epochal run run.toml --set plugins.npy_checkpoint.dir=shared --resume" in refused.stderr
+    assert saved(tmp_path, "..", "shared") == ["npy-00000016.npy", "npy-00000032.npy"]  # nothing written
 
 
 def test_resume_latest_auto_and_path(npy_site, tmp_path):
     write_run(tmp_path)
     missing = epochal(npy_site, tmp_path, "run", "run.toml", "--resume")
-    assert missing.returncode == 2 and "npy_checkpoint: no checkpoint in run/npy" in missing.stderr
+    assert missing.returncode == 2 and "no run of this configuration under 'run' yet" in missing.stderr
     fresh = epochal(npy_site, tmp_path, "run", "run.toml", "--resume", "auto")
     assert fresh.returncode == 0, fresh.stderr
     assert "resumed from" not in fresh.stderr and saved(tmp_path)[-1] == "npy-00000032.npy"
     longer = epochal(npy_site, tmp_path, "run", "run.toml", "--resume", "--set", "loop.max_epochs=3")
     assert longer.returncode == 0, longer.stderr
-    assert "epochal: resumed from checkpoint run/npy/npy-00000032.npy of run" in longer.stderr
+    assert "epochal: resumed from checkpoint run/version_0/npy/npy-00000032.npy of run" in longer.stderr
     assert "at epoch 2, iteration 32" in longer.stderr and "after 3 epoch(s)" in longer.stdout
     auto = epochal(npy_site, tmp_path, "run", "run.toml", "--resume", "auto", "--set", "loop.max_epochs=4")
     assert auto.returncode == 0 and "npy-00000048.npy of run" in auto.stderr
-    path = str(tmp_path / "run" / "npy" / "npy-00000016.npy")
+    path = str(tmp_path / "run" / "version_0" / "npy" / "npy-00000016.npy")
     chosen = epochal(npy_site, tmp_path, "run", "run.toml", "--resume", path)
     assert chosen.returncode == 0, chosen.stderr
     assert f"resumed from checkpoint {path}" in chosen.stderr and "at epoch 1, iteration 16" in chosen.stderr
+    assert saved(tmp_path, "version_1") == ["npy-00000032.npy"]  # a new directory
 
 
 def test_check_resume_passes(npy_site, tmp_path):
@@ -146,5 +157,5 @@ def test_a_rank_killed_on_two_processes_names_its_last_checkpoint(npy_site, tmp_
     last = [line for line in err.splitlines() if line.startswith("Error: rank 1")]
     assert len(last) == 1, err
     kept = saved(tmp_path)
-    assert f"the last complete checkpoint is run/npy/{kept[-1]}" in last[0], last[0]
+    assert f"the last complete checkpoint is run/version_0/npy/{kept[-1]}" in last[0], last[0]
     assert "resume: epochal run run.toml --nproc 2 --set model.delay=0.08 --resume" in last[0]

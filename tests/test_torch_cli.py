@@ -77,7 +77,7 @@ def test_resume_continues_bitwise_and_the_load_plugin_starts_from_a_checkpoint(t
     assert first.returncode == 0, first.stderr
     resumed = run(tmp_path, "run", str(EXAMPLE), "--set", "loop.max_epochs=2", "--resume", *sets)
     assert resumed.returncode == 0, resumed.stderr
-    a = load_file(str(tmp_path / "a/checkpoints/last.safetensors"))
+    a = load_file(str(tmp_path / "a/version_0/checkpoints/last.safetensors"))
     b = load_file(str(tmp_path / "b/ckpt/last.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
@@ -114,7 +114,7 @@ def test_a_checkpoint_of_another_architecture_is_refused_naming_the_key(tmp_path
 @pytest.mark.parametrize(
     ("setting", "message"),
     [
-        ("model.precision=fp16", "precision 'fp16' is not one of 32-true, 16-mixed, bf16-mixed, bf16-true"),
+        ("model.precision=bf16-mix", "not str 'bf16-mix' (did you mean 'bf16-mixed'?)"),
         ("model.accumulate_grad_batches=0", "accumulate_grad_batches must be greater than or equal to 1"),
         ("model.gradient_clip_algorithm=l2", "'gradient_clip_algorithm' of 'make_model' must be 'norm' or"),
         ("plugins.lr_scheduler.name=CosineLR", "'CosineLR' is not a scheduler of torch.optim.lr_scheduler"),
@@ -164,7 +164,7 @@ def test_the_example_reaches_its_documented_accuracy(tmp_path: Path) -> None:
     summary = next(line for line in result.stdout.splitlines() if line.startswith("epochal: last valid:"))
     metrics = dict(item.split("=") for item in summary.removeprefix("epochal: last valid: ").split(", "))
     assert float(metrics["accuracy"]) >= 0.97 and float(metrics["f1"]) >= 0.97
-    assert (tmp_path / "runs" / "digits_torch" / "checkpoints" / "best.safetensors").is_file()
+    assert (tmp_path / "runs" / "digits_torch" / "version_0" / "checkpoints" / "best.safetensors").is_file()
 
 
 def test_model_line_counts_read_as_people_write_them() -> None:

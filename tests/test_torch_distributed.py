@@ -208,7 +208,7 @@ def one_process_replica_from(replica: Any, ranks: list[dict[str, Any]]) -> dict[
 
 
 def test_uneven_train_data_is_one_clear_error_before_training(tmp_path: Path) -> None:
-    result = torchrun(tmp_path, config(tmp_path, data="n_train = 63"))
+    result = torchrun(tmp_path, config(tmp_path, data="n_train = 63", loop='uneven_shards = "error"'))
     assert result.returncode != 0
     output = result.stdout + result.stderr
     assert "[data] stream 'train': 63 examples cannot be shared evenly by 2 processes" in output

@@ -119,10 +119,17 @@ def check_options(
             )
         hint = hints.get(key)
         problem = None if hint is None else invalid(value, hint)
-        if problem is not None:
+        if problem is not None:  # the key is right: its value is the culprit, not the key list
+            choices = [
+                choice
+                for alternative in _flatten(hint)
+                if typing.get_origin(alternative) is typing.Literal
+                for choice in typing.get_args(alternative)
+                if isinstance(choice, str) and isinstance(value, str)
+            ]
             raise error(
                 f"{where}: option {key!r} of {what} {problem}, "
-                f"not {type(value).__name__} {value!r}; valid options: {valid}"
+                f"not {type(value).__name__} {value!r}{did_you_mean(value, choices) if choices else ''}"
             )
     missing = [p.name for p in params.values() if p.default is p.empty and p.name not in options]
     if missing:

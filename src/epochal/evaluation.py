@@ -1,4 +1,6 @@
-"""An evaluation stream's metrics, and when the loop evaluates.
+"""An evaluation stream's run and metrics, and when the loop evaluates.
+
+:func:`evaluate` runs one stream for :meth:`epochal.loop.Loop.evaluate`.
 
 The metrics are batch-size-weighted means of the step results.
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from epochal.data import batch_size
 from epochal.errors import ConfigError, did_you_mean
 
 
@@ -123,3 +126,43 @@ def batch_interval(
             "epoch: no evaluation would ever run"
         )
     return every
+
+
+def evaluate(loop: Any, stream: str) -> dict[str, float]:
+    """Run the evaluation stream *stream* of *loop*; log and return its metrics
+    (:meth:`epochal.loop.Loop.evaluate`, which says how the metrics are computed)."""
+    if stream not in loop.data or stream == "train":
+        raise ConfigError(f"no evaluation stream {stream!r}; streams: {', '.join(loop.eval_streams)}")
+    hooks = loop.hooks
+    if hooks.before_evaluation is not None:
+        hooks.before_evaluation(loop, stream)
+    model = loop.model
+    begin = getattr(model, "begin_evaluation", None)
+    if callable(begin):
+        begin(stream)
+    sums = MetricSums()
+    eval_step = model.eval_step
+    declared = getattr(model, "batch_size", None)
+    size_of = declared if callable(declared) else batch_size
+    for batch in loop._iterate(stream):
+        size = size_of(batch)
+        if size == 0 and loop._empty_batch(stream):
+            continue
+        outputs = eval_step(batch)
+        sums.add(outputs, size)
+        if hooks.after_eval_batch is not None:
+            hooks.after_eval_batch(loop, stream, batch, outputs)
+    seen, totals = loop.strategy.reduce_evaluation(stream, sums.seen, sums.totals)
+    if seen == 0:
+        loop._empty_stream(stream)
+    metrics: dict[str, Any] = means(totals, seen)
+    end = getattr(model, "end_evaluation", None)
+    if seen and callable(end):
+        metrics.update(end(stream))
+    row = loop.log.current_row
+    for key, value in metrics.items():
+        row[f"{stream}.{key}"] = value
+    loop.last_metrics[stream] = metrics
+    if hooks.after_evaluation is not None:
+        hooks.after_evaluation(loop, stream, metrics)
+    return metrics

@@ -280,8 +280,10 @@ def run_summary(loop: Loop) -> Sequence[str] | None:
     lines are still printed. The CLI prints each line after ``epochal: ``.
 
     :param loop: the training loop, after training (``loop.log.status`` says how it ended;
-        ``loop.command`` is the command line that started the run, without ``--resume``: append
-        ``--resume`` to say how to continue it).
+        ``loop.command`` is the command that continues the run once ``--resume`` is appended:
+        the command line that started it without ``--resume``, where a ``max_epochs`` or
+        ``max_iterations`` the run reached is left out or raised, so that the resume trains on;
+        under torchrun, torchrun's command).
 
     Return the lines (without a trailing newline), or None for none.
     """
@@ -289,13 +291,14 @@ def run_summary(loop: Loop) -> Sequence[str] | None:
 
 @hookspec
 def latest_checkpoint(run_dir: Path | None) -> str | None:
-    """Called by ``epochal run --nproc N`` after a worker died, to name the checkpoint to
-    resume from in its one-line error.
+    """Called by ``epochal run --resume`` (and ``--resume auto``) for each run directory of the
+    configuration, newest first, to find the run to continue; and by ``epochal run --nproc N``
+    after a worker died, to name the checkpoint to resume from in its one-line error (in the
+    launcher's process, with the plugins built from the run's configuration: no loop there).
 
-    Only the launcher's process calls it, with the plugins built from the run's configuration
-    (no loop exists there).
-
-    :param run_dir: the run's ``[loop] run_dir`` (None when the configuration has none).
+    :param run_dir: a run's own directory (``version_N`` under ``[loop] run_dir``; the
+        ``[loop] run_dir`` itself for a run made before run directories; None when the
+        configuration has none).
 
     Return the path of the newest complete checkpoint of this run, or None when there is none
     (or none of yours). Two plugins answering with different paths is an error naming both.
@@ -307,11 +310,13 @@ def check_fresh_run(run_dir: Path | None, command: Sequence[str]) -> str | None:
     """Called by ``epochal run`` before a run that does not resume (no ``--resume``), on one
     process or in the launcher of several, before the first batch and before anything is written.
 
-    A plugin that keeps files of a run refuses to mix a new run's files with an earlier run's:
-    it returns a message saying what it found and how to go on (``--resume`` to continue,
-    another directory to start afresh).
+    A fresh run's directory is new, so only files a plugin keeps elsewhere (a directory set in
+    its options, shared by the config's runs) can hold an earlier run's: it refuses to mix them,
+    with a message saying what it found and how to go on (``--resume`` to continue, another
+    directory to start afresh).
 
-    :param run_dir: the run's ``[loop] run_dir`` (None when the configuration has none).
+    :param run_dir: the run's own new directory (``version_N`` under ``[loop] run_dir``; None
+        when the configuration has none).
     :param command: the command line of this run, without ``--resume`` (as ``loop.command``).
 
     Return None to let the run start, or the message refusing it (the run then stops with that

@@ -15,17 +15,17 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from epochal import _rng, heldout, plugin_state
+from epochal import _rng, evaluation, heldout, plugin_state
 from epochal._dispatch import blame, each_implementation
 from epochal._options import Fraction, NonNegativeInt, PositiveInt, Seed, check_options
 from epochal.adapters import adapt_stream
-from epochal.data import _empty_rule, _mapping_empty, _ndarray, _sequence_empty, batch_size
+from epochal.data import _empty_rule, _mapping_empty, _ndarray, _sequence_empty
 from epochal.distributed.strategy import strategy_for
 from epochal.distributed.world import World, current_world
 from epochal.empty import EmptyData
 from epochal.errors import ConfigError, EpochalError
 from epochal.estimates import stepping_batches
-from epochal.evaluation import MetricSums, batch_interval, due, means, schedule
+from epochal.evaluation import batch_interval, due, schedule
 from epochal.log import TrainingLog
 from epochal.model import Model
 from epochal.plugins import PluginSet, compose
@@ -88,7 +88,9 @@ class Loop:
     :param on_empty_batch: what an empty batch does: ``error``, ``warn`` (then skip) or
         ``ignore`` (skip).
     :param on_empty_stream: what a stream yielding no batch does: ``error``, ``warn``, ``ignore``.
-    :param run_dir: where plugins keep this run's files (checkpoints, logs).
+    :param run_dir: where plugins keep this run's files (checkpoints, logs). ``epochal run``
+        gives each fresh run its own directory under it (``loop.run_dir``; this one stays
+        ``loop.run_root``).
     :param resume: ask the plugins for a state to resume from (``epochal run --resume``): True
         or ``"latest"`` (the newest complete checkpoint; an error if none), ``"auto"`` (the newest
         if any, else a fresh start), or a checkpoint path. Plugins read the mode from
@@ -100,8 +102,9 @@ class Loop:
     :param world: this process's place among the processes training together (default: the
         world :func:`epochal.distributed.init_from_env` joined; one process when none).
     :param uneven_shards: on several processes, what to do when the train stream's examples
-        cannot be shared evenly by the processes: ``error`` (before training), ``drop`` (leave
-        the remainder of each epoch's order out) or ``pad`` (repeat its first examples).
+        cannot be shared evenly by the processes: ``pad`` (the default, as torch's
+        ``DistributedSampler`` does: repeat the first examples of each epoch's order, said once),
+        ``drop`` (leave the remainder out) or ``error`` (an error before training).
         Evaluation streams are shared out whole (the ranks' parts may differ by one batch).
     """
 
@@ -130,7 +133,7 @@ class Loop:
         handle_signals: bool = True,
         trace_plugins: str | None = None,
         world: World | None = None,
-        uneven_shards: Literal["error", "drop", "pad"] = "error",
+        uneven_shards: Literal["error", "drop", "pad"] = "pad",
     ) -> None:
         if "train" not in data:
             raise ConfigError(
@@ -172,7 +175,8 @@ class Loop:
         check_condition_streams(self._plugin_set.triggers, list(self.data), self._source)
         self.on_empty_batch = on_empty_batch
         self.on_empty_stream = on_empty_stream
-        self.run_dir = Path(run_dir) if run_dir is not None else None
+        #: this run's files; ``epochal run`` makes it ``run_root/version_N`` (:mod:`epochal.run_dirs`).
+        self.run_dir = self.run_root = Path(run_dir) if run_dir is not None else None
         self.resume = resume
         self.config = dict(config or {})
         self.handle_signals = handle_signals
@@ -286,41 +290,7 @@ class Loop:
         its examples: the model's ``batch_size(batch)`` if it has one, else
         :func:`epochal.data.batch_size` (the leading dimension of the first array found).
         """
-        if stream not in self.data or stream == "train":
-            raise ConfigError(f"no evaluation stream {stream!r}; streams: {', '.join(self.eval_streams)}")
-        hooks = self.hooks
-        if hooks.before_evaluation is not None:
-            hooks.before_evaluation(self, stream)
-        model = self.model
-        begin = getattr(model, "begin_evaluation", None)
-        if callable(begin):
-            begin(stream)
-        sums = MetricSums()
-        eval_step = model.eval_step
-        declared = getattr(model, "batch_size", None)
-        size_of = declared if callable(declared) else batch_size
-        for batch in self._iterate(stream):
-            size = size_of(batch)
-            if size == 0 and self._empty_batch(stream):
-                continue
-            outputs = eval_step(batch)
-            sums.add(outputs, size)
-            if hooks.after_eval_batch is not None:
-                hooks.after_eval_batch(self, stream, batch, outputs)
-        seen, totals = self.strategy.reduce_evaluation(stream, sums.seen, sums.totals)
-        if seen == 0:
-            self._empty_stream(stream)
-        metrics: dict[str, Any] = means(totals, seen)
-        end = getattr(model, "end_evaluation", None)
-        if seen and callable(end):
-            metrics.update(end(stream))
-        row = self.log.current_row
-        for key, value in metrics.items():
-            row[f"{stream}.{key}"] = value
-        self.last_metrics[stream] = metrics
-        if hooks.after_evaluation is not None:
-            hooks.after_evaluation(self, stream, metrics)
-        return metrics
+        return evaluation.evaluate(self, stream)
 
     @property
     def eval_streams(self) -> list[str]:

@@ -87,6 +87,8 @@ class RunSummary:
         self.last: dict[str, dict[str, float]] = {}
         #: stream → metric → (best value, epoch).
         self.best: dict[str, dict[str, tuple[float, int]]] = {}
+        #: (epoch, iteration) where this run started: a resumed run's restored counters.
+        self.started = (0, 0)
 
     @hookimpl(tryfirst=True)
     def before_training(self, loop: Any) -> None:
@@ -98,6 +100,7 @@ class RunSummary:
     @hookimpl(tryfirst=True)
     def on_resumption(self, loop: Any) -> None:
         """Say what the run resumed from, before any progress bar is drawn; note its earlier epochs."""
+        self.started = (loop.epoch, loop.iteration)
         print(resume_line(loop), file=sys.stderr, flush=True)
         done = nothing_left(loop)
         if done is not None:
@@ -141,6 +144,8 @@ class RunSummary:
             f"epochal: run {loop.run_id} {status['status']} after {loop.epoch} epoch(s), "
             f"{loop.iteration} batch(es): {status['finish_reason']}{took}"
         ]
+        if loop.run_dir is not None:
+            lines.append(f"epochal: directory: {loop.run_dir}")
         last = {
             stream: dict(metrics)
             for stream, metrics in sorted(self.last.items(), key=lambda i: i[0] != "train")

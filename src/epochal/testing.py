@@ -15,8 +15,11 @@ Fixtures: ``epochal_run`` (below), ``epochal_cli`` (runs ``python -m epochal ARG
 :data:`EpochalCli`; :func:`epochal_command` does the same in any directory) and
 ``no_epochal_env`` (removes those variables from the test process). :func:`digits_config`
 writes a run configuration of the digits example for the plugins a test names.
-:class:`ResumeFrom` is a plugin handing the loop a saved ``loop.state_dict()`` (what a checkpoint
-plugin does), to test that your plugin's state survives a resume::
+:class:`StubModel` is a model without state whose steps return what you set, :class:`TrainRecords`
+a plugin writing the train steps' outputs into the log (``train.<key>``), :class:`SaveAt` a plugin
+keeping ``loop.state_dict()`` after a given epoch, and :class:`ResumeFrom` a plugin handing the
+loop a saved ``loop.state_dict()`` (what a checkpoint plugin does), to test that your plugin's
+state survives a resume::
 
     first = epochal_run({"mine": Mine()}, max_iterations=5)
     resumed = epochal_run({"mine": Mine(), "resume": ResumeFrom(first.loop.state_dict())})
@@ -35,6 +38,7 @@ pytest to rewrite (PYTEST_DONT_REWRITE), so importing it first raises no warning
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -92,6 +96,71 @@ def _recording(hook: str) -> Callable[..., None]:
 for _hook, _args in HOOK_ARGS.items():
     if "loop" in _args and _hook != "resume_state":  # the loop's hooks (not the CLI's, launcher's)
         setattr(_Recorder, _hook, _recording(_hook))
+
+
+#: what a :class:`StubModel` step returns: the same outputs every step, or a function of the batch.
+Outputs = Mapping[str, Any] | Callable[[Any], Mapping[str, Any]]
+
+
+class StubModel:
+    """A model with no state whose steps return set outputs: for tests of plugins and of the
+    loop, where what the model learns does not matter.
+
+    :param train: what ``train_step`` returns (default ``{"loss": 0.0}``): a mapping, copied each
+        step, or a function of the batch (``lambda batch: {"loss": float(batch)}``).
+    :param evaluation: what ``eval_step`` returns (default ``{"loss": 0.0}``), likewise.
+
+    Subclass it to add what a test needs (``distribute``, ``batch_size``...).
+    """
+
+    def __init__(self, train: Outputs | None = None, evaluation: Outputs | None = None) -> None:
+        self.train: Outputs = {"loss": 0.0} if train is None else train
+        self.evaluation: Outputs = {"loss": 0.0} if evaluation is None else evaluation
+
+    @staticmethod
+    def _outputs(outputs: Outputs, batch: Any) -> dict[str, Any]:
+        return dict(outputs(batch) if callable(outputs) else outputs)
+
+    def train_step(self, batch: Any) -> dict[str, Any]:
+        """The *train* outputs for *batch*."""
+        return self._outputs(self.train, batch)
+
+    def eval_step(self, batch: Any) -> dict[str, Any]:
+        """The *evaluation* outputs for *batch*."""
+        return self._outputs(self.evaluation, batch)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Empty: the model has no state."""
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Nothing to load: the model has no state."""
+
+
+class TrainRecords:
+    """A plugin writing every ``train_step`` output into the log's current row as
+    ``train.<key>`` (as ``monitor`` does, without its means): for tests of plugins that read the
+    log, without ``monitor``."""
+
+    @hookimpl
+    def after_batch(self, loop: Loop, outputs: Mapping[str, Any]) -> None:
+        row = loop.log.current_row
+        for key, value in outputs.items():
+            row[f"train.{key}"] = value
+
+
+class SaveAt:
+    """A plugin keeping a copy of ``loop.state_dict()`` as it is after epoch *epoch* (what a
+    checkpoint plugin would save there), in ``state``: resume from it with :class:`ResumeFrom`."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+        self.state: dict[str, Any] | None = None
+
+    @hookimpl
+    def after_epoch(self, loop: Loop) -> None:
+        if loop.epoch == self.epoch:
+            self.state = copy.deepcopy(loop.state_dict())
 
 
 class ResumeFrom:

@@ -25,11 +25,14 @@ OLDER, NEWEST = "ckpt-e0001-i000016", "ckpt-e0002-i000032"
 
 @pytest.fixture
 def trained(tmp_path: Path) -> Path:
-    """A project directory after a two-epoch run: ``run.toml`` and ``run/checkpoints``."""
+    """A project directory after a two-epoch run: ``run.toml`` and ``run/version_0/checkpoints``."""
     (tmp_path / "run.toml").write_text(TORTURE_CONFIG.format(size=1000, every=0, async_save="false"))
     done = epochal_command("run", "run.toml", "--set", "loop.max_epochs=2", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert [info.name for info in list_checkpoints(tmp_path / "run" / "checkpoints")[0]] == [OLDER, NEWEST]
+    assert [info.name for info in list_checkpoints(tmp_path / "run" / "version_0" / "checkpoints")[0]] == [
+        OLDER,
+        NEWEST,
+    ]
     return tmp_path
 
 
@@ -45,27 +48,27 @@ def test_a_damaged_npy_header_falls_back_to_the_previous_checkpoint(trained: Pat
     """numpy's header parser raised tokenize.TokenError on an unbalanced bracket: --resume,
     --resume auto, export and load stopped with a traceback although the previous checkpoint is
     intact."""
-    directory = trained / "run" / "checkpoints"
+    directory = trained / "run" / "version_0" / "checkpoints"
     data = bytearray((directory / NEWEST / "data.bin").read_bytes())
     data[data.index(b"}")] = ord(" ")  # the closing brace of the first array's header
     (directory / NEWEST / "data.bin").write_bytes(data)
     older_model = read_checkpoint(directory / OLDER)[0]["model"]
 
-    exported = epochal_command("export", "run/checkpoints", "-o", "w.safetensors", cwd=trained)
+    exported = epochal_command("export", "run/version_0/checkpoints", "-o", "w.safetensors", cwd=trained)
     assert exported.returncode == 0, exported.stderr
     assert f"{NEWEST}': data.bin array 'model.p0' has a bad .npy header" in exported.stderr
     assert f"checkpoint {directory.relative_to(trained) / OLDER}" in exported.stdout
     from safetensors.numpy import load_file
 
     assert np.array_equal(load_file(trained / "w.safetensors")["p0"], older_model["p0"])
-    error = one_error_line(epochal_command("export", f"run/checkpoints/{NEWEST}", cwd=trained))
+    error = one_error_line(epochal_command("export", f"run/version_0/checkpoints/{NEWEST}", cwd=trained))
     assert f"{NEWEST}': data.bin array 'model.p0' has a bad .npy header: not a dict literal" in error
 
     other = trained / "other.toml"  # the load plugin, from another run's directory
     other.write_text((trained / "run.toml").read_text().replace('run_dir = "run"', 'run_dir = "other"'))
     loaded = epochal_command(
-        "run", "other.toml", "--plugins", "load,checkpoint", "--set", "plugins.load.path=run/checkpoints",
-        "--set", "loop.max_epochs=3", cwd=trained,
+        "run", "other.toml", "--plugins", "load,checkpoint",
+        "--set", "plugins.load.path=run/version_0/checkpoints", "--set", "loop.max_epochs=3", cwd=trained,
     )  # fmt: skip
     assert loaded.returncode == 0, loaded.stderr
     assert "Traceback" not in loaded.stderr and "bad .npy header" in loaded.stderr
@@ -89,7 +92,7 @@ def test_a_damaged_npy_header_falls_back_to_the_previous_checkpoint(trained: Pat
 def test_resume_auto_refuses_when_every_checkpoint_is_damaged(trained: Path) -> None:
     """It started a fresh run (exit 0) when every manifest was damaged; now it refuses as
     --resume does, and starts fresh only where no checkpoint directory exists at all."""
-    directory = trained / "run" / "checkpoints"
+    directory = trained / "run" / "version_0" / "checkpoints"
     for name in (OLDER, NEWEST):
         manifest = directory / name / "manifest.json"
         manifest.write_bytes(manifest.read_bytes().replace(b'"epoch": ', b'"epoch":  ', 1))
@@ -109,12 +112,14 @@ def test_resume_auto_refuses_when_every_checkpoint_is_damaged(trained: Path) -> 
         "run", "fresh.toml", "--resume", "auto", "--set", "loop.max_epochs=1", cwd=trained
     )
     assert started.returncode == 0, started.stderr
-    assert "no complete checkpoint in 'fresh/checkpoints' yet; starting a fresh run" in started.stderr
+    assert (
+        "no complete checkpoint in 'fresh/version_0/checkpoints' yet; starting a fresh run" in started.stderr
+    )
 
 
 def test_a_log_segment_missing_from_the_newest_is_taken_from_its_hard_link(trained: Path) -> None:
     """Its rows were dropped; the older checkpoint holds the same file (same name and CRC-32)."""
-    directory = trained / "run" / "checkpoints"
+    directory = trained / "run" / "version_0" / "checkpoints"
     segment = list_checkpoints(directory)[0][0].manifest["log_segments"][0]
     rows = read_checkpoint(directory / NEWEST)[0]["log"]["rows"]
     assert "16" in rows and "32" in rows

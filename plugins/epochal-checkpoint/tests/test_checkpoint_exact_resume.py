@@ -167,7 +167,7 @@ def test_cli_run_interrupted_by_max_iterations_then_resume_matches_straight_run(
     again = epochal_command("run", "run.toml", "--resume", cwd=tmp_path / "b")
     assert again.returncode == 0, again.stderr
     assert "finished after 3 epoch(s), 69 batch(es)" in again.stdout
-    (a, info_a), (b, info_b) = (load_latest(tmp_path / d / "run" / "checkpoints") for d in ("a", "b"))
+    (a, info_a), (b, info_b) = (load_latest(tmp_path / d / "run" / "version_0" / "checkpoints") for d in "ab")
     assert info_a.name == info_b.name == "ckpt-e0003-i000069"
     assert info_a.manifest["resumed_from"] is None and info_b.manifest["resumed_from"] is not None
     for key, array in a["model"].items():

@@ -52,30 +52,34 @@ def trained(tmp_path: Path) -> Path:
 
 
 def test_keep_last_keeps_the_best_and_export_best_names_it(trained: Path) -> None:
-    infos = list_checkpoints(trained / "run" / "checkpoints")[0]
+    infos = list_checkpoints(trained / "run" / "version_0" / "checkpoints")[0]
     epochs = [info.manifest["epoch"] for info in infos]
     assert epochs == [1, 3]  # the best (epoch 1 by mode = "max") and the newest
     best = infos[0].manifest
     assert best["metric"] == max(info.manifest["metric"] for info in infos)
 
-    exported = epochal_command("export", "run/checkpoints", "--best", "-o", "best.safetensors", cwd=trained)
+    exported = epochal_command(
+        "export", "run/version_0/checkpoints", "--best", "-o", "best.safetensors", cwd=trained
+    )
     assert exported.returncode == 0, exported.stderr
     line = exported.stdout.strip()
-    assert f"checkpoint {Path('run/checkpoints') / infos[0].name} (epoch 1," in line
+    assert f"checkpoint {Path('run/version_0/checkpoints') / infos[0].name} (epoch 1," in line
     assert f"best valid.loss={best['metric']:.6g}) to best.safetensors" in line
     assert (trained / "best.safetensors").is_file()
 
-    newest = epochal_command("export", "run/checkpoints", "-o", "newest.safetensors", cwd=trained)
+    newest = epochal_command("export", "run/version_0/checkpoints", "-o", "newest.safetensors", cwd=trained)
     assert newest.returncode == 0, newest.stderr
     assert f"{infos[1].name} (epoch 3, iteration {infos[1].manifest['iteration']}," in newest.stdout
 
 
 def test_export_best_refuses_when_the_best_checkpoint_is_gone(trained: Path) -> None:
-    directory = trained / "run" / "checkpoints"
+    directory = trained / "run" / "version_0" / "checkpoints"
     infos = list_checkpoints(directory)[0]
     shutil.rmtree(infos[0].path)  # the best, deleted by hand (or pruned by an older version)
 
-    refused = epochal_command("export", "run/checkpoints", "--best", "-o", "w.safetensors", cwd=trained)
+    refused = epochal_command(
+        "export", "run/version_0/checkpoints", "--best", "-o", "w.safetensors", cwd=trained
+    )
     assert refused.returncode == 2, refused.stderr
     assert "Traceback" not in refused.stderr
     errors = [line for line in refused.stderr.splitlines() if line.startswith("Error: ")]

@@ -288,7 +288,13 @@ def project(tmp_path: Path) -> Path:
 
 def test_cli_resume_without_checkpoints_names_the_directory(project: Path) -> None:
     assert_clear_error(
-        epochal_command("run", "run.toml", "--resume", cwd=project), "cannot resume", "run/checkpoints"
+        epochal_command("run", "run.toml", "--resume", cwd=project), "--resume: no run", "under 'run'"
+    )
+    (project / "run" / "version_0").mkdir(parents=True)  # a run that saved nothing
+    assert_clear_error(
+        epochal_command("run", "run.toml", "--resume", cwd=project),
+        "cannot resume",
+        str(Path("run/version_0/checkpoints")),
     )
 
 
@@ -305,7 +311,7 @@ def test_cli_resume_into_another_model_names_the_checkpoint_and_mismatches(proje
 def test_cli_resume_refuses_a_pickle_payload(project: Path) -> None:
     done = epochal_command("run", "run.toml", "--set", "loop.max_iterations=3", cwd=project)
     assert done.returncode == 0, done.stderr
-    path = project / "run" / "checkpoints" / "ckpt-e0000-i000003"
+    path = project / "run" / "version_0" / "checkpoints" / "ckpt-e0000-i000003"
     state = storage.read_state_document(path)
     state["arrays"][0].update(dtype="|O", shape=[1], offset=0)
     with open(path / "data.bin", "wb") as file:  # an object array: np.save pickles it
@@ -336,7 +342,7 @@ def test_cli_corrupt_latest_warns_and_resumes_from_the_previous(project: Path) -
         cwd=project,
     )
     assert done.returncode == 0, done.stderr
-    directory = project / "run" / "checkpoints"
+    directory = project / "run" / "version_0" / "checkpoints"
     newest = directory / storage.read_pointer(directory)  # type: ignore[operator]
     with open(newest / "data.bin", "r+b") as file:
         file.truncate(10)

@@ -207,13 +207,16 @@ def test_a_second_run_into_a_locked_directory_names_the_holder_and_a_dead_holder
 
 
 def test_cli_second_run_is_one_line_exit_2(tmp_path: Path) -> None:
+    """A resume of the run a live process holds (a fresh run would get a directory of its own)."""
     (tmp_path / "run.toml").write_text(TORTURE_CONFIG.format(size=1000, every=0, async_save="false"))
-    directory = tmp_path / "run" / "checkpoints"
+    directory = tmp_path / "run" / "version_0" / "checkpoints"
     directory.mkdir(parents=True)
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(directory)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        result = epochal_command("run", "run.toml", "--set", "loop.max_iterations=3", cwd=tmp_path)
+        result = epochal_command(
+            "run", "run.toml", "--resume", "auto", "--set", "loop.max_iterations=3", cwd=tmp_path
+        )
     finally:
         holder.kill()
         holder.wait()
@@ -237,7 +240,7 @@ def test_cli_resume_auto_starts_fresh_then_resumes(tmp_path: Path) -> None:
     )
     assert again.returncode == 0, again.stderr
     assert "starting a fresh run" not in again.stderr
-    state, info = load_latest(tmp_path / "run" / "checkpoints")
+    state, info = load_latest(tmp_path / "run" / "version_0" / "checkpoints")
     assert state["iteration"] == 5 and info.manifest["resumed_from"] is not None
     plain = epochal_command("run", "run.toml", "--resume", "--set", "loop.max_iterations=6", cwd=tmp_path)
     assert plain.returncode == 0, plain.stderr
@@ -250,12 +253,12 @@ def test_cli_resume_path_takes_that_checkpoint(tmp_path: Path) -> None:
     assert 'run_dir = "other"' in other.read_text()
     done = epochal_command("run", "other.toml", "--set", "loop.max_iterations=4", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    source = list_checkpoints(tmp_path / "other" / "checkpoints")[0][-1]
+    source = list_checkpoints(tmp_path / "other" / "version_0" / "checkpoints")[0][-1]
     result = epochal_command(
         "run", "run.toml", "--resume", str(source.path), "--set", "loop.max_iterations=6", cwd=tmp_path
     )
     assert result.returncode == 0, result.stderr
-    state, info = load_latest(tmp_path / "run" / "checkpoints")
+    state, info = load_latest(tmp_path / "run" / "version_0" / "checkpoints")
     assert state["iteration"] == 6 and info.manifest["resumed_from"] == source.manifest["run_id"]
     assert source.path.is_dir()  # another directory's checkpoint is never pruned
     missing = epochal_command("run", "run.toml", "--resume", str(tmp_path / "nowhere"), cwd=tmp_path)

@@ -41,10 +41,10 @@ def train(project: Path, key: str | None = None, *args: str) -> subprocess.Compl
 
 @pytest.fixture
 def signed(tmp_path: Path) -> Path:
-    """A project after a two-epoch run signed with KEY: ``run/checkpoints`` holds OLDER, NEWEST."""
+    """A project after a two-epoch run signed with KEY: ``run/version_0/checkpoints`` holds OLDER, NEWEST."""
     done = train(tmp_path, KEY)
     assert done.returncode == 0, done.stderr
-    directory = tmp_path / "run" / "checkpoints"
+    directory = tmp_path / "run" / "version_0" / "checkpoints"
     assert [info.name for info in list_checkpoints(directory)[0]] == [OLDER, NEWEST]
     return directory
 
@@ -91,23 +91,27 @@ time.sleep(120)
 def test_a_fresh_run_into_a_live_runs_directory_names_the_run_and_does_not_advise_resume(
     tmp_path: Path,
 ) -> None:
-    assert train(tmp_path).returncode == 0
-    directory = tmp_path / "run" / "checkpoints"
+    # a directory set in the config is shared by its runs (by default each run has its own)
+    shared = ("--set", "plugins.checkpoint.dir=shared")
+    assert train(tmp_path, None, *shared).returncode == 0
+    directory = tmp_path / "shared"
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(directory)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        fresh = one_error_line(train(tmp_path))
+        fresh = one_error_line(train(tmp_path, None, *shared))
         for fragment in ("is in use", "live-run-id", f"pid {holder.pid}", "on host", "wait for it"):
             assert fragment in fresh, fresh
         assert "--resume" not in fresh
-        resumed = one_error_line(train(tmp_path, None, "--resume"))
+        resumed = one_error_line(train(tmp_path, None, *shared, "--resume"))
         assert "in use" in resumed and "live-run-id" in resumed
+        # by default a fresh run has a directory of its own: the live run is no obstacle
+        assert train(tmp_path).returncode == 0
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
     assert [info.name for info in list_checkpoints(directory)[0]] == [OLDER, NEWEST]
     # the run ended: the earlier run's checkpoints are what is left, and --resume is the advice
-    after = one_error_line(train(tmp_path))
+    after = one_error_line(train(tmp_path, None, *shared))
     assert "already holds 2 checkpoint(s)" in after and "--resume" in after and "in use" not in after
 
 
@@ -177,7 +181,7 @@ def test_the_on_empty_stream_policy_lets_a_run_with_an_empty_eval_stream_go_on(
         line for line in result.stderr.splitlines() if "stream 'valid' yielded no batch: it is empty" in line
     ]
     assert len(warned) == (1 if policy == "warn" else 0), result.stderr
-    assert [info.name for info in list_checkpoints(empty_project / "run" / "checkpoints")[0]]
+    assert [info.name for info in list_checkpoints(empty_project / "run" / "version_0" / "checkpoints")[0]]
 
 
 # -- signatures ----------------------------------------------------------------------------------
@@ -254,7 +258,7 @@ def test_a_forged_log_segment_costs_only_its_rows(signed: Path, monkeypatch: pyt
 
 @pytest.mark.slow
 def test_resume_with_a_key_falls_back_past_a_forged_checkpoint_or_errors_in_one_line(signed: Path) -> None:
-    project = signed.parent.parent
+    project = signed.parents[2]  # project/run/version_0/checkpoints
     forge(signed / NEWEST)
     resumed = train(project, KEY, "--resume", "--set", "loop.max_epochs=3")
     assert resumed.returncode == 0, resumed.stderr

@@ -52,7 +52,7 @@ def test_digits_run_and_its_resumption_are_one_mlflow_run_with_checkpoint_and_co
     assert {"epochal", "checkpoint"} <= artifacts
     # Each run of the chain logs its final checkpoint: the first's (epoch 3) and the resumed one's.
     saved = {a.path for a in client.list_artifacts(run.info.run_id, "checkpoint")}
-    latest = "checkpoint/" + os.readlink(tmp_path / "run" / "checkpoints" / "latest")
+    latest = "checkpoint/" + os.readlink(tmp_path / "run" / "version_0" / "checkpoints" / "latest")
     assert saved == {"checkpoint/ckpt-e0003-i000069", latest} and latest.endswith("e0005-i000115")
     assert any(a.path.endswith("manifest.json") for a in client.list_artifacts(run.info.run_id, latest))
 

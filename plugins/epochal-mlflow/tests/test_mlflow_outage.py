@@ -176,4 +176,4 @@ close_timeout = 3
         losses = [v for _, _, v in reader.records(run.run_id, keys=["train.loss"]) if number(v) is not None]
         assert len(losses) == 12  # monitor's train mean of every epoch
         assert (run.epochs_done, run.iterations_done) == (12, 48)
-    assert (tmp_path / "run" / "checkpoints" / "latest").exists()
+    assert (tmp_path / "run" / "version_0" / "checkpoints" / "latest").exists()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import os
 import time
 import uuid
@@ -17,29 +16,7 @@ from mlflow import MlflowClient
 
 from epochal import PluginError, hookimpl, load_plugins
 from epochal.records import number
-from epochal.testing import ResumeFrom, run_loop
-
-
-class TrainRecords:
-    """Writes every train_step output into the current row as ``train.<key>``."""
-
-    @hookimpl
-    def after_batch(self, loop: Any, outputs: Mapping[str, Any]) -> None:
-        for key, value in outputs.items():
-            loop.log.current_row[f"train.{key}"] = value
-
-
-class SaveAt:
-    """Keeps ``loop.state_dict()`` as it is after epoch *epoch* (what a checkpoint would save)."""
-
-    def __init__(self, epoch: int) -> None:
-        self.epoch = epoch
-        self.state: dict[str, Any] | None = None
-
-    @hookimpl
-    def after_epoch(self, loop: Any) -> None:
-        if loop.epoch == self.epoch:
-            self.state = copy.deepcopy(loop.state_dict())
+from epochal.testing import ResumeFrom, SaveAt, TrainRecords, run_loop
 
 
 def history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:

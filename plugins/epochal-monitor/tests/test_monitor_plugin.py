@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import math
 import warnings
@@ -13,7 +14,7 @@ import pytest
 
 from epochal import Loop, hookimpl, load_plugins
 from epochal.examples.digits import make_data, make_model
-from epochal.testing import EpochalCli, ResumeFrom, digits_config
+from epochal.testing import EpochalCli, ResumeFrom, StubModel, digits_config
 
 pytest_plugins = ["epochal.testing"]
 pytestmark = pytest.mark.usefixtures("no_epochal_env")
@@ -236,27 +237,6 @@ def test_order_monitor_runs_before_early_stopping(epochal_cli: EpochalCli) -> No
             assert after_epoch.index("monitor") < after_epoch.index(later)
 
 
-class Scripted:
-    """A model whose train steps return the given outputs, one per batch, in turn."""
-
-    def __init__(self, outputs: list[dict[str, Any]]) -> None:
-        self.outputs = outputs
-        self.step = 0
-
-    def train_step(self, batch: Any) -> dict[str, Any]:
-        self.step += 1
-        return self.outputs[(self.step - 1) % len(self.outputs)]
-
-    def eval_step(self, batch: Any) -> dict[str, Any]:
-        return {}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: Any) -> None:
-        pass
-
-
 @pytest.mark.parametrize("every", [0, 1])
 def test_a_metric_is_skipped_once_it_is_not_a_number(every: int) -> None:
     # every_n_batches 0 and 1 take after_batch's inline paths; both must drop the metric
@@ -270,7 +250,9 @@ def test_a_metric_is_skipped_once_it_is_not_a_number(every: int) -> None:
     batches = [np.zeros((2, 1)), np.zeros((3, 1)), np.zeros((1, 1))]
     options = {"monitor": {"every_n_batches": every}}
     plugins = load_plugins(order=["monitor"], autoload=False, options=options)
-    loop = Loop(Scripted(outputs), {"train": batches}, plugins=plugins, max_epochs=2, handle_signals=False)
+    turns = itertools.cycle(outputs)  # one per batch, in turn
+    model = StubModel(train=lambda batch: next(turns), evaluation={})
+    loop = Loop(model, {"train": batches}, plugins=plugins, max_epochs=2, handle_signals=False)
     loop.run()
     running = [1.0, 2.0, 3.5] * 2
     assert loop.log.history("train.loss.running") == (list(enumerate(running, start=1)) if every else [])

@@ -17,7 +17,7 @@ import pytest
 
 from epochal import Loop, hookimpl, load_plugins
 from epochal.examples.digits import make_data, make_model
-from epochal.testing import EpochalCli, ResumeFrom, digits_config
+from epochal.testing import EpochalCli, ResumeFrom, StubModel, digits_config
 
 pytest_plugins = ["epochal.testing"]
 pytestmark = pytest.mark.usefixtures("no_epochal_env")
@@ -193,24 +193,16 @@ def test_bad_options(tmp_path: Path, epochal_cli: EpochalCli, setting: str, culp
     assert "Traceback" not in result.stderr
 
 
-class Counting:
+class Counting(StubModel):
     """A model whose train loss is the batch's number: 1, 2, 3, ... (the mean is not the last)."""
 
     def __init__(self) -> None:
+        super().__init__(evaluation={"loss": 0.5, "a_rather_long_metric_name_for_accuracy": 0.25})
         self.n = 0
 
-    def train_step(self, batch: Any) -> dict[str, float]:
+    def train_step(self, batch: Any) -> dict[str, Any]:
         self.n += 1
         return {"loss": float(self.n), "note": "text"}
-
-    def eval_step(self, batch: Any) -> dict[str, float]:
-        return {"loss": 0.5, "a_rather_long_metric_name_for_accuracy": 0.25}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: Any) -> None:
-        pass
 
 
 def _progress_lines(capsys: pytest.CaptureFixture[str], ncols: int) -> list[str]:

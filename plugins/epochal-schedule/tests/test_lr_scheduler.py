@@ -13,7 +13,7 @@ import torch
 from epochal_schedule import LRScheduler
 
 from epochal import ConfigError, Loop, PluginError, load_plugins
-from epochal.testing import epochal_command
+from epochal.testing import StubModel, epochal_command
 from epochal.torch import TorchModel
 
 DIGITS = Path(__file__).resolve().parents[3] / "examples" / "digits.toml"
@@ -70,24 +70,16 @@ def test_reduce_on_plateau_watches_an_eval_metric() -> None:
     assert lrs(loop) == pytest.approx([0.1, 0.05, 0.025])  # "no improvement" every epoch
 
 
-class ChosenValidLoss:
+class ChosenValidLoss(StubModel):
     """A numpy model (an ``lr`` attribute) whose valid loss after epoch n is ``losses[n]``."""
 
     def __init__(self, losses: dict[int, float], batches_per_epoch: int = 4) -> None:
+        super().__init__(evaluation=lambda batch: {"loss": self.losses[self.steps // self.per_epoch]})
         self.lr, self.losses, self.per_epoch, self.steps = 0.1, losses, batches_per_epoch, 0
 
     def train_step(self, batch: Any) -> dict[str, float]:
         self.steps += 1
         return {"loss": 1.0}
-
-    def eval_step(self, batch: Any) -> dict[str, float]:
-        return {"loss": self.losses[self.steps // self.per_epoch]}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: Any) -> None:
-        pass
 
 
 @pytest.mark.parametrize(
@@ -151,23 +143,17 @@ def test_several_parameter_groups_are_logged_each() -> None:
     assert lrs(loop, "lr.group1") == pytest.approx([1.0, 0.5])
 
 
-class NumpyModel:
+class NumpyModel(StubModel):
+    """A numpy model with an ``lr`` attribute; ``seen`` holds its value at every train step."""
+
     def __init__(self) -> None:
+        super().__init__(evaluation={"loss": 1.0})
         self.lr = 0.2
         self.seen: list[float] = []
 
     def train_step(self, batch: Any) -> dict[str, float]:
         self.seen.append(self.lr)
         return {"loss": 1.0}
-
-    def eval_step(self, batch: Any) -> dict[str, float]:
-        return {"loss": 1.0}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: Any) -> None:
-        pass
 
 
 def test_a_numpy_model_with_an_lr_attribute_is_scheduled() -> None:

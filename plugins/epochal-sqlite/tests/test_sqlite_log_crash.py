@@ -13,34 +13,21 @@ from pathlib import Path
 
 WRITER = """
 import sys, time
-from epochal import Loop, hookimpl
+from epochal import Loop
 from epochal_sqlite import SQLiteLog
+from epochal.testing import StubModel, TrainRecords
 
 db, epochs, flush_every, pause = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
 
-class Model:
-    def train_step(self, batch):
-        time.sleep(pause)
-        return {f"m{j}": batch[0] + j / 10 for j in range(10)}
-    def eval_step(self, batch):
-        return {"loss": 0.5}
-    def state_dict(self):
-        return {}
-    def load_state_dict(self, state):
-        pass
-
-class Recorder:
-    @hookimpl
-    def after_batch(self, loop, outputs):
-        row = loop.log.current_row
-        for key, value in outputs.items():
-            row["train." + key] = value
+def step(batch):
+    time.sleep(pause)
+    return {f"m{j}": batch[0] + j / 10 for j in range(10)}
 
 loop = Loop(
-    Model(),
+    StubModel(train=step, evaluation={"loss": 0.5}),
     {"train": [[i] for i in range(50)]},
     plugins={
-        "recorder": Recorder(),
+        "recorder": TrainRecords(),
         "sqlite_log": SQLiteLog(path=db, flush_every=flush_every, flush_seconds=0),
     },
     max_epochs=epochs,

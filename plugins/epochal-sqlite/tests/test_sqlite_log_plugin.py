@@ -13,6 +13,7 @@ import pytest
 from epochal_sqlite import Reader, SQLiteLog
 
 from epochal import Loop, PluginError, hookimpl, load_plugins
+from epochal.testing import TrainRecords
 
 
 class CountingModel:
@@ -37,16 +38,6 @@ class CountingModel:
         self.step = int(state["step"])
 
 
-class Recorder:
-    """Writes every train_step output into the current row as ``train.<key>``."""
-
-    @hookimpl
-    def after_batch(self, loop: Any, outputs: Mapping[str, Any]) -> None:
-        row = loop.log.current_row
-        for key, value in outputs.items():
-            row[f"train.{key}"] = value
-
-
 def data(batches: int = 5, valid: bool = True) -> dict[str, Any]:
     streams: dict[str, Any] = {"train": [[i] for i in range(batches)]}
     if valid:
@@ -67,7 +58,7 @@ def test_every_record_of_every_row_is_written_with_status_and_config(tmp_path: P
     loop = Loop(
         CountingModel(),
         data(),
-        plugins={"recorder": Recorder(), "sqlite_log": plugin},
+        plugins={"recorder": TrainRecords(), "sqlite_log": plugin},
         max_epochs=2,
         config={"loop": {"max_epochs": 2}, "model": {"factory": "x:y"}},
         handle_signals=False,
@@ -249,7 +240,7 @@ def test_values_names_and_keys_filter(tmp_path: Path) -> None:
         CountingModel(),
         data(2, valid=True),
         plugins={
-            "recorder": Recorder(),
+            "recorder": TrainRecords(),
             "sqlite_log": SQLiteLog(path=str(db2), keys=["valid.*", "train.m1"]),
         },
         max_epochs=1,
@@ -277,7 +268,7 @@ def test_flushes_by_rows_and_at_epoch_end(tmp_path: Path) -> None:
         CountingModel(),
         data(7, valid=False),
         plugins={
-            "recorder": Recorder(),
+            "recorder": TrainRecords(),
             "sqlite_log": SQLiteLog(path=str(db), flush_every=3, flush_seconds=0),
             "probe": Probe(),
         },
@@ -313,7 +304,7 @@ def test_flushes_by_time_only_when_flush_seconds_is_set(tmp_path: Path, seconds:
         return flush(loop, *args, **kwargs)
 
     log.flush = counting  # type: ignore[method-assign]
-    plugins = {"recorder": Recorder(), "sqlite_log": log}
+    plugins = {"recorder": TrainRecords(), "sqlite_log": log}
     loop = Loop(Slow(), data(8, valid=False), plugins=plugins, max_epochs=1)
     loop.run()
     by_time = [i for i in flushed if i < 8]
@@ -334,7 +325,7 @@ def test_failed_run_is_recorded_with_its_error_and_rows(tmp_path: Path) -> None:
     loop = Loop(
         CountingModel(fail_at=9),
         data(5),
-        plugins={"recorder": Recorder(), "sqlite_log": SQLiteLog(path=str(db), flush_every=100)},
+        plugins={"recorder": TrainRecords(), "sqlite_log": SQLiteLog(path=str(db), flush_every=100)},
         max_epochs=3,
         handle_signals=False,
     )
@@ -377,7 +368,7 @@ def test_a_flush_that_fails_loses_no_record_and_no_new_key(
         CountingModel(),
         data(5, valid=False),
         plugins={
-            "recorder": Recorder(),
+            "recorder": TrainRecords(),
             "extra": Extra(),
             "sqlite_log": SQLiteLog(path=str(db), flush_every=1),
         },
@@ -420,7 +411,7 @@ def test_resumed_run_is_a_new_run_and_the_chain_is_one_timeline(tmp_path: Path) 
         CountingModel(),
         data(5),
         plugins={
-            "recorder": Recorder(),
+            "recorder": TrainRecords(),
             "saver": Saver(),
             "sqlite_log": SQLiteLog(path=str(db), flush_every=2),
         },
@@ -431,7 +422,7 @@ def test_resumed_run_is_a_new_run_and_the_chain_is_one_timeline(tmp_path: Path) 
     second = Loop(
         CountingModel(),
         data(5),
-        plugins={"recorder": Recorder(), "resumer": Resumer(), "sqlite_log": SQLiteLog(path=str(db))},
+        plugins={"recorder": TrainRecords(), "resumer": Resumer(), "sqlite_log": SQLiteLog(path=str(db))},
         max_epochs=4,
         handle_signals=False,
     )
@@ -488,7 +479,7 @@ def test_a_full_log_stops_the_run_with_one_error_and_keeps_every_committed_flush
     loop = Loop(
         CountingModel(k=20),
         data(200, valid=False),
-        plugins={"recorder": Recorder(), "sqlite_log": SQLiteLog(path=str(db), flush_every=1)},
+        plugins={"recorder": TrainRecords(), "sqlite_log": SQLiteLog(path=str(db), flush_every=1)},
         max_epochs=1,
         handle_signals=False,
     )

@@ -3,33 +3,18 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import pytest
 from epochal_sqlite import Reader, SQLiteLog, store
 
 from epochal import EpochalError, Loop
-
-
-class TinyModel:
-    def train_step(self, batch: Any) -> Mapping[str, Any]:
-        return {}
-
-    def eval_step(self, batch: Any) -> Mapping[str, Any]:
-        return {"loss": 0.5}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        pass
+from epochal.testing import StubModel
 
 
 def run_once(db: Path) -> str:
     loop = Loop(
-        TinyModel(),
+        StubModel(train={}, evaluation={"loss": 0.5}),
         {"train": [[1], [2]], "valid": [[1]]},
         plugins={"sqlite_log": SQLiteLog(path=str(db))},
         max_epochs=2,

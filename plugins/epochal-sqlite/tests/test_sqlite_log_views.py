@@ -60,7 +60,7 @@ def epochal(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str], str]:
-    """Two runs of digits.toml (runs/digits, runs/again) and one of other.toml (runs/other)."""
+    """Two runs of digits.toml (under runs/digits, runs/again) and one of other.toml (runs/other)."""
     cwd = tmp_path_factory.mktemp("views")
     (cwd / "digits.toml").write_text(CONFIG)
     (cwd / "other.toml").write_text(CONFIG.replace("hidden = 16", "hidden = 8"))
@@ -79,7 +79,9 @@ def test_runs_shows_config_and_run_dir_within_80_columns(project: tuple[Path, li
     header = ("run_id", "status", "started", "duration", "epochs", "iterations", "config", "run_dir",
               "resumed_from", "reason")  # fmt: skip
     assert set(header) <= words, text  # no column dropped: the table wraps onto another block
-    assert {"digits.toml", "other.toml", "runs/digits", "runs/again", "runs/other"} <= words
+    # each run's own directory under its config's run_dir
+    assert {"digits.toml", "other.toml", "runs/digits/version_0", "runs/again/version_0"} <= words
+    assert "runs/other/version_0" in words
     blocks = [block.splitlines() for block in text.split("\n\n")]
     assert len(blocks) > 1 and all(block[0].startswith("run_id") for block in blocks)
     for block in blocks:  # each block has a line per run, named by its 12-character id

@@ -33,7 +33,7 @@ def test_digits_run_resumed_gives_one_timeline_per_tag(tmp_path: Path) -> None:
     )
     assert resumed.returncode == 0, resumed.stderr
     events = EventAccumulator(
-        str(tmp_path / "run" / "tensorboard"), size_guidance={"scalars": 0, "histograms": 0}
+        str(tmp_path / "run" / "version_0" / "tensorboard"), size_guidance={"scalars": 0, "histograms": 0}
     )
     events.Reload()
     tags = events.Tags()

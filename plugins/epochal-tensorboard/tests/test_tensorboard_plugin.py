@@ -12,7 +12,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from epochal import PluginError, hookimpl, load_plugins
 from epochal.records import number
-from epochal.testing import ResumeFrom, run_loop
+from epochal.testing import ResumeFrom, SaveAt, TrainRecords, run_loop
 
 
 def read(log_dir: Path) -> EventAccumulator:
@@ -24,30 +24,6 @@ def read(log_dir: Path) -> EventAccumulator:
 
 def scalars(accumulator: EventAccumulator, tag: str) -> list[tuple[int, float]]:
     return [(event.step, event.value) for event in accumulator.Scalars(tag)]
-
-
-class TrainRecords:
-    """Writes every train_step output into the current row as ``train.<key>``."""
-
-    @hookimpl
-    def after_batch(self, loop: Any, outputs: Mapping[str, Any]) -> None:
-        for key, value in outputs.items():
-            loop.log.current_row[f"train.{key}"] = value
-
-
-class SaveAt:
-    """Keeps ``loop.state_dict()`` as it is after epoch *epoch* (what a checkpoint would save)."""
-
-    def __init__(self, epoch: int) -> None:
-        self.epoch = epoch
-        self.state: dict[str, Any] | None = None
-
-    @hookimpl
-    def after_epoch(self, loop: Any) -> None:
-        if loop.epoch == self.epoch:
-            import copy
-
-            self.state = copy.deepcopy(loop.state_dict())
 
 
 def test_every_numeric_record_is_a_scalar_with_its_iteration_as_step(tmp_path: Path) -> None:

@@ -10,13 +10,16 @@ On several processes the loop replaces each stream by this rank's shard (:func:`
 
 The train stream must give every rank the same number of batches (DDP all-reduces gradients
 at every step: a rank with a batch more would wait forever), so its remainder is the
-``[loop] uneven_shards`` policy: ``"error"`` (the default: a clear error before training),
-``"drop"`` or ``"pad"``. Evaluation streams are shared out without dropping or repeating
-anything (``"keep"``), so metrics reduced over the ranks are those of the whole stream.
+``[loop] uneven_shards`` policy: ``"pad"`` (the default, as ``DistributedSampler(drop_last=False)``
+does: the first examples of each epoch's order are repeated, and rank 0 says once how many),
+``"drop"`` or ``"error"`` (a clear error before training). Evaluation streams are shared out
+without dropping or repeating anything (``"keep"``), so metrics reduced over the ranks are those
+of the whole stream.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -31,9 +34,10 @@ def shard_stream(
     stream: Any,
     rank: int,
     size: int,
-    uneven: str = "error",
+    uneven: str = "pad",
     seed: int | None = None,
     where: str = "",
+    tell: bool = True,
 ) -> Any:
     """Rank *rank*'s part of the stream *name* of a run on *size* processes.
 
@@ -41,6 +45,7 @@ def shard_stream(
         streams always keep every item.
     :param seed: the run's seed (a DataLoader made by a callable stream is made resumable with it).
     :param where: the configuration file, for messages.
+    :param tell: under ``"pad"``, rank 0 says how many examples the train stream repeats.
     :raises ConfigError: the train stream cannot be shared evenly under ``"error"``, or a
         stream cannot be sharded at all.
     """
@@ -53,10 +58,14 @@ def shard_stream(
             stream = LoaderStream(stream, seed=seed or 0)
     try:
         shard = getattr(stream, "shard", None)
-        if callable(shard):
-            return shard(rank, size, remainder)
-        if isinstance(stream, (list, tuple)):
-            return [stream[i] for i in shard_indices(range(len(stream)), rank, size, remainder, "batches")]  # type: ignore[arg-type]
+        if callable(shard) or isinstance(stream, (list, tuple)):
+            if remainder == "pad":  # the remainder "error" would refuse is what padding repeats
+                try:
+                    return _shard(stream, rank, size, "error")
+                except UnevenShardsError as error:
+                    if tell and rank == 0:
+                        print(_padded(name, error, where), file=sys.stderr, flush=True)
+            return _shard(stream, rank, size, remainder)
     except UnevenShardsError as error:
         per_epoch = "per epoch" if error.unit == "examples" else "per pass"
         raise ConfigError(
@@ -76,6 +85,25 @@ def shard_stream(
     )
 
 
+def _shard(stream: Any, rank: int, size: int, remainder: Remainder) -> Any:
+    shard = getattr(stream, "shard", None)
+    if callable(shard):
+        return shard(rank, size, remainder)
+    return [stream[i] for i in shard_indices(range(len(stream)), rank, size, remainder, "batches")]  # type: ignore[arg-type]
+
+
+def _padded(name: str, error: UnevenShardsError, where: str) -> str:
+    """The one notice of a padded train stream: how many of its items are repeated."""
+    repeated = error.size - error.left_over
+    per_epoch = "per epoch" if error.unit == "examples" else "per pass"
+    prefix = f"{where}: " if where else ""
+    return (
+        f"epochal: {prefix}[data] stream {name!r}: {error.count} {error.unit} on {error.size} processes: "
+        f"{repeated} of them repeated {per_epoch} so that every process trains on as many "
+        f'(uneven_shards = "pad", as DistributedSampler does; "drop" leaves {error.left_over} out)'
+    )
+
+
 class _ShardedFactory:
     """A zero-argument callable stream whose every result is sharded."""
 
@@ -91,9 +119,11 @@ class _ShardedFactory:
     ) -> None:
         self.factory, self.name, self.rank, self.size = factory, name, rank, size
         self.uneven, self.seed, self.where = uneven, seed, where
+        self._told = False  # the padding notice is said once, not every epoch
 
     def __call__(self) -> Any:
         stream = self.factory()
         if callable(stream) and not hasattr(stream, "__iter__"):
             raise ConfigError(f"[data] stream {self.name!r}: its callable returned another callable")
-        return shard_stream(self.name, stream, self.rank, self.size, self.uneven, self.seed, self.where)
+        tell, self._told = not self._told, True
+        return shard_stream(self.name, stream, self.rank, self.size, self.uneven, self.seed, self.where, tell)

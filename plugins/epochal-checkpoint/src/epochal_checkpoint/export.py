@@ -22,7 +22,7 @@ from typing import Any
 from epochal_checkpoint.errors import CheckpointWriteError, UnsupportedStateError
 from epochal_checkpoint.storage.write import fsync_dir
 
-__all__ = ["export_weights", "model_tensors"]
+__all__ = ["export_weights", "exported_metric", "model_tensors"]
 
 _RECORD = "__tensor__"  # epochal.torch.state's tag for a tensor numpy has no dtype for
 
@@ -141,3 +141,17 @@ def _save_torch(tensors: Mapping[str, Any], path: Path, meta: dict[str, str]) ->
             "needs torch (pip install 'epochal[torch]')"
         ) from None
     save_file({k: plain_to_tensor(v) for k, v in tensors.items()}, str(path), metadata=meta)
+
+
+def exported_metric(path: Path) -> float | None:
+    """The ``monitor`` value recorded in an exported weights file (None: none or unreadable)."""
+    if not path.is_file():
+        return None
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="numpy") as handle:
+            value = (handle.metadata() or {}).get("epochal.metric")
+        return float(value) if value is not None else None
+    except Exception:  # a damaged or foreign file: the next best save replaces it
+        return None

@@ -3,7 +3,9 @@
 ``checkpoint`` saves ``loop.state_dict()`` on triggers (every n epochs/batches/seconds, at the
 end, on interrupt, on an error raised at a batch boundary), keeps the last and the best ones, and
 resumes a run from its newest complete checkpoint (``epochal run CONFIG --resume``).
-``load`` starts a run from a given checkpoint: the full state, or the model's arrays only.
+``load`` (:mod:`epochal_checkpoint.load`, re-exported here with :func:`read_from`, and the checks
+of :mod:`epochal_checkpoint.fit`) starts a run from a given checkpoint: the full state, or the
+model's arrays only.
 
 The format and the crash-safe write are in :mod:`epochal_checkpoint.storage`.
 """
@@ -14,7 +16,7 @@ import shlex
 import sys
 import threading
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -26,17 +28,31 @@ from epochal_checkpoint import sharded as shards
 from epochal_checkpoint.errors import (
     CheckpointNotFoundError,
     CheckpointWriteError,
-    CorruptCheckpointError,
-    ForeignCheckpointError,
-    StateMismatchError,
 )
-from epochal_checkpoint.export import export_weights
+from epochal_checkpoint.export import export_weights, exported_metric
+from epochal_checkpoint.fit import check_fits, check_model, structure_mismatches
+from epochal_checkpoint.load import Load, load_destinations, read_from
 from epochal_checkpoint.lock import DirectoryLock, live_holder
 from epochal_checkpoint.nodes import refuse_node_local
 from epochal_checkpoint.storage import store
 
 if TYPE_CHECKING:
     from epochal.loop import Loop
+
+# Load, read_from and the fit checks live in their own modules; their old import path stays.
+__all__ = [
+    "BEST_WEIGHTS",
+    "BOUNDARY_HOOKS",
+    "LAST_WEIGHTS",
+    "Checkpoint",
+    "Load",
+    "check_fits",
+    "check_model",
+    "exported_metric",
+    "load_destinations",
+    "read_from",
+    "structure_mismatches",
+]
 
 #: the weights files ``export`` writes into the checkpoint directory.
 LAST_WEIGHTS, BEST_WEIGHTS = "last.safetensors", "best.safetensors"
@@ -658,10 +674,18 @@ class Checkpoint:
         newest; the user says which they want: continue (``--resume``) or another directory.
         """
         self._check_shared(run_dir)
+        # `epochal run` gives each fresh run a new run_dir, so only a `dir` set explicitly (shared
+        # by the config's runs) can hold another run's checkpoints here
+        elsewhere = (
+            "--set plugins.checkpoint.dir=DIR, or leave [plugins.checkpoint] dir unset: each run "
+            "then keeps its checkpoints in its own directory under [loop] run_dir"
+            if self.dir
+            else "--set loop.run_dir=DIR"
+        )
         remote = self._store()
         if remote is not None:  # no lock on an object store; an unreachable one fails here, one line
             committed = [info.name for info in remote.checkpoints()[0]]
-            return self._refusal(remote.url, committed, command)
+            return self._refusal(remote.url, committed, command, elsewhere)
         try:
             directory = self._directory_for(run_dir)
         except ConfigError:
@@ -671,22 +695,20 @@ class Checkpoint:
             return (
                 f"checkpoint directory {str(directory)!r} is in use by {holder}, which is running now. "
                 "Two runs must not write one directory: wait for it to end (or stop it), or choose "
-                "another directory (--set loop.run_dir=DIR, or --set plugins.checkpoint.dir=DIR when "
-                "the config sets it)."
+                f"another directory ({elsewhere})."
             )
         found = sorted(p.name for p in directory.glob("ckpt-*") if p.is_dir()) if directory.is_dir() else []
-        return self._refusal(str(directory), found, command)
+        return self._refusal(str(directory), found, command, elsewhere)
 
     @staticmethod
-    def _refusal(directory: str, found: list[str], command: Sequence[str]) -> str | None:
+    def _refusal(directory: str, found: list[str], command: Sequence[str], elsewhere: str) -> str | None:
         if not found:
             return None
         again = shlex.join([*command, "--resume"]) if command else "--resume"
         return (
             f"checkpoint directory {directory!r} already holds {len(found)} checkpoint(s) of an "
             f"earlier run (newest: {found[-1]}). To continue that run: {again}. To start afresh: "
-            "choose another directory (--set loop.run_dir=DIR, or --set plugins.checkpoint.dir=DIR "
-            "when the config sets it) or delete that one."
+            f"choose another directory ({elsewhere}) or delete that one."
         )
 
     def _background_write(
@@ -809,225 +831,3 @@ def _same_dir(a: Path, b: Path) -> bool:
         return a.resolve() == b.resolve()
     except OSError:
         return False
-
-
-class Load:
-    """Start a run from a given checkpoint: its full state, or the model's arrays only.
-
-    :param path: a checkpoint directory, or a directory of checkpoints (its newest complete one
-        is used); a local path or an fsspec URL (``s3://bucket/run/ckpt-e0002-i000046``). None:
-        do nothing.
-    :param storage_options: keyword arguments of the URL's filesystem (endpoint, credentials).
-    :param weights_only: load only the model's arrays (fine-tuning): counters, log, RNG,
-        streams and plugin states start afresh.
-
-    A run started with ``--resume`` continues from its own newest checkpoint when the
-    ``checkpoint`` plugin is part of the run; ``load`` then does nothing.
-    """
-
-    #: it restores weights: it runs only when a run names it (a table, order, --plugins).
-    autoload = False
-
-    def __init__(
-        self,
-        path: str | None = None,
-        weights_only: bool = False,
-        storage_options: dict[str, Any] | None = None,
-    ) -> None:
-        self.path = path
-        self.weights_only = weights_only
-        self.storage_options = storage_options
-        #: the checkpoint that was loaded (None until then).
-        self.loaded: Path | None = None
-
-    @hookimpl
-    def resume_state(self, loop: Loop, resume: bool) -> dict[str, Any] | None:
-        """The full state of the checkpoint at ``path`` (None for weights_only)."""
-        if self.path is None or self.weights_only:
-            return None
-        if resume and any(isinstance(p, Checkpoint) for p in loop.plugins.values()):
-            return None
-        state, where = read_from(self.path, storage_options=self.storage_options)
-        check_fits(loop, state, where)
-        self.loaded = where
-        loop.resumed_source = f"checkpoint {store.shown(where)}"
-        return state
-
-    @hookimpl
-    def before_training(self, loop: Loop) -> None:
-        """With weights_only: copy the checkpoint's model arrays into the model."""
-        if self.path is None or not self.weights_only or loop.resumed:
-            return
-        state, where = read_from(self.path, model_only=True, storage_options=self.storage_options)
-        check_model(loop, state.get("model"), where)
-        self.loaded = where
-
-
-def read_from(
-    path: str | Path,
-    model_only: bool = False,
-    storage_options: Mapping[str, Any] | None = None,
-    known: store.RemoteStore | None = None,
-    into: Any = None,
-) -> tuple[dict[str, Any], Path]:
-    """Read the checkpoint at *path*: a checkpoint, its manifest or ``latest`` file, or a
-    directory of checkpoints (its newest complete one). Return ``(state, checkpoint path)``.
-    *into*: where a local checkpoint's arrays may be read straight into (:func:`load_destinations`).
-
-    *path* may be an fsspec URL (opened with *storage_options*; *known*, a store already open,
-    is used when the URL is its own): the checkpoint is downloaded into the store's staging
-    directory, the path returned (:func:`~epochal_checkpoint.storage.store.shown` names its URL).
-
-    :raises CheckpointError: one error naming the path, also when the path cannot be looked at
-        (a name too long, a link loop...).
-    """
-    if store.is_remote(path):
-        read = store.read_url(str(path), model_only, storage_options, known)
-        return read.state, read.path
-    path = store.local_path(path)
-    try:
-        return _read_from(path, model_only, into)
-    except OSError as error:  # pathlib's checks raise for a name too long, permission denied...
-        raise CheckpointNotFoundError(
-            f"cannot read a checkpoint at {str(error.filename or path)!r:.300}: {error.strerror or error}"
-        ) from None
-
-
-def load_destinations(loop: Loop) -> dict[str, Any] | None:
-    """The loop's model's ``load_destinations()`` as a loop state's tree (``{"model": ...}``):
-    the live tensors a resume reads the checkpoint's arrays straight into, once it verified
-    (issue 32); None when the model offers none."""
-    offer = getattr(loop.model, "load_destinations", None)
-    if not callable(offer):
-        return None
-    destinations = offer()
-    return {"model": destinations} if destinations else None
-
-
-def _read_from(path: Path, model_only: bool, into: Any = None) -> tuple[dict[str, Any], Path]:
-    if not path.exists():
-        raise CheckpointNotFoundError(f"no checkpoint at {str(path)!r} (the path does not exist)")
-    if path.is_file() and path.name == storage.MANIFEST:
-        path = path.parent
-    elif path.name == storage.POINTER and (path.is_symlink() or not path.is_dir()):
-        name = storage.read_pointer(path.parent)  # a bare checkpoint name: never leaves the directory
-        if name is None:
-            raise CheckpointNotFoundError(
-                f"{str(path)!r} names no checkpoint of its directory (it must hold a checkpoint name)"
-            )
-        path = path.parent / name
-        if path.is_symlink():
-            raise CorruptCheckpointError(f"{str(path)!r} named by {storage.POINTER} is a symbolic link")
-    if path.is_dir() and not (path / storage.MANIFEST).exists():
-        infos, _ = storage.list_checkpoints(path)
-        if not infos:
-            raise ForeignCheckpointError(
-                f"{str(path)!r} is neither an epochal checkpoint (no {storage.MANIFEST}) nor a "
-                "directory of checkpoints"
-            )
-        read, _ = storage.find_latest(path, model_only=model_only, into=into)
-        return read.state, read.path
-    state, _ = storage.read_checkpoint(path, model_only=model_only, into=into)
-    return state, path
-
-
-def structure_mismatches(expected: Any, found: Any, where: str) -> list[str]:
-    """The differences in keys, array shapes and dtypes between two model states."""
-    import numpy as np
-
-    if isinstance(expected, Mapping):
-        if not isinstance(found, Mapping):
-            return [f"{where}: expected a dict, found {type(found).__name__}"]
-        problems = []
-        if missing := sorted(map(str, expected.keys() - found.keys())):
-            problems.append(f"missing keys {', '.join(f'{where}.{k}' for k in missing)}")
-        if unexpected := sorted(map(str, found.keys() - expected.keys())):
-            problems.append(f"unexpected keys {', '.join(f'{where}.{k}' for k in unexpected)}")
-        for key in sorted(expected.keys() & found.keys(), key=str):
-            problems += structure_mismatches(expected[key], found[key], f"{where}.{key}")
-        return problems
-    if isinstance(expected, np.ndarray):
-        if not isinstance(found, np.ndarray):
-            return [f"{where}: expected an array, found {type(found).__name__}"]
-        problems = []
-        if found.shape != expected.shape:
-            problems.append(f"{where}: shape {found.shape} != expected {expected.shape}")
-        if found.dtype != expected.dtype:
-            problems.append(f"{where}: dtype {found.dtype} != expected {expected.dtype}")
-        return problems
-    return []
-
-
-def check_model(loop: Loop, model_state: Any, where: Path, load: bool = True) -> None:
-    """Load *model_state* into ``loop.model``, or raise one error naming the checkpoint.
-
-    A model with a ``check_state(state) -> list[str]`` method checks the state itself;
-    otherwise its keys, array shapes and dtypes are compared with the model's own state.
-    Without *load* it is only checked (a sharded checkpoint's tensors are loaded by every rank
-    together, when the loop loads the state).
-
-    :raises StateMismatchError: listing missing/unexpected keys and shape/dtype mismatches, or
-        carrying the model's own refusal.
-    """
-    check_state = getattr(loop.model, "check_state", None)
-    if callable(check_state):  # the model knows what fits it (a fresh optimizer has no state yet)
-        problems = list(check_state(model_state))
-    else:
-        problems = structure_mismatches(loop.model.state_dict(), model_state, "model")
-    if problems:
-        raise StateMismatchError(f"checkpoint {str(where)!r} does not fit the model: " + "; ".join(problems))
-    if not load:
-        return
-    try:
-        loop.model.load_state_dict(model_state)
-    except Exception as error:
-        raise StateMismatchError(
-            f"checkpoint {str(where)!r} does not fit the model: {type(error).__name__}: {error}"
-        ) from error
-
-
-def check_fits(loop: Loop, state: Mapping[str, Any], where: Path) -> None:
-    """Check a full state against the loop's model and streams before the loop loads it.
-
-    The model and the streams load their parts here (the loop loads them again, with the same
-    result), so their own refusals become one :class:`StateMismatchError` naming the checkpoint.
-    """
-    from epochal.loop import STATE_FORMAT
-
-    if state.get("format") != STATE_FORMAT:
-        raise ForeignCheckpointError(
-            f"checkpoint {str(where)!r} holds loop state format {state.get('format')!r}; this "
-            f"epochal reads format {STATE_FORMAT}"
-        )
-    from epochal.distributed.state import WorldSizeError, own_parts
-
-    try:  # saved by another number of processes: only at an epoch end
-        own_parts(state, loop.world)
-    except WorldSizeError as error:
-        raise StateMismatchError(f"checkpoint {str(where)!r}: {error}") from None
-    model = state.get("model")
-    check_model(loop, model, where, load=not (isinstance(model, Mapping) and "dcp" in model))
-    for name, stream_state in (state.get("data") or {}).items():
-        stream = loop.data.get(name)
-        if stream is not None and callable(getattr(stream, "load_state_dict", None)):
-            try:
-                stream.load_state_dict(stream_state)
-            except Exception as error:
-                raise StateMismatchError(
-                    f"checkpoint {str(where)!r}: stream {name!r} cannot continue from the saved "
-                    f"position: {type(error).__name__}: {error}"
-                ) from error
-
-
-def exported_metric(path: Path) -> float | None:
-    """The ``monitor`` value recorded in an exported weights file (None: none or unreadable)."""
-    if not path.is_file():
-        return None
-    try:
-        from safetensors import safe_open
-
-        with safe_open(str(path), framework="numpy") as handle:
-            value = (handle.metadata() or {}).get("epochal.metric")
-        return float(value) if value is not None else None
-    except Exception:  # a damaged or foreign file: the next best save replaces it
-        return None

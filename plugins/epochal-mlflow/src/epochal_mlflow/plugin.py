@@ -44,7 +44,8 @@ class MLflow:
     """Log the run to MLflow: params from the config, metrics by step, weights and config as artifacts.
 
     :param tracking_uri: the tracking server (``http://host:5000``) or store URI; default a
-        SQLite store ``<run_dir>/mlflow.db`` with artifacts in ``<run_dir>/mlartifacts``.
+        SQLite store ``<[loop] run_dir>/mlflow.db`` with artifacts in ``<[loop] run_dir>/mlartifacts``,
+        shared by the runs of the config (each run's files are in its ``version_N``).
     :param experiment: the MLflow experiment (created when missing).
     :param run_name: the MLflow run's name (default: MLflow's generated one).
     :param flush_every: hand the new records to the sending thread every this many iterations
@@ -114,7 +115,8 @@ class MLflow:
         self._close_quietly()
         uri, artifacts = self.tracking_uri, None
         if uri is None:
-            base = Path(loop.run_dir) if loop.run_dir is not None else Path()
+            root = loop.run_root  # one store for a config's runs, as MLflow's own mlruns
+            base = Path(root) if root is not None else Path()
             uri = f"sqlite:///{(base / 'mlflow.db').resolve()}"
             artifacts = (base / "mlartifacts").resolve().as_uri()
             try:

@@ -177,9 +177,10 @@ def _of_config(runs: Sequence[reading.Run], config: str) -> list[reading.Run]:
     chosen = []
     for run in runs:
         recorded = run.config.get(CONFIG_FILE) if isinstance(run.config, dict) else None
+        directory = os.path.normpath(run.run_dir) if run.run_dir else None
         if recorded == source or (
-            recorded is None and run.run_dir and os.path.normpath(run.run_dir) == run_dir
-        ):
+            recorded is None and directory and run_dir in (directory, os.path.dirname(directory))
+        ):  # its run root, or one of its runs' own directories under it
             chosen.append(run)
     return chosen
 

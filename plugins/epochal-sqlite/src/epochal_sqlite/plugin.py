@@ -72,9 +72,11 @@ class SQLiteLog:
     """Persist every run's training log, status and configuration in a SQLite file.
 
     :param path: the database file. Default: ``$EPOCHAL_SQLITE_DB``, else ``epochal.sqlite``
-        beside the run directory (``runs/epochal.sqlite`` for ``runs/<config>``: one log per
-        project, shared by the runs of all its configs), else ``epochal.sqlite`` in the working
-        directory when the loop has no run directory. Many runs share one file.
+        beside the configuration's ``[loop] run_dir`` (``runs/epochal.sqlite`` for
+        ``runs/<config>``, whose runs are ``runs/<config>/version_N``: one log per project,
+        shared by the runs of all its configs; each run row records its own directory), else
+        ``epochal.sqlite`` in the working directory when the loop has no run directory. Many
+        runs share one file.
     :param flush_every: write the buffered rows after this many training iterations (rows);
         0: never by count.
     :param flush_seconds: ... or when this many seconds passed since the last write (0: never
@@ -123,7 +125,8 @@ class SQLiteLog:
     def before_training(self, loop: Loop) -> None:
         """Open (create) the database and insert the run as ``running``."""
         self.close()
-        db_path = default_path(loop.run_dir) if self.path is None else Path(self.path)
+        # beside the config's run root, shared by all its runs (each in its own run_dir)
+        db_path = default_path(loop.run_root) if self.path is None else Path(self.path)
         conn = store.connect(db_path, create=True)
         lock = store.RunLock(db_path, loop.run_id)
         kept = "nothing of this run was written; the runs it held are kept"
