@@ -18,7 +18,13 @@ an untimed warm-up round first; medians):
 - **epochal**: what the checkpoint plugin's synchronous save does, ``loop.state_dict()`` (the
   model's state through ``TorchModel.state_dict``, RNG, log, counters), ``storage.flatten``,
   ``storage.write_checkpoint`` (crash-safe: files and directories fsynced, rename); the load is
-  a resume's: ``storage.read_checkpoint`` + ``loop.load_state_dict`` into the second model.
+  what the plugin's ``resume_state`` does with ``--resume PATH``: ``read_from`` with the
+  model's load destinations (the arrays read straight into the live tensors once the checkpoint
+  verified), ``check_fits`` (which loads the model once) and ``loop.load_state_dict`` into the
+  second model (whose optimizer has stepped: its momentum buffers exist).
+- **epochal, fresh optimizer**: the same load into the second model's module with a new
+  optimizer that has no state yet, as in a resumed run: the momentum buffers (half the state)
+  have no live memory to be read into and take fresh memory, as torch.load's do.
 
 The adapter's own share is printed beneath each table: the time of ``loop.state_dict()`` in
 the save and of ``loop.load_state_dict()`` in the load (the rest is the storage layer).
@@ -51,6 +57,7 @@ from typing import Any
 import numpy as np
 import peers  # beside this file
 import torch
+from epochal_checkpoint import plugin as checkpoint_plugin
 from epochal_checkpoint.storage import flatten, read_checkpoint, write_checkpoint
 from safetensors.torch import load_file, save_file
 
@@ -163,8 +170,14 @@ def epochal_save(directory: Path, name: str, loop: Loop, parts: dict[str, float]
 
 
 def epochal_load(path: Path, loop: Loop, parts: dict[str, float]) -> None:
-    """A resume's load; ``parts["adapter"]``: ``loop.load_state_dict()``'s share."""
-    state, _ = read_checkpoint(path)
+    """A resume's load (the checkpoint plugin's ``resume_state`` for ``--resume PATH``, less its
+    run-directory bookkeeping); ``parts["adapter"]``: ``loop.load_state_dict()``'s share."""
+    offer = getattr(checkpoint_plugin, "load_destinations", None)  # None: an epochal before issue 32's
+    if offer is None:
+        state, _ = read_checkpoint(path)
+    else:
+        state, _ = checkpoint_plugin.read_from(path, into=offer(loop))
+    checkpoint_plugin.check_fits(loop, state, path)
     started = time.perf_counter()
     loop.load_state_dict(state)
     parts["adapter"] = time.perf_counter() - started
@@ -180,7 +193,7 @@ def timed(call: Callable[[], Any]) -> tuple[float, float, int]:
 
 
 SAVES = ("raw", "torch.save", "safetensors", "epochal")
-LOADS = ("raw", "torch.load", "safetensors", "epochal")
+LOADS = ("raw", "torch.load", "safetensors", "epochal", "epochal, fresh optimizer")
 
 
 def measure(directory: Path, size_mb: int, rounds: int) -> dict[str, Any]:
@@ -193,7 +206,7 @@ def measure(directory: Path, size_mb: int, rounds: int) -> dict[str, Any]:
     times: dict[str, list[float]] = {k: [] for k in names}
     cpu: dict[str, list[float]] = {k: [] for k in names}
     faults: dict[str, list[int]] = {k: [] for k in times}
-    adapter: dict[str, list[float]] = {"save": [], "load": []}
+    adapter: dict[str, list[float]] = {"save": [], "load": [], "load, fresh optimizer": []}
     parts: dict[str, float] = {}
     for number in range(-1, rounds):  # round -1 warms up (first touches of memory, files), untimed
         here = directory / f"round{number}"
@@ -216,11 +229,24 @@ def measure(directory: Path, size_mb: int, rounds: int) -> dict[str, Any]:
                 faults[f"save {name}"].append(count)
                 if name == "epochal":
                     adapter["save"].append(parts["adapter"])
+        fresh = Loop(  # untimed: a resumed run's model, whose optimizer has no state yet
+            TorchModel(
+                target,
+                torch.optim.SGD(target.parameters(), lr=0.01, momentum=0.9),
+                torch.nn.functional.mse_loss,
+                device="cpu",
+            ),
+            {"train": []},
+            plugins={},
+            run_dir=directory / "run-c",
+            handle_signals=False,
+        )
         loads: dict[str, Callable[[], Any]] = {
             "raw": lambda: raw_load(paths["raw"]),  # noqa: B023
             "torch.load": lambda: torch_load(paths["torch.save"], target, target_optimizer),  # noqa: B023
             "safetensors": lambda: safetensors_load(paths["safetensors"], target, target_optimizer),  # noqa: B023
             "epochal": lambda: epochal_load(paths["epochal"], target_loop, parts),  # noqa: B023
+            "epochal, fresh optimizer": lambda: epochal_load(paths["epochal"], fresh, parts),  # noqa: B023
         }
         for name in LOADS[number % len(LOADS) :] + LOADS[: number % len(LOADS)]:
             seconds, cpu_seconds, count = timed(loads[name])
@@ -228,8 +254,8 @@ def measure(directory: Path, size_mb: int, rounds: int) -> dict[str, Any]:
                 times[f"load {name}"].append(seconds)
                 cpu[f"load {name}"].append(cpu_seconds)
                 faults[f"load {name}"].append(count)
-                if name == "epochal":
-                    adapter["load"].append(parts["adapter"])
+                if name.startswith("epochal"):
+                    adapter["load" if name == "epochal" else "load, fresh optimizer"].append(parts["adapter"])
         # a resume is bitwise: the second model now holds the first one's state
         assert all(torch.equal(a, b) for a, b in zip(module.parameters(), target.parameters(), strict=True))
         shutil.rmtree(here)
@@ -262,7 +288,7 @@ def report(result: dict[str, Any]) -> None:
         "| load ms | load: raw / case | load, CPU: raw / case | load faults |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for save, load in zip(SAVES, LOADS, strict=True):
+    for save, load in zip(SAVES, LOADS[: len(SAVES)], strict=True):
         label = save if save == load else f"{save} / {load}"
         save_ratio = "1" if save == "raw" else f"**{ratio[f'save {save}']:.2f}x**"
         load_ratio = "1" if load == "raw" else f"**{ratio[f'load {load}']:.2f}x**"
@@ -272,10 +298,16 @@ def report(result: dict[str, Any]) -> None:
             f"| {label} | {ms[f'save {save}']:.1f} | {save_ratio} | {save_cpu} | {faults[f'save {save}']} "
             f"| {ms[f'load {load}']:.1f} | {load_ratio} | {load_cpu} | {faults[f'load {load}']} |"
         )
+    for load in LOADS[len(SAVES) :]:
+        print(
+            f"| {load} | | | | | {ms[f'load {load}']:.1f} | **{ratio[f'load {load}']:.2f}x** "
+            f"| {cpu[f'load {load}']:.2f}x | {faults[f'load {load}']} |"
+        )
     parts = result["adapter_ms"]
     print(
         f"\nepochal's adapter (TorchModel inside loop.state_dict / loop.load_state_dict): "
-        f"save {parts['save']:.1f} ms, load {parts['load']:.1f} ms (medians; in the epochal rows)"
+        f"save {parts['save']:.1f} ms, load {parts['load']:.1f} ms, load with a fresh optimizer "
+        f"{parts['load, fresh optimizer']:.1f} ms (medians; in the epochal rows)"
     )
 
 

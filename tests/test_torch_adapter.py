@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -250,3 +252,106 @@ def test_torch_rng_helpers_round_trip() -> None:
         set_torch_rng_state({"cuda": [state["cpu"]]})
     with pytest.raises(ValueError, match="1-D uint8"):
         set_torch_rng_state({"cpu": state["cpu"].astype(np.int16)})
+
+
+def test_a_state_read_into_the_load_destinations_loads_in_place() -> None:
+    model = make(seed=1)
+    for batch in batches(3):
+        model.train_step(batch)
+    model.module.register_buffer("scale", torch.full((3,), 1.5, dtype=torch.bfloat16))
+    saved = copy.deepcopy(model.state_dict())
+    target = make(seed=2)
+    target.module.register_buffer("scale", torch.ones(3, dtype=torch.bfloat16))
+    target.train_step(batches(1, seed=9)[0])  # the optimizer's state exists
+    tensors = dict(target.module.state_dict(keep_vars=True))
+    moments = {pid: dict(s) for pid, s in target.optimizer.state_dict()["state"].items()}
+    into = target.load_destinations()
+    assert set(into["module"]) == set(tensors)
+    assert set(into["optimizer"]["state"]) == {str(pid) for pid in moments}
+    state = copy.deepcopy(saved)
+    for key, value in into["module"].items():  # what the checkpoint reader does
+        state["module"][key] = value
+        if isinstance(value, dict):
+            np.copyto(value["bits"], saved["module"][key]["bits"])
+        else:
+            np.copyto(value, saved["module"][key])
+    for pid, entries in into["optimizer"]["state"].items():
+        for key, value in entries.items():
+            np.copyto(value, saved["optimizer"]["state"][pid][key])
+            state["optimizer"]["state"][pid][key] = value
+    target.load_state_dict(state)
+    for key, tensor in target.module.state_dict(keep_vars=True).items():
+        assert tensor is tensors[key], key  # the same tensors, on the same memory
+        assert tensor.data_ptr() == tensors[key].data_ptr(), key
+    for pid, entries in target.optimizer.state_dict()["state"].items():
+        for key, tensor in entries.items():
+            if key != "step":
+                assert tensor is moments[pid][key], (pid, key)
+    assert params(target) == params(model)
+    data = batches(4, seed=5)
+    rng = torch_rng_state()
+    original = [float(model.train_step(b)["loss"]) for b in data]
+    set_torch_rng_state(rng)
+    assert [float(target.train_step(b)["loss"]) for b in data] == original  # the optimizer too
+
+
+def test_a_module_with_a_load_hook_offers_no_destination() -> None:
+    model = make()
+    model.module[2].register_load_state_dict_post_hook(lambda module, keys: None)
+    assert "module" not in model.load_destinations()
+
+
+def test_a_resume_reads_the_checkpoint_into_the_parameters(tmp_path: Path) -> None:
+    checkpoint = pytest.importorskip("epochal_checkpoint")
+    from epochal import Loop
+
+    def loop(model: TorchModel, **options: Any) -> Loop:
+        plugins = {"checkpoint": checkpoint.Checkpoint()}
+        return Loop(model, {"train": batches(4)}, plugins=plugins, max_epochs=1, seed=0,
+                    run_dir=tmp_path, handle_signals=False, **options)  # fmt: skip
+
+    trained = make(seed=1)
+    loop(trained).run()
+    fresh = make(seed=2)
+    pointers = {k: t.data_ptr() for k, t in fresh.module.state_dict().items()}
+    assert params(fresh) != params(trained)
+    resumed = loop(fresh, resume=True)
+    resumed.run()
+    assert resumed.resumed
+    assert params(fresh) == params(trained)
+    assert {k: t.data_ptr() for k, t in fresh.module.state_dict().items()} == pointers
+
+
+def test_a_damaged_checkpoint_leaves_the_model_as_it_was(tmp_path: Path) -> None:
+    checkpoint = pytest.importorskip("epochal_checkpoint")
+    from epochal_checkpoint.storage.load import read_state_document
+
+    from epochal import Loop
+
+    def loop(model: TorchModel, epochs: int, **options: Any) -> Loop:
+        plugins = {"checkpoint": checkpoint.Checkpoint(keep_last=None)}
+        return Loop(model, {"train": batches(4)}, plugins=plugins, max_epochs=epochs, seed=0,
+                    run_dir=tmp_path, handle_signals=False, **options)  # fmt: skip
+
+    def damage(path: Path) -> None:  # the last array of data.bin: those before it verify
+        entry = max(read_state_document(path)["arrays"], key=lambda e: e["offset"])
+        data = bytearray((path / "data.bin").read_bytes())
+        data[entry["offset"] + 130] ^= 0xFF  # past its .npy header
+        (path / "data.bin").write_bytes(data)
+
+    loop(make(seed=1), 2).run()
+    older, newest = (info.path for info in checkpoint.list_checkpoints(tmp_path / "checkpoints")[0])
+    damage(newest)
+    fresh = make(seed=2)
+    with pytest.warns(RuntimeWarning, match=f"{newest.name}.*fails its checksum"):
+        loop(fresh, 1, resume=True).run()  # the previous checkpoint, the last epoch: no training
+    saved, _ = checkpoint.read_checkpoint(older, model_only=True)
+    for key, tensor in fresh.module.state_dict().items():
+        assert np.array_equal(tensor.numpy(), saved["model"]["module"][key]), key
+
+    damage(older)
+    untouched = make(seed=3)
+    before = params(untouched)
+    with pytest.raises(checkpoint.CorruptCheckpointError), pytest.warns(RuntimeWarning):
+        loop(untouched, 2, resume=True).run()
+    assert params(untouched) == before

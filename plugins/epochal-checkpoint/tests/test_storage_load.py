@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from epochal_checkpoint import CorruptCheckpointError, list_checkpoints, load_latest, read_checkpoint
 from epochal_checkpoint.storage.codec import flatten
-from epochal_checkpoint.storage.load import read_state_document
+from epochal_checkpoint.storage.load import find_latest, read_state_document
 from epochal_checkpoint.storage.write import write_checkpoint
 from epochal_checkpoint.testing import replace_state
 
@@ -97,3 +97,69 @@ def test_index_entries_sharing_a_record_are_refused_before_anything_is_allocated
     replace_state(path, state)
     with pytest.raises(CorruptCheckpointError, match=r"array 'model.b' overlaps the array before it"):
         read_checkpoint(path)
+
+
+def _flip_in_array(checkpoint: Path, key: str) -> None:
+    """Flip one byte inside array *key*'s bytes in ``data.bin`` (its header left intact)."""
+    entry = next(e for e in read_state_document(checkpoint)["arrays"] if e["path"] == [key])
+    data = bytearray((checkpoint / "data.bin").read_bytes())
+    data[entry["offset"] + 200] ^= 0xFF  # past the .npy header (128 bytes)
+    (checkpoint / "data.bin").write_bytes(data)
+
+
+def test_arrays_are_read_into_their_destinations_only_when_dtype_and_shape_match(tmp_path: Path) -> None:
+    saved = {
+        "a": np.arange(1000, dtype=np.float32),
+        "b": np.arange(12, dtype=np.int64).reshape(3, 4),
+        "c": np.ones(10, np.float64),
+        "d": np.arange(6, dtype=np.int16),
+    }
+    checkpoint = save(tmp_path, saved)
+    into = {
+        "a": np.zeros(1000, np.float32),
+        "b": np.zeros((3, 4), np.int64),
+        "c": np.zeros(10, np.float32),  # another dtype: not a destination
+        "d": np.zeros(6, np.int16)[::-1].copy()[::-1],  # not C-contiguous: not a destination
+    }
+    frozen = np.zeros(1000, np.float32)
+    frozen.flags.writeable = False
+    state, _ = read_checkpoint(checkpoint, into=into)
+    assert state["a"] is into["a"] and state["b"] is into["b"]
+    assert np.array_equal(into["a"], saved["a"]) and np.array_equal(into["b"], saved["b"])
+    assert state["c"] is not into["c"] and not into["c"].any()
+    assert not np.shares_memory(state["d"], into["d"]) and not into["d"].any()
+    for key in saved:
+        assert np.array_equal(state[key], saved[key]), key
+    state, _ = read_checkpoint(checkpoint, into={"a": frozen})  # read-only: not a destination
+    assert not np.shares_memory(state["a"], frozen) and not frozen.any()
+
+
+def test_a_damaged_checkpoint_leaves_the_destinations_untouched(tmp_path: Path) -> None:
+    save(tmp_path, {"a": np.full(1000, 1.0), "z": np.full(1000, 1.0)}, "ckpt-e0000-i000001", 1)
+    newest = save(tmp_path, {"a": np.full(1000, 2.0), "z": np.full(1000, 2.0)}, "ckpt-e0000-i000002", 2)
+    _flip_in_array(newest, "z")  # the last array is damaged: "a", before it, verifies
+    into = {"a": np.full(1000, -1.0), "z": np.full(1000, -1.0)}
+    with pytest.raises(CorruptCheckpointError, match="array 'z' fails its checksum"):
+        read_checkpoint(newest, into=into)
+    assert (into["a"] == -1).all() and (into["z"] == -1).all()  # nothing written, not even "a"
+    with pytest.warns(RuntimeWarning, match="ckpt-e0000-i000002"):
+        read, failures = find_latest(tmp_path, into=into)
+    assert [p.name for p, _ in failures] == ["ckpt-e0000-i000002"]
+    assert read.state["a"] is into["a"] and (into["a"] == 1).all() and (into["z"] == 1).all()
+
+
+def test_a_data_file_changed_after_it_verified_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from epochal_checkpoint.storage import load
+
+    checkpoint = save(tmp_path, {"a": np.full(1000, 3.0)})
+    run = load.Fills.run
+
+    def damage_then_run(self: load.Fills) -> None:
+        _flip_in_array(checkpoint, "a")  # a writer inside the committed checkpoint, mid-read
+        run(self)
+
+    monkeypatch.setattr(load.Fills, "run", damage_then_run)
+    with pytest.raises(CorruptCheckpointError, match="changed while it was read, after it verified"):
+        read_checkpoint(checkpoint, into={"a": np.zeros(1000)})

@@ -31,7 +31,16 @@ from epochal.torch import sharded_state
 from epochal.torch.checks import check_module, check_optimizer, compare_keys
 from epochal.torch.device import Precision, move_to, resolve_device
 from epochal.torch.fsdp import Sharded, Strategy, check_strategy
-from epochal.torch.state import from_plain, is_tensor_record, reading_tensor, shareable, to_plain
+from epochal.torch.state import (
+    destinations,
+    from_plain,
+    from_plain_or_live,
+    in_place,
+    is_tensor_record,
+    reading_tensor,
+    shareable,
+    to_plain,
+)
 from epochal.torch.train_metrics import TrainMetrics
 
 __all__ = ["TorchModel"]
@@ -466,6 +475,27 @@ class TorchModel:
             state["train_metrics"] = self._train_metrics.by_rank(self.world)
         return state
 
+    def load_destinations(self) -> dict[str, Any]:
+        """Where a reader may read a state of :meth:`state_dict` straight into (issue 32): the
+        same tree with, for each CPU tensor that can take its saved bytes as they are, a
+        writable array on that tensor's own memory (the module's parameters and buffers, the
+        optimizer's existing state). :meth:`load_state_dict` then finds those values in place
+        and copies nothing. Empty under FSDP, and for the module when its
+        ``load_state_dict`` does more than copy (hooks, custom loaders).
+
+        A reader must fill the destinations only once the whole checkpoint has verified
+        (``epochal_checkpoint`` does): they are the live model.
+        """
+        if self._sharded is not None:
+            return {}
+        module = self.raw_module
+        out: dict[str, Any] = {}
+        if _loads_plainly(module):
+            out["module"] = destinations(module.state_dict(keep_vars=True))
+        states = {str(pid): destinations(s) for pid, s in self.optimizer.state_dict()["state"].items()}
+        out["optimizer"] = {"state": {pid: views for pid, views in states.items() if views}}
+        return out
+
     def check_state(self, state: Any) -> list[str]:
         """Every reason *state* cannot be loaded into this model (empty: it fits).
 
@@ -557,11 +587,15 @@ class TorchModel:
             return
         self._load_module(module, state["module"])
         current = self.optimizer.state_dict()
+        live = current["state"]
         self.optimizer.load_state_dict(
             {
                 # on the host: torch moves each value where its parameter's policy wants it
-                # (no copy where it is there already)
-                "state": {int(pid): from_plain(s, share=True) for pid, s in saved["state"].items()},
+                # (no copy where it is there already); a value read into the live tensor
+                # (load_destinations) is that tensor
+                "state": {
+                    int(pid): from_plain_or_live(s, live.get(int(pid))) for pid, s in saved["state"].items()
+                },
                 "param_groups": [
                     from_plain(group, template)
                     for group, template in zip(saved["param_groups"], current["param_groups"], strict=True)
@@ -601,6 +635,8 @@ class TorchModel:
             for key, value in saved.items():
                 target = live[key]
                 array = isinstance(value, np.ndarray) or is_tensor_record(value)
+                if isinstance(target, torch.Tensor) and in_place(value, target):
+                    continue  # read into this tensor already (load_destinations)
                 if (
                     id(target) in owned
                     and type(target) in (torch.Tensor, torch.nn.Parameter)  # no DTensor, no subclass

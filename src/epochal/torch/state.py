@@ -21,6 +21,10 @@ not be:
   memory, and a second load of the same array copies instead of sharing it with a second model.
   Any other array (read-only, Fortran-ordered, big-endian, bound for another device) is copied
   once.
+
+A reader can also land a checkpoint in the tensors' own memory: :func:`destination` is a
+writable array (or tagged record) on a live CPU tensor's bytes, and :func:`in_place` tells a
+loader that a value read is that tensor's memory already, so nothing is copied or swapped.
 """
 
 from __future__ import annotations
@@ -34,7 +38,11 @@ import torch
 
 __all__ = [
     "TENSOR_TAG",
+    "destination",
+    "destinations",
     "from_plain",
+    "from_plain_or_live",
+    "in_place",
     "is_tensor_record",
     "plain_dtype_and_shape",
     "reading_tensor",
@@ -161,6 +169,75 @@ def plain_to_tensor(
     if dtype is not None:
         tensor = tensor.view(dtype)
     return tensor.to(device) if device is not None else tensor
+
+
+def destination(tensor: torch.Tensor) -> np.ndarray | dict[str, Any] | None:
+    """A **writable** array on *tensor*'s own memory, shaped as :func:`tensor_to_plain` saves it
+    (a tagged record for dtypes numpy lacks), for a reader to read a checkpoint straight into;
+    None where the tensor's memory cannot take it as it is (not a plain contiguous CPU tensor).
+    """
+    if (
+        type(tensor) not in (torch.Tensor, torch.nn.Parameter)
+        or tensor.device.type != "cpu"
+        or not tensor.is_contiguous()
+        or tensor.is_conj()
+        or tensor.is_neg()
+        or tensor.is_quantized
+    ):
+        return None
+    tensor = tensor.detach()
+    if tensor.dtype in _NUMPY_DTYPES:
+        return tensor.numpy()
+    bits = _BITS.get(tensor.dtype.itemsize)
+    if bits is None:
+        return None
+    return {TENSOR_TAG: str(tensor.dtype).removeprefix("torch."), "bits": tensor.view(bits).numpy()}
+
+
+def destinations(tensors: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`destination` of each tensor of *tensors* that has one, by the same keys."""
+    out = {}
+    for key, tensor in tensors.items():
+        if isinstance(tensor, torch.Tensor) and (view := destination(tensor)) is not None:
+            out[key] = view
+    return out
+
+
+def from_plain_or_live(saved: Any, live: Any) -> Any:
+    """*saved* (a table of plain values, e.g. one parameter's optimizer state) as tensors: the
+    tensor of *live* (the same keys) where a value is that tensor's memory already
+    (:func:`in_place`), elsewhere :func:`from_plain` with ``share=True``."""
+    if not isinstance(saved, Mapping) or not isinstance(live, Mapping):
+        return from_plain(saved, share=True)
+    return {
+        k: live[k]
+        if isinstance(live.get(k), torch.Tensor) and in_place(v, live[k])
+        else from_plain(v, share=True)
+        for k, v in saved.items()
+    }
+
+
+def in_place(value: Any, tensor: torch.Tensor) -> bool:
+    """Whether *value* (an array or tagged record) is *tensor*'s own memory, of its dtype and
+    shape: what a reader filled through :func:`destination`; loading it changes nothing more."""
+    try:
+        array, dtype = _array_and_dtype(value)
+    except (ValueError, AttributeError):
+        return False
+    if tensor.device.type != "cpu" or not tensor.is_contiguous() or tuple(array.shape) != tuple(tensor.shape):
+        return False
+    if dtype is None:
+        if not array.dtype.isnative:
+            return False
+        try:
+            dtype = torch.from_numpy(np.empty(0, array.dtype)).dtype
+        except TypeError:
+            return False
+    return bool(
+        dtype == tensor.dtype
+        and array.nbytes == tensor.nbytes
+        and (array.size == 0 or array.__array_interface__["data"][0] == tensor.data_ptr())
+    )
 
 
 def plain_dtype_and_shape(value: Any) -> tuple[str, tuple[int, ...]] | None:

@@ -83,9 +83,11 @@ def read_from(
     model_only: bool = False,
     storage_options: Mapping[str, Any] | None = None,
     known: store.RemoteStore | None = None,
+    into: Any = None,
 ) -> tuple[dict[str, Any], Path]:
     """Read the checkpoint at *path*: a checkpoint, its manifest or ``latest`` file, or a
     directory of checkpoints (its newest complete one). Return ``(state, checkpoint path)``.
+    *into*: where a local checkpoint's arrays may be read straight into (:func:`load_destinations`).
 
     *path* may be an fsspec URL (opened with *storage_options*; *known*, a store already open,
     is used when the URL is its own): the checkpoint is downloaded into the store's staging
@@ -99,14 +101,25 @@ def read_from(
         return read.state, read.path
     path = store.local_path(path)
     try:
-        return _read_from(path, model_only)
+        return _read_from(path, model_only, into)
     except OSError as error:  # pathlib's checks raise for a name too long, permission denied...
         raise CheckpointNotFoundError(
             f"cannot read a checkpoint at {str(error.filename or path)!r:.300}: {error.strerror or error}"
         ) from None
 
 
-def _read_from(path: Path, model_only: bool) -> tuple[dict[str, Any], Path]:
+def load_destinations(loop: Loop) -> dict[str, Any] | None:
+    """The loop's model's ``load_destinations()`` as a loop state's tree (``{"model": ...}``):
+    the live tensors a resume reads the checkpoint's arrays straight into, once it verified
+    (issue 32); None when the model offers none."""
+    offer = getattr(loop.model, "load_destinations", None)
+    if not callable(offer):
+        return None
+    destinations = offer()
+    return {"model": destinations} if destinations else None
+
+
+def _read_from(path: Path, model_only: bool, into: Any = None) -> tuple[dict[str, Any], Path]:
     if not path.exists():
         raise CheckpointNotFoundError(f"no checkpoint at {str(path)!r} (the path does not exist)")
     if path.is_file() and path.name == storage.MANIFEST:
@@ -127,7 +140,7 @@ def _read_from(path: Path, model_only: bool) -> tuple[dict[str, Any], Path]:
                 f"{str(path)!r} is neither an epochal checkpoint (no {storage.MANIFEST}) nor a "
                 "directory of checkpoints"
             )
-        state, info = storage.load_latest(path, model_only=model_only)
-        return state, info.path
-    state, _ = storage.read_checkpoint(path, model_only=model_only)
+        read, _ = storage.find_latest(path, model_only=model_only, into=into)
+        return read.state, read.path
+    state, _ = storage.read_checkpoint(path, model_only=model_only, into=into)
     return state, path

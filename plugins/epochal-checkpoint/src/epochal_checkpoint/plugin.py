@@ -31,7 +31,7 @@ from epochal_checkpoint.errors import (
 )
 from epochal_checkpoint.export import export_weights, exported_metric
 from epochal_checkpoint.fit import check_fits, check_model, structure_mismatches
-from epochal_checkpoint.load import Load, read_from
+from epochal_checkpoint.load import Load, load_destinations, read_from
 from epochal_checkpoint.lock import DirectoryLock, live_holder
 from epochal_checkpoint.nodes import refuse_node_local
 from epochal_checkpoint.storage import store
@@ -49,6 +49,7 @@ __all__ = [
     "check_fits",
     "check_model",
     "exported_metric",
+    "load_destinations",
     "read_from",
     "structure_mismatches",
 ]
@@ -229,14 +230,15 @@ class Checkpoint:
         if directory.is_dir() and remote is None:
             self._claim(directory, loop)
             storage.clean_temporaries(directory)
+        into = load_destinations(loop)
         if mode not in ("latest", "auto"):
-            state, where = read_from(mode, storage_options=self.storage_options, known=remote)
+            state, where = read_from(mode, storage_options=self.storage_options, known=remote, into=into)
             manifest = storage.read_manifest(where)
             check_fits(loop, state, where)
             self._adopt(loop, directory, storage.CheckpointInfo(where, manifest), state, [])
             return state
         try:
-            read, failures = remote.find_latest() if remote else storage.find_latest(directory)
+            read, failures = remote.find_latest() if remote else storage.find_latest(directory, into=into)
         except CheckpointNotFoundError as error:
             # a fresh start only where no checkpoint directory exists at all: damaged ones
             # (a manifest that does not verify) are refused as by --resume, never started over

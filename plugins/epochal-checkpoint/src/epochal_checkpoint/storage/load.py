@@ -2,7 +2,12 @@
 
 :func:`read_checkpoint_info` checks the JSON state against the manifest's CRC-32, then reads the
 arrays it wants (all, or the model's) into one buffer allocated for them, each checked against
-its own CRC-32 on the way, then the log segments. :func:`find_latest` / :func:`load_latest` take
+its own CRC-32 on the way, then the log segments. With *into* (a tree of writable arrays shaped
+like the state, e.g. views of a model's live tensors: ``TorchModel.load_destinations()``), an
+array whose destination has its dtype and shape is checksummed through a small reused buffer
+first and read into its destination only once the whole checkpoint has verified (issue 32):
+the read lands in its final memory, and a damaged checkpoint leaves the destinations as they
+were. :func:`find_latest` / :func:`load_latest` take
 the newest complete checkpoint of a directory that verifies, warning about (and stepping over)
 the damaged ones.
 """
@@ -31,6 +36,7 @@ from epochal_checkpoint.storage.npy import NPY_HEADER_MAX, parse_npy_header
 from epochal_checkpoint.storage.read import (
     CRC_RE,
     MAX_FILE_BYTES,
+    READ_CHUNK,
     corrupt,
     foreign_file_error,
     is_int,
@@ -136,11 +142,98 @@ def _record(path: Path, fd: int, entry: Mapping[str, Any], end: int) -> _Record:
     return _Record(entry, shape, fortran, dtype, start, nbytes, crc32(head[:length]))
 
 
-def _read_records(path: Path, fd: int, entries: Sequence[Mapping[str, Any]], end: int) -> list[np.ndarray]:
+def _destination(into: Any, record: _Record) -> np.ndarray | None:
+    """The array of *into* at *record*'s key path, if the record can be read straight into it:
+    a writable C-contiguous numpy array of the record's exact dtype and shape (None: no)."""
+    import numpy as np
+
+    if into is None or record.fortran or record.dtype.itemsize == 0 or record.entry["kind"] != "array":
+        return None
+    try:
+        target = _get_path(into, record.entry["path"])
+    except (KeyError, IndexError, TypeError):
+        return None
+    if (
+        isinstance(target, np.ndarray)
+        and target.dtype == record.dtype
+        and target.shape == record.shape
+        and target.flags.writeable
+        and target.flags.c_contiguous
+    ):
+        return target
+    return None
+
+
+def _mismatch(path: Path, record: _Record, crc: int) -> CorruptCheckpointError:
+    where = f"checkpoint {str(path)!r}: {DATA} array {key_path(record.entry['path'])!r}"
+    return CorruptCheckpointError(
+        f"{where} fails its checksum (crc32 {crc:08x}, the index says {record.entry['crc32']})"
+    )
+
+
+class Fills:
+    """Arrays verified in ``data.bin`` and still to be read into their destinations: run once
+    the whole checkpoint has verified (:meth:`run`), or dropped (:meth:`close`)."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path, self.fd = path, os.dup(fd)
+        self.pending: list[tuple[_Record, np.ndarray]] = []
+
+    def run(self) -> None:
+        """Read every array into its destination, checksummed again on the way.
+
+        :raises CorruptCheckpointError: when ``data.bin`` changed between the verification and
+            this read (only a writer inside a committed checkpoint does that); the destinations
+            read so far then hold part of it, which the message says.
+        """
+        import numpy as np
+
+        try:
+            for record, target in self.pending:
+                view = memoryview(target.reshape(-1).view(np.uint8).data)  # the array's own bytes
+                crc = read_into(self.path, DATA, self.fd, view, record.start, record.crc)
+                if f"{crc:08x}" != record.entry["crc32"]:
+                    raise CorruptCheckpointError(
+                        f"{_mismatch(self.path, record, crc)}: {DATA} changed while it was read, after "
+                        "it verified; the tensors it was read into hold part of it"
+                    )
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Drop what is still to be read (a later failure of the checkpoint)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        self.pending = []
+
+
+def _verify_through(path: Path, fd: int, record: _Record, scratch: memoryview) -> None:
+    """Check *record*'s CRC-32 by reading it through *scratch* (a small buffer reused: no memory
+    of the array's size is taken, and none of the destination is touched)."""
+    crc, got, size = record.crc, 0, len(scratch)
+    while got < record.nbytes:
+        n = min(size, record.nbytes - got)
+        crc = read_into(path, DATA, fd, scratch[:n], record.start + got, crc)
+        got += n
+    if f"{crc:08x}" != record.entry["crc32"]:
+        raise _mismatch(path, record, crc)
+
+
+def _read_records(
+    path: Path,
+    fd: int,
+    entries: Sequence[Mapping[str, Any]],
+    end: int,
+    into: Any = None,
+    fills: Fills | None = None,
+) -> list[np.ndarray]:
     """The arrays *entries* of ``data.bin``: every header checked first, then the arrays read
     into one buffer allocated for them (64-byte aligned slices; one allocation is markedly
     faster than one per array), each checksummed while it is read. Records may not overlap, so
-    the buffer is never larger than the file."""
+    the buffer is never larger than the file. An array with a destination in *into*
+    (:func:`_destination`) is only verified here and queued on *fills*; its destination is
+    returned in its place."""
     import numpy as np
 
     records = [_record(path, fd, entry, end) for entry in entries]
@@ -150,21 +243,25 @@ def _read_records(path: Path, fd: int, entries: Sequence[Mapping[str, Any]], end
             where = key_path(record.entry["path"])
             raise corrupt(path, DATA, f"key arrays: array {where!r} overlaps the array before it")
         previous = record.start + record.nbytes
+    targets = [_destination(into, record) if fills is not None else None for record in records]
     places, total = [], 0
-    for record in records:
+    for record, target in zip(records, targets, strict=True):
         places.append(total)
-        total += -(-record.nbytes // 64) * 64
+        total += 0 if target is not None else -(-record.nbytes // 64) * 64
     buffer = np.empty(total + 64, np.uint8)
     base = -buffer.ctypes.data % 64
+    scratch = memoryview(bytearray(READ_CHUNK)) if any(t is not None for t in targets) else None
     arrays = []
-    for record, at in zip(records, places, strict=True):
+    for record, at, target in zip(records, places, targets, strict=True):
+        if target is not None and fills is not None and scratch is not None:
+            _verify_through(path, fd, record, scratch)
+            fills.pending.append((record, target))
+            arrays.append(target)
+            continue
         piece = buffer[base + at : base + at + record.nbytes]
         crc = read_into(path, DATA, fd, memoryview(piece.data), record.start, record.crc)
         if f"{crc:08x}" != record.entry["crc32"]:
-            where = f"checkpoint {str(path)!r}: {DATA} array {key_path(record.entry['path'])!r}"
-            raise CorruptCheckpointError(
-                f"{where} fails its checksum (crc32 {crc:08x}, the index says {record.entry['crc32']})"
-            )
+            raise _mismatch(path, record, crc)
         order = "F" if record.fortran else "C"
         if record.dtype.itemsize == 0:
             arrays.append(np.zeros(record.shape, record.dtype))
@@ -233,11 +330,19 @@ def _only_model(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for e in entries if e["path"][:1] == ["model"]]
 
 
-def _read_data(path: Path, expected: Mapping[str, Any], model_only: bool, signed: _Signed = None) -> Any:
+def _read_data(
+    path: Path,
+    expected: Mapping[str, Any],
+    model_only: bool,
+    signed: _Signed = None,
+    into: Any = None,
+    fills: list[Fills] | None = None,
+) -> Any:
     """The state tree of ``data.bin``: the JSON state (checked against the manifest's CRC-32) and
     then its arrays (all, or the model's), read into one buffer and each checked against its
     own CRC-32 on the way (see :func:`_read_records`). With *signed* (key, signature), the
-    whole file is checked against its signature first."""
+    whole file is checked against its signature first. Arrays with a destination in *into*
+    are verified and left to the :class:`Fills` appended to *fills*."""
     fd, size = open_regular(path, DATA, MAX_FILE_BYTES, expected["size"])
     try:
         if signed is not None:
@@ -252,7 +357,10 @@ def _read_data(path: Path, expected: Mapping[str, Any], model_only: bool, signed
         del state
         if model_only:
             index, ints = _only_model(index), _only_model(ints)
-        for entry, array in zip(index, _read_records(path, fd, index, at), strict=True):
+        queue = Fills(path, fd) if into is not None and fills is not None else None
+        if queue is not None and fills is not None:
+            fills.append(queue)
+        for entry, array in zip(index, _read_records(path, fd, index, at, into, queue), strict=True):
             tree = _set_checked(path, tree, entry, array[()] if entry["kind"] == "scalar" else array)
     finally:
         os.close(fd)
@@ -261,8 +369,11 @@ def _read_data(path: Path, expected: Mapping[str, Any], model_only: bool, signed
     return tree
 
 
-def read_checkpoint_info(path: Path, model_only: bool = False) -> ReadCheckpoint:
+def read_checkpoint_info(path: Path, model_only: bool = False, into: Any = None) -> ReadCheckpoint:
     """Read and verify the checkpoint at *path*, as :func:`read_checkpoint`; also return its segments.
+
+    *into*: destinations for the arrays (the module's docstring); each array with one is read
+    into it after everything else verified, and the state holds that destination.
 
     :raises ForeignCheckpointError: *path* is not an epochal checkpoint.
     :raises CorruptCheckpointError: a file is missing, truncated, fails its checksum or holds
@@ -282,7 +393,22 @@ def read_checkpoint_info(path: Path, model_only: bool = False) -> ReadCheckpoint
             f"checkpoint {str(path)!r} is sharded, and sharded checkpoints are not signed yet: "
             f"unset {sign.KEY_ENV} to read it"
         )
-    tree = _read_data(path, manifest["files"][DATA], model_only, signed)
+    fills: list[Fills] = []
+    try:
+        read = _read_verified(path, manifest, model_only, signed, into, fills)
+        for fill in fills:  # everything verified: the arrays land in their destinations
+            fill.run()
+    finally:
+        for fill in fills:
+            fill.close()
+    return read
+
+
+def _read_verified(
+    path: Path, manifest: dict[str, Any], model_only: bool, signed: _Signed, into: Any, fills: list[Fills]
+) -> ReadCheckpoint:
+    shards = manifest.get(sharded.SHARDED, [])
+    tree = _read_data(path, manifest["files"][DATA], model_only, signed, into, fills)
     if not isinstance(tree, dict):
         raise corrupt(path, DATA, "key tree is not a table (the state is a dict)")
     if shards:  # every rank's DCP files verified here, before any rank loads them
@@ -306,19 +432,22 @@ def read_checkpoint_info(path: Path, model_only: bool = False) -> ReadCheckpoint
     return ReadCheckpoint(path, manifest, segments, inline, tree, damaged)
 
 
-def read_checkpoint(path: Path, model_only: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
+def read_checkpoint(
+    path: Path, model_only: bool = False, into: Any = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Read and verify the checkpoint at *path*; return ``(state, manifest)``.
 
     Every file is checked against the manifest's size and CRC-32 before it is parsed; arrays
     are read without pickle. With *model_only* only ``state["model"]`` is built (the other
-    arrays and the log segments are skipped).
+    arrays and the log segments are skipped). *into*: destinations for the arrays
+    (:func:`read_checkpoint_info`).
 
     :raises ForeignCheckpointError: *path* is not an epochal checkpoint.
     :raises CorruptCheckpointError: a file is missing, truncated, fails its checksum or holds
         values of the wrong type (naming the file and key).
     :raises UnsafeCheckpointError: an array holds a pickle payload (object dtype).
     """
-    info = read_checkpoint_info(path, model_only)
+    info = read_checkpoint_info(path, model_only, into)
     return info.state, info.manifest
 
 
@@ -363,8 +492,13 @@ def warn_damaged_segments(read: ReadCheckpoint, stacklevel: int = 3) -> None:
             )
 
 
-def find_latest(directory: Path, model_only: bool = False) -> tuple[ReadCheckpoint, list[tuple[Path, str]]]:
+def find_latest(
+    directory: Path, model_only: bool = False, into: Any = None
+) -> tuple[ReadCheckpoint, list[tuple[Path, str]]]:
     """Read the newest complete checkpoint of *directory* that verifies, as :func:`load_latest`.
+
+    *into*: destinations for the arrays (:func:`read_checkpoint_info`): only the checkpoint
+    that verifies is read into them.
 
     Return it and the newer checkpoints that failed verification, with why.
     """
@@ -378,7 +512,7 @@ def find_latest(directory: Path, model_only: bool = False) -> tuple[ReadCheckpoi
     unsafe = False
     for info in reversed(infos):
         try:
-            read = read_checkpoint_info(info.path, model_only=model_only)
+            read = read_checkpoint_info(info.path, model_only=model_only, into=into)
         except (CorruptCheckpointError, UnsafeCheckpointError, ForeignCheckpointError) as error:
             unsafe = unsafe or isinstance(error, UnsafeCheckpointError)
             failures.append((info.path, str(error)))
