@@ -503,25 +503,46 @@ def find_latest(
     Return it and the newer checkpoints that failed verification, with why.
     """
     infos, ignored = list_checkpoints(directory)
+    return newest_that_verifies(
+        infos,
+        ignored,
+        str(directory),
+        lambda info: read_checkpoint_info(info.path, model_only=model_only, into=into),
+    )
+
+
+def newest_that_verifies(
+    infos: list[CheckpointInfo],
+    ignored: list[tuple[str, str]],
+    where: str,
+    read: Callable[[CheckpointInfo], ReadCheckpoint],
+) -> tuple[ReadCheckpoint, list[tuple[Path, str]]]:
+    """The newest of *infos* (complete checkpoints of *where*, in save order) that *read* reads
+    and verifies, and the newer ones that failed, with why: a local directory's or a store's.
+
+    :raises CheckpointNotFoundError: no complete checkpoint (*ignored* are named).
+    :raises CorruptCheckpointError: every one failed (:class:`UnsafeCheckpointError` when one
+        held a pickle payload).
+    """
     if not infos:
         extra = f"; ignored: {'; '.join(f'{n} ({why})' for n, why in ignored)}" if ignored else ""
-        raise CheckpointNotFoundError(f"no complete checkpoint in {str(directory)!r}{extra}")
+        raise CheckpointNotFoundError(f"no complete checkpoint in {where!r}{extra}")
     for name, why in ignored:
-        warnings.warn(f"ignoring {name} in {str(directory)!r}: {why}", RuntimeWarning, stacklevel=3)
+        warnings.warn(f"ignoring {name} in {where!r}: {why}", RuntimeWarning, stacklevel=4)
     failures: list[tuple[Path, str]] = []
     unsafe = False
     for info in reversed(infos):
         try:
-            read = read_checkpoint_info(info.path, model_only=model_only, into=into)
+            found = read(info)
         except (CorruptCheckpointError, UnsafeCheckpointError, ForeignCheckpointError) as error:
             unsafe = unsafe or isinstance(error, UnsafeCheckpointError)
             failures.append((info.path, str(error)))
-            warnings.warn(f"{error}; trying the previous checkpoint", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"{error}; trying the previous checkpoint", RuntimeWarning, stacklevel=4)
             continue
-        warn_damaged_segments(read, stacklevel=4)
-        return read, failures
+        warn_damaged_segments(found, stacklevel=5)
+        return found, failures
     kind = UnsafeCheckpointError if unsafe else CorruptCheckpointError
-    raise kind(f"every checkpoint in {str(directory)!r} is corrupt: " + "; ".join(why for _, why in failures))
+    raise kind(f"every checkpoint in {where!r} is corrupt: " + "; ".join(why for _, why in failures))
 
 
 def load_latest(directory: Path, model_only: bool = False) -> tuple[dict[str, Any], CheckpointInfo]:

@@ -58,7 +58,6 @@ from epochal_checkpoint.errors import (
     CheckpointWriteError,
     CorruptCheckpointError,
     ForeignCheckpointError,
-    UnsafeCheckpointError,
 )
 from epochal_checkpoint.storage.codec import MANIFEST
 from epochal_checkpoint.storage.layout import NAME_RE, POINTER, CheckpointInfo, temp_name
@@ -380,28 +379,12 @@ class RemoteStore:
     def find_latest(self, model_only: bool = False) -> tuple[ReadCheckpoint, list[tuple[Path, str]]]:
         """The newest committed checkpoint that verifies (as
         :func:`~epochal_checkpoint.storage.load.find_latest`), and the newer ones that failed."""
-        from epochal_checkpoint.storage.load import warn_damaged_segments
+        from epochal_checkpoint.storage.load import newest_that_verifies
 
         infos, ignored = self.checkpoints()
-        if not infos:
-            extra = f"; ignored: {'; '.join(f'{n} ({why})' for n, why in ignored)}" if ignored else ""
-            raise CheckpointNotFoundError(f"no complete checkpoint in {self.url!r}{extra}")
-        for name, why in ignored:
-            warnings.warn(f"ignoring {name} in {self.url!r}: {why}", RuntimeWarning, stacklevel=3)
-        failures: list[tuple[Path, str]] = []
-        unsafe = False
-        for info in reversed(infos):
-            try:
-                read = self.read(info.name, model_only=model_only)
-            except (CorruptCheckpointError, UnsafeCheckpointError, ForeignCheckpointError) as error:
-                unsafe = unsafe or isinstance(error, UnsafeCheckpointError)
-                failures.append((info.path, str(error)))
-                warnings.warn(f"{error}; trying the previous checkpoint", RuntimeWarning, stacklevel=3)
-                continue
-            warn_damaged_segments(read, stacklevel=4)
-            return read, failures
-        kind = UnsafeCheckpointError if unsafe else CorruptCheckpointError
-        raise kind(f"every checkpoint in {self.url!r} is corrupt: " + "; ".join(why for _, why in failures))
+        return newest_that_verifies(
+            infos, ignored, self.url, lambda info: self.read(info.name, model_only=model_only)
+        )
 
     # -- writing ----------------------------------------------------------------------------------
 
