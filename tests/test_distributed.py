@@ -25,7 +25,7 @@ import pytest
 from epochal.resumecheck import first_difference
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from processes import wait_for, worker_pids
+from processes import tiny_ddp_config, wait_for, worker_pids
 
 pytestmark = pytest.mark.distributed
 
@@ -36,36 +36,8 @@ PER_EPOCH = 8
 
 
 def write_run(tmp_path: Path, plugins: list[str], *, max_epochs: int = 3, extra: str = "") -> Path:
-    shutil.copy(HERE / "ddp_tiny.py", tmp_path / "ddp_tiny.py")
     shutil.copy(HERE / "linger.py", tmp_path / "linger.py")
-    config = tmp_path / "run.toml"
-    config.write_text(
-        f"""[loop]
-max_epochs = {max_epochs}
-seed = 0
-run_dir = "run"
-
-[distributed]
-backend = "gloo"
-timeout = 60
-
-[model]
-factory = "ddp_tiny:make_model"
-
-[data]
-factory = "ddp_tiny:make_data"
-
-[plugins]
-order = {plugins!r}
-autoload = false
-
-[plugins.where]
-factory = "ddp_tiny:Where"
-"""
-        + extra,
-        encoding="utf-8",
-    )
-    return config
+    return tiny_ddp_config(tmp_path, plugins, max_epochs=max_epochs, extra=extra)
 
 
 def environment() -> dict[str, str]:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -30,7 +29,7 @@ from epochal.distributed.launch import free_port
 from epochal.resumecheck import first_difference
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from processes import wait_for, worker_pids
+from processes import tiny_ddp_config, wait_for, worker_pids
 
 HERE = Path(__file__).parent
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
@@ -48,38 +47,8 @@ def write_node(node: Path, store: Path, extra: str = "") -> Path:
     """A node's working directory: the config (checkpoints in *store*, by absolute path) and the
     model's module beside it."""
     node.mkdir(parents=True, exist_ok=True)
-    shutil.copy(HERE / "ddp_tiny.py", node / "ddp_tiny.py")
-    config = node / "run.toml"
-    config.write_text(
-        f"""[loop]
-max_epochs = {EPOCHS}
-seed = 0
-run_dir = "run"
-
-[distributed]
-backend = "gloo"
-timeout = 60
-
-[model]
-factory = "ddp_tiny:make_model"
-
-[data]
-factory = "ddp_tiny:make_data"
-
-[plugins]
-order = {PLUGINS!r}
-autoload = false
-
-[plugins.checkpoint]
-dir = {str(store / "checkpoints")!r}
-
-[plugins.where]
-factory = "ddp_tiny:Where"
-"""
-        + extra,
-        encoding="utf-8",
-    )
-    return config
+    table = f"\n[plugins.checkpoint]\ndir = {str(store / 'checkpoints')!r}\n"
+    return tiny_ddp_config(node, PLUGINS, max_epochs=EPOCHS, tables=table, extra=extra)
 
 
 def environment() -> dict[str, str]:

@@ -11,7 +11,6 @@ rank gets its choice (or its refusal) by a broadcast.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 from collections.abc import Sequence
@@ -101,14 +100,15 @@ def choose(pm: pluggy.PluginManager, root: Path, resume: bool | str, command: Se
                     "any, else a fresh one)"
                 )
             return root
+    root_existed = root.is_dir()
     fresh = make_fresh(root)
     if resume:  # --resume PATH: a new run from that checkpoint, in a directory of its own
         return fresh
     try:
         refuse_fresh_run(pm, fresh, command)
     except BaseException:
-        with contextlib.suppress(OSError):
-            fresh.rmdir()  # empty: nothing of this run was written
+        # empty: nothing of this run was written (nor is the root it made left behind)
+        discard_if_empty([fresh] if root_existed else [fresh, root])
         raise
     return fresh
 
