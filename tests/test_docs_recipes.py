@@ -48,7 +48,15 @@ from epochal.examples.digits_torch import DigitsCNN as MyNet, accuracy
 #: what a page assumes, run before its blocks.
 PRELUDES: dict[str, str] = {
     "api.md": blocks(DOCS / "writing-plugins.md")[0][1],  # the guide's LossGuard
-    "plugins/checkpoint.md": TINY,
+    "plugins/checkpoint.md": """
+import torch
+from epochal.torch import TorchModel
+torch.manual_seed(0)
+net = torch.nn.Linear(4, 3)
+model = TorchModel(net, torch.optim.Adam(net.parameters()), torch.nn.functional.cross_entropy, device="cpu")
+batches = [(torch.randn(8, 4), torch.randint(0, 3, (8,))) for _ in range(4)]
+data = {"train": batches, "valid": batches[:2]}
+""",
     "plugins/earlystop.md": TINY,
     "plugins/sqlite.md": TINY
     + """
@@ -154,7 +162,9 @@ def test_every_recipe_page_is_run():
 
 @pytest.mark.parametrize("page", PAGES)
 def test_recipes_of_a_page_run(page, tmp_path, monkeypatch, capsys):
-    for module in ("torch", "torchmetrics", "safetensors") if page == "pytorch.md" else ():
+    for module in (
+        ("torch", "torchmetrics", "safetensors") if page in ("pytorch.md", "plugins/checkpoint.md") else ()
+    ):
         pytest.importorskip(module)
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, Any] = {"__name__": f"docs_{page.replace('/', '_').removesuffix('.md')}"}
