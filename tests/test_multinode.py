@@ -212,7 +212,8 @@ def test_two_nodes_train_one_job_equal_to_two_processes_on_one_node(job, one_nod
         f"log: {zero / 'epochal.sqlite'} (on {socket.gethostname()}, the machine of rank 0)" in summaries[0]
     )
     assert sorted(p.name for p in other.iterdir()) == ["ddp_tiny.py", "run.toml", "where-1.txt"]
-    assert not (zero / "run").exists()
+    # rank 0's node has the run's own directory (run/version_0), and no checkpoint in it
+    assert [p.relative_to(zero) for p in (zero / "run").rglob("*")] == [Path("run/version_0")]
     every_epoch = [f"ckpt-e{e:04d}-i{e * PER_EPOCH:06d}" for e in range(1, EPOCHS + 1)]
     assert job.checkpoints() == every_epoch[-3:]  # keep_last = 3
     state, records = one_node
