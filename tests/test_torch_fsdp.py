@@ -145,7 +145,7 @@ def test_the_weights_exported_at_the_end_of_an_fsdp_run_are_the_full_ones(runs: 
     from safetensors.numpy import load_file
 
     directory, fsdp = runs["fsdp"]
-    exported = load_file(directory / "run" / "checkpoints" / "last.safetensors")
+    exported = load_file(directory / "run" / "version_0" / "checkpoints" / "last.safetensors")
     assert {k: v.tolist() for k, v in exported.items()} == fsdp["module"]
 
 
@@ -159,7 +159,7 @@ def test_clipping_acts_on_the_sharded_gradients(runs: Any, tmp_path: Path) -> No
 
 
 def first_epoch_checkpoint(directory: Path) -> Path:
-    (found,) = (directory / "run" / "checkpoints").glob("ckpt-e0001-i000004*")
+    (found,) = (directory / "run" / "version_0" / "checkpoints").glob("ckpt-e0001-i000004*")
     return found
 
 
@@ -183,7 +183,7 @@ def test_an_fsdp_checkpoint_loads_on_one_process(runs: Any) -> None:
     from epochal_checkpoint import load_latest
 
     directory, fsdp = runs["fsdp"]
-    state, _ = load_latest(directory / "run" / "checkpoints")
+    state, _ = load_latest(directory / "run" / "version_0" / "checkpoints")
     one = fsdp_mlp.make_model(**TRAINING)
     assert one.check_state(state["model"]) == []
     one.load_state_dict(state["model"])
@@ -191,7 +191,7 @@ def test_an_fsdp_checkpoint_loads_on_one_process(runs: Any) -> None:
     assert trained_weights == fsdp["module"]  # bitwise: the same plain arrays
     assert one.optimizer_steps == 4
     assert set(state["model"]) == {"dcp", "steps"}  # sharded: the tensors are DCP's files
-    ddp_state, _ = load_latest(runs["ddp"][0] / "run" / "checkpoints")
+    ddp_state, _ = load_latest(runs["ddp"][0] / "run" / "version_0" / "checkpoints")
     assert set(ddp_state["model"]) == {"module", "optimizer", "steps"}  # DDP: one data.bin
 
 
