@@ -484,7 +484,7 @@ class TorchModel:
         ``load_state_dict`` does more than copy (hooks, custom loaders).
 
         A reader must fill the destinations only once the whole checkpoint has verified
-        (``epochal_checkpoint`` does): they are the live model.
+        (the standard checkpoint plugin does): they are the live model.
         """
         if self._sharded is not None:
             return {}
