@@ -336,7 +336,7 @@ def test_cli_third_ctrl_c_exits_130_and_saves_nothing(tmp_path: Path) -> None:
         stderr=subprocess.PIPE,
         text=True,
     )
-    directory = tmp_path / "run" / "checkpoints"
+    directory = tmp_path / "run" / "version_0" / "checkpoints"
     deadline = time.monotonic() + 60
     while not list(directory.glob("ckpt-*")) and time.monotonic() < deadline:
         time.sleep(0.01)  # the first checkpoint: the loop runs, its signal handlers are in place
