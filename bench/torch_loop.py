@@ -16,8 +16,9 @@ the same synthetic batches, already on the device), divided by the number of ste
 
 Models: a small MLP (launch-bound: the framework's per-step cost shows) and torchvision's
 ResNet-18 on 3x32x32 images (compute-bound), where torchvision is installed. Rounds are
-interleaved (every case once per round) and the median is reported, with each case's ratio to
-the raw loop. Run ``python bench/torch_loop.py`` (CUDA when available, else the CPU);
+interleaved (every case once per round, the order rotating) and the median is reported, with
+each case's ratio to the raw loop and the median of its per-round ratios (with their spread).
+Run ``python bench/torch_loop.py`` (CUDA when available, else the CPU);
 ``BENCH_DEVICE``, ``BENCH_EPOCHS``, ``BENCH_STEPS``, ``BENCH_REPEATS``, ``BENCH_MODELS``
 (``mlp,resnet18``), ``BENCH_JSON`` (a file for the figures) override the defaults.
 """
@@ -223,8 +224,10 @@ def main() -> None:
             module.to(DEVICE)
             with tempfile.TemporaryDirectory() as tmp, _quiet():
                 prepare(module, data, Path(tmp))()
-        for _ in range(REPEATS):
-            for case, prepare in cases().items():
+        for round_ in range(REPEATS):
+            ordered = list(cases().items())
+            shift = round_ % len(ordered)  # the order rotates: no case always runs first
+            for case, prepare in ordered[shift:] + ordered[:shift]:
                 module.load_state_dict(initial)
                 module.to(DEVICE)  # Lightning moves the module back to the CPU when it ends
                 with tempfile.TemporaryDirectory() as tmp, _quiet():
@@ -235,11 +238,19 @@ def main() -> None:
                     run()
                     times[case].append((time.perf_counter() - start) / (EPOCHS * STEPS))
         medians = {case: statistics.median(t) for case, t in times.items()}
-        results[name] = medians
+        results[name] = dict(medians)
         floor = medians["raw loop"]
         print(f"\n{name} on {_device_name()} ({EPOCHS} x {STEPS} steps, median of {REPEATS} rounds)")
+        print(f"  {'case':24s} {'ms/step':>9s}  {'vs raw':>7s}  per-round ratio: median [min-max]")
         for case, value in medians.items():
-            print(f"  {case:24s} {value * 1e3:9.3f} ms/step  {value / floor:6.3f}x raw")
+            # each round's cases ran back to back: the per-round ratio is steadier than the
+            # ratio of medians where the machine's speed drifts between rounds (GPU clocks)
+            paired = sorted(t / r for t, r in zip(times[case], times["raw loop"]))
+            print(
+                f"  {case:24s} {value * 1e3:9.3f}  {value / floor:6.3f}x  "
+                f"{statistics.median(paired):.3f}x [{paired[0]:.3f}-{paired[-1]:.3f}]"
+            )
+            results[name][f"{case} / raw, per round"] = statistics.median(paired)
     if path := os.environ.get("BENCH_JSON"):
         Path(path).write_text(json.dumps({"device": _device_name(), "results": results}, indent=2))
 
