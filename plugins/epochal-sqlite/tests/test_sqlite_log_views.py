@@ -1,7 +1,7 @@
 """``epochal log`` views for a person (issue 29), through the CLI at ``COLUMNS=80``.
 
-The metrics come first (each metric's epoch records before its running records, ``monitor``'s
-``train.loss.running``) and the timing plugin's profiling records (``timing.*``) only on request
+The metrics come first (a running record, ``monitor``'s ``train.loss.running``, right after its
+epoch record ``train.loss``) and the timing plugin's profiling records (``timing.*``) only on request
 (``--timing``); ``log plot`` without ``--key`` draws the losses and the monitored metrics, with
 their running records;
 ``log runs`` shows each run's config file and run directory, ``--config`` selects that config's
@@ -102,8 +102,8 @@ def test_runs_shows_config_and_run_dir_within_80_columns(project: tuple[Path, li
 def test_show_puts_the_metrics_first_and_timing_behind_a_flag(project: tuple[Path, list[str], str]) -> None:
     cwd, _, other = project
     header = next(csv.reader(io.StringIO(epochal(cwd, "log", "show", other, "--csv").stdout)))
-    assert header[:7] == ["iteration", "run_id", "epochs_done", "train.loss", "valid.loss",
-                          "train.loss.running", "train.accuracy"]  # fmt: skip
+    assert header[:7] == ["iteration", "run_id", "epochs_done", "train.loss", "train.loss.running",
+                          "valid.loss", "valid.loss.best"]  # fmt: skip
     assert {"train.loss", "valid.loss", "valid.accuracy", "train.accuracy.running"} <= set(header)
     assert not [key for key in header if key.startswith("timing.")], header
 
@@ -121,8 +121,12 @@ def test_compare_lists_the_metrics_first(project: tuple[Path, list[str], str]) -
     cwd, digits, _ = project
     table = list(csv.reader(io.StringIO(epochal(cwd, "log", "compare", *digits, "--csv").stdout)))
     keys = [row[0] for row in table[1:]]
-    assert keys[:5] == ["train.loss", "valid.loss", "train.loss.running", "train.accuracy", "valid.accuracy"]
-    assert keys.index("valid.accuracy") < keys.index("train.accuracy.running")  # epoch records first
+    assert keys[:3] == ["train.loss", "train.loss.running", "valid.loss"]  # the running record beside
+    assert keys[keys.index("train.accuracy") :][:3] == [
+        "train.accuracy",
+        "train.accuracy.running",
+        "valid.accuracy",
+    ]
     assert not [key for key in keys if key.startswith("timing.")]
     timed = [row[0] for row in list(csv.reader(io.StringIO(
         epochal(cwd, "log", "compare", *digits, "--csv", "--timing").stdout)))[1:]]  # fmt: skip

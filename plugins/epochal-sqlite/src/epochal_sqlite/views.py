@@ -25,20 +25,21 @@ RUNNING = ".running"
 _is_profiling = key_matcher(PROFILING)
 
 
-def _rank(key: str) -> tuple[int, bool, bool, str]:
+def _rank(key: str) -> tuple[int, bool, str, bool]:
     stream, dot, metric = key.partition(".")
     if _is_profiling(key):
-        return 4, False, False, key
+        return 4, False, key, False
     if not dot:
-        return 3, False, False, key  # the loop's and plugins' own records: epochs_done, lr
-    # a metric's running records (monitor's per-step train.loss.running) after its epoch records
-    return (1 if "loss" in metric else 2), key.endswith(RUNNING), stream != "train", key
+        return 3, False, key, False  # the loop's and plugins' own records: epochs_done, lr
+    # a running record (monitor's per-step train.loss.running) right after its epoch record
+    epoch_key = key.removesuffix(RUNNING)
+    return (1 if "loss" in metric else 2), stream != "train", epoch_key, epoch_key != key
 
 
 def order_keys(keys: Iterable[str]) -> list[str]:
-    """*keys* losses first, then the other metrics (in each: the epoch records, ``train.*``
-    before the other streams', then the running records ``*.running``), then the other records,
-    then the profiling ones; alphabetical otherwise."""
+    """*keys* losses first, then the other metrics (``train.*`` before the other streams' in
+    each; a running record ``train.loss.running`` right after ``train.loss``), then the other
+    records, then the profiling ones; alphabetical otherwise."""
     return sorted(set(keys), key=_rank)
 
 
