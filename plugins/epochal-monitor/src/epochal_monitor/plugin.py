@@ -124,7 +124,7 @@ class Monitor:
         #: metric → (its accumulator in _epoch, and: None without running records, its running
         #: record's name with one every batch, its accumulator in _window with one every n > 1
         #: batches), for the metrics not skipped: what the hot paths of after_batch look up.
-        #: Reset with _epoch (and with _window when n > 1).
+        #: Reset with _epoch.
         self._hot: dict[str, tuple[list[Any], Any]] = {}
         #: the same since the last running record (only with every_n_batches).
         self._window: dict[str, list[Any]] = {}
@@ -259,11 +259,10 @@ class Monitor:
             return
         if every > 1:
             # A running record every n batches (the default, n = 50), inline: a metric seen
-            # already in this window whose value is a float costs one lookup (_hot: its epoch
+            # already this epoch whose value is a float costs one lookup (_hot: its epoch
             # and window accumulators) before its arithmetic, and the batch one counter check.
             # Any other value goes through _accumulate alone (device scalars kept lazily, a
-            # first value, a non-number); the window's entries are rebuilt after each record,
-            # so a metric missing from a window gets no record, as in _after_batch.
+            # first value, a non-number).
             hot = self._hot
             size = -1
             for key, raw in outputs.items():
@@ -363,14 +362,19 @@ class Monitor:
             self._write_running(loop)
 
     def _write_running(self, loop: Any) -> None:
-        """Write the window's ``<prefix>.<metric>.running`` records and start a new window."""
+        """Write the window's ``<prefix>.<metric>.running`` records and start a new window.
+
+        The window's accumulators are started afresh in place (the hot path of n > 1 holds
+        them); a metric with no value in this window (a count of 0) gets no record.
+        """
         row = loop.log.current_row
         prefix = self.prefix
-        for key, value in self._results(self._window, self._reduce_steps).items():
+        window = self._window
+        seen = {key: acc for key, acc in window.items() if acc[2] or len(acc) > 3}
+        for key, value in self._results(seen, self._reduce_steps).items():
             row[f"{prefix}.{key}.running"] = value
-        self._window = {}
-        if self.every_n_batches > 1:
-            self._hot = {}  # its entries point into the window just written
+        for acc in window.values():
+            acc[:] = self._start(acc[0])
 
     def _accumulate(self, loop: Any, batch: Any, outputs: Mapping[str, Any]) -> None:
         """Add *outputs* to the epoch's accumulators and, with running records, the window's."""
