@@ -34,8 +34,12 @@ setup). Objects are built, and temp folders made, before the clock starts. The c
     redraw on every step, are measured too); Lightning ``TQDMProgressBar(refresh_rate=500)``.
 
   ``<framework> + features (epoch records)`` is the same without per-step records: epochal's
-  monitor with its defaults (no running record), Ignite without RunningAverage and step rows; the
-  SQLite log then holds only the epochs' records.
+  monitor with ``every_n_batches = 0`` (no running record), Ignite without RunningAverage and
+  step rows; the SQLite log then holds only the epochs' records. ``<framework> + features (a
+  record every 50 steps)`` writes the running record every 50 steps only: epochal's monitor with
+  its default (``every_n_batches = 50``, the mean of the 50 steps), Ignite's RunningAverage
+  logged every 50 iterations (Lightning's ``self.log(on_step=True)`` above logs every 50 steps
+  too: its ``log_every_n_steps`` default).
 
 Progress bars draw to ``os.devnull`` (stdout and stderr are redirected during every run, of every
 case). Repeats are interleaved (every case once per round) so drifts of the shared machine hit all
@@ -185,10 +189,11 @@ class NoOpModel:
 EPOCHAL_ORDER = ["monitor", "early_stopping", "checkpoint", "sqlite_log", "timing", "progress"]
 
 
-def epochal_options(step_records: bool) -> dict[str, dict[str, Any]]:
-    """The six standard plugins' options for the features above."""
+def epochal_options(step_records: int) -> dict[str, dict[str, Any]]:
+    """The six standard plugins' options for the features above (*step_records*: a running
+    record every so many steps, 0 = none; True = 1)."""
     return {
-        "monitor": {"every_n_batches": 1 if step_records else 0},
+        "monitor": {"every_n_batches": int(step_records)},
         "early_stopping": {"patience": 10**9},
         "checkpoint": {"every_n_epochs": 1},
         # one transaction per epoch, as for the peers: no flush by row count or by time
@@ -209,7 +214,7 @@ def epochal_bare(tmp: Path) -> Callable[[], Any]:
 
 
 def make_epochal_features(
-    step_records: bool, only: str | None = None, async_save: bool = False, without: str | None = None
+    step_records: int, only: str | None = None, async_save: bool = False, without: str | None = None
 ) -> Setup:
     """epochal's Loop with the six standard plugins (or only the plugin *only*, or none when
     *only* is ``""``, or all but *without*) and a validation stream; with *async_save* the
@@ -253,7 +258,7 @@ def ignite_bare(tmp: Path) -> Callable[[], Any]:
     return lambda: trainer.run(batches, max_epochs=EPOCHS)
 
 
-def make_ignite_features(bar: str, step_records: bool = True, durable: bool = False) -> Setup:
+def make_ignite_features(bar: str, step_records: int = True, durable: bool = False) -> Setup:
     """Ignite's Engine with handlers equivalent to epochal's six plugins, and an evaluator.
 
     Ignite's ProgressBar redraws on every event it is attached to (``set_description`` and
@@ -262,8 +267,8 @@ def make_ignite_features(bar: str, step_records: bool = True, durable: bool = Fa
     evaluation) started or since the last one let through, as epochal's ``progress`` draws with
     ``mininterval = 0.1`` (no frame in the first 0.1 s either); ``"every100"`` every 100
     iterations (the throttle of earlier figures); ``"every"`` on every iteration (Ignite's
-    default). Without *step_records*, as epochal's monitor by default: no running average, no
-    step rows in SQLite.
+    default). Without *step_records*, as epochal's monitor with ``every_n_batches = 0``: no running
+    average, no step rows in SQLite; with an int, a step row every that many iterations.
     """
 
     def setup(tmp: Path) -> Callable[[], Any]:
@@ -313,7 +318,7 @@ def durable_disk_saver(dirname: Path) -> Any:
     return DurableDiskSaver(str(dirname), require_empty=False)
 
 
-def ignite_features(tmp: Path, bar: str, step_records: bool, durable: bool = False) -> Callable[[], Any]:
+def ignite_features(tmp: Path, bar: str, step_records: int, durable: bool = False) -> Callable[[], Any]:
     """See :func:`make_ignite_features`."""
     import torch
     from ignite.contrib.handlers import ProgressBar
@@ -363,7 +368,7 @@ def ignite_features(tmp: Path, bar: str, step_records: bool, durable: bool = Fal
 
     if step_records:
 
-        @trainer.on(Events.ITERATION_COMPLETED)
+        @trainer.on(Events.ITERATION_COMPLETED(every=int(step_records)))
         def log_step(engine: Engine) -> None:
             sink.rows.append(
                 ("run", engine.state.iteration, "train.loss.running", engine.state.metrics["loss"])
@@ -526,9 +531,14 @@ def cases() -> dict[str, tuple[str, Setup]]:
         "epochal + features": ("epochal", make_epochal_features(step_records=True)),
         "epochal + features (epoch records)": ("epochal", make_epochal_features(step_records=False)),
         "epochal + features, async checkpoint": ("epochal", make_epochal_features(True, async_save=True)),
+        "epochal + features (a record every 50 steps)": ("epochal", make_epochal_features(step_records=50)),
         "ignite bare": ("ignite", ignite_bare),
         "ignite + features": ("ignite", make_ignite_features("0.1s")),
         "ignite + features (epoch records)": ("ignite", make_ignite_features("0.1s", step_records=False)),
+        "ignite + features (a record every 50 steps)": (
+            "ignite",
+            make_ignite_features("0.1s", step_records=50),
+        ),
         "ignite + features, durable checkpoint": ("ignite", make_ignite_features("0.1s", durable=True)),
         "ignite + features (epoch records), durable checkpoint": (
             "ignite",
@@ -580,6 +590,10 @@ def level_table(median: dict[str, float]) -> None:
         ("bare", " bare"),
         ("with features", " + features"),
         ("with features, epoch records only", " + features (epoch records)"),
+        (
+            "with features, a record every 50 steps (monitor's default)",
+            " + features (a record every 50 steps)",
+        ),
         ("with features, epochal's checkpoint async", " + features, async checkpoint"),
         ("with features, Ignite's checkpoint fsynced as epochal's", " + features, durable checkpoint"),
         (

@@ -5,8 +5,14 @@
    loop with 4 no-op plugins (before_batch + after_batch each) with and without ``timing``.
 2. progress: a no-op-step loop (train_step returns {"loss": 0.0}) with and without ``progress``
    (force = true, bars drawn to /dev/null), against the issue's bound of 2x.
+3. monitor: the same no-op-step loop (two float metrics per step) with ``monitor`` writing epoch
+   records only (``every_n_batches = 0``), a running record every batch (1), every 2 batches and
+   every 50 (the default). ``BENCH_BASE_MONITOR=path/to/plugin.py`` (another version's
+   ``epochal_monitor/plugin.py``, e.g. from ``git show REV:plugins/...``) measures that version's
+   ``Monitor`` in the same rounds, side by side.
 
-Medians of interleaved repeats; prints a Markdown table. Run: ``python bench/plugin_overhead.py``.
+Medians of interleaved repeats; prints a Markdown table. Run: ``python bench/plugin_overhead.py``
+(``BENCH_ONLY=monitor`` runs the monitor's part alone).
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from epochal import Loop, hookimpl
 
 BATCHES = int(os.environ.get("BENCH_BATCHES", "20000"))
 REPEATS = int(os.environ.get("BENCH_REPEATS", "9"))
+ONLY = os.environ.get("BENCH_ONLY", "")
+BASE_MONITOR = os.environ.get("BENCH_BASE_MONITOR", "")
 SHORT = 1000  # batches per epoch of the short-epoch case (the per-bar fixed cost shows)
 
 
@@ -47,6 +55,13 @@ class NoOpModel:
         pass
 
 
+class TwoMetrics(NoOpModel):
+    """A no-op model whose train step returns two host floats (the monitor's usual input)."""
+
+    def train_step(self, batch: Any) -> dict[str, float]:
+        return {"loss": 0.5, "accuracy": 0.25}
+
+
 class NoOpPlugin:
     """A plugin with no-op batch hooks."""
 
@@ -59,9 +74,11 @@ class NoOpPlugin:
         pass
 
 
-def per_batch_ns(make_plugins: Callable[[], dict[str, object]], batches: list[np.ndarray]) -> float:
+def per_batch_ns(
+    make_plugins: Callable[[], dict[str, object]], batches: list[np.ndarray], model: type = NoOpModel
+) -> float:
     """Nanoseconds per training batch of one epoch of a no-op loop with *make_plugins*()."""
-    loop = Loop(NoOpModel(), {"train": batches}, plugins=make_plugins(), max_epochs=1, handle_signals=False)
+    loop = Loop(model(), {"train": batches}, plugins=make_plugins(), max_epochs=1, handle_signals=False)
     gc.collect()
     gc.disable()
     try:
@@ -73,12 +90,14 @@ def per_batch_ns(make_plugins: Callable[[], dict[str, object]], batches: list[np
     return elapsed / len(batches)
 
 
-def compare(cases: dict[str, Callable[[], dict[str, object]]], batches: list[np.ndarray]) -> dict[str, float]:
+def compare(
+    cases: dict[str, Callable[[], dict[str, object]]], batches: list[np.ndarray], model: type = NoOpModel
+) -> dict[str, float]:
     """Median ns/batch of every case, repeats interleaved so drifts hit all cases alike."""
     samples: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(REPEATS):
         for name, make in cases.items():
-            samples[name].append(per_batch_ns(make, batches))
+            samples[name].append(per_batch_ns(make, batches, model))
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
@@ -101,10 +120,63 @@ def wrapper_cost() -> tuple[float, float]:
     return statistics.median(direct), statistics.median(wrapped)
 
 
+def base_monitor() -> type | None:
+    """The ``Monitor`` class of ``BENCH_BASE_MONITOR`` (another version's plugin.py), or None."""
+    if not BASE_MONITOR:
+        return None
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("base_monitor_plugin", BASE_MONITOR)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.Monitor  # type: ignore[no-any-return]
+
+
+def monitor_overhead(batches: list[np.ndarray]) -> None:
+    """Print the monitor's cost per batch for each ``every_n_batches`` (and the base version's)."""
+    from epochal_monitor import Monitor
+
+    versions: dict[str, type] = {"this": Monitor}
+    base = base_monitor()
+    if base is not None:
+        versions["base"] = base
+    cases: dict[str, Callable[[], dict[str, object]]] = {"no plugins": lambda: {}}
+    for version, cls in versions.items():
+        for every in (0, 1, 2, 50):
+            cases[f"{version} {every}"] = lambda cls=cls, every=every: {"monitor": cls(every_n_batches=every)}
+    result = compare(cases, batches, TwoMetrics)
+    floor = result["no plugins"]
+    print("## monitor: no-op-step loop (two float metrics), per batch\n")
+    print(f"Loop with no plugins: {floor:.0f} ns/batch. Added by monitor (ns/batch) and its ratio to epoch")
+    print("records only (every_n_batches = 0) of the same version:\n")
+    head = " | ".join(f"{v} ns | {v} / {v} 0" for v in versions)
+    print(f"| every_n_batches | {head} |")
+    print("|---|" + "---:|---:|" * len(versions))
+    for every in (0, 1, 2, 50):
+        cells = []
+        for version in versions:
+            added = result[f"{version} {every}"] - floor
+            cells.append(f"{added:.0f} | {added / (result[f'{version} 0'] - floor):.2f}")
+        print(f"| {every}{' (default)' if every == 50 else ''} | {' | '.join(cells)} |")
+    if base is not None:
+        print(
+            "\nthis / base, added ns per batch: "
+            + ", ".join(
+                f"{every}: {(result[f'this {every}'] - floor) / (result[f'base {every}'] - floor):.2f}"
+                for every in (0, 1, 2, 50)
+            )
+        )
+    print()
+
+
 def main() -> None:
-    """Run both benchmarks and print the figures."""
+    """Run the benchmarks and print the figures."""
     batches = [np.zeros(1, np.float32) for _ in range(BATCHES)]
     print(f"# plugin overhead (CPython {sys.version.split()[0]}, {BATCHES} batches, median of {REPEATS})\n")
+    if ONLY == "monitor":
+        monitor_overhead(batches)
+        return
 
     direct, wrapped = wrapper_cost()
     print("## timing: wrapper cost per hook call\n")
@@ -163,7 +235,8 @@ def main() -> None:
         f"| {short_bars:.0f} | {short_bars / short_base:.2f} |"
     )
     print(f"| reference: bare `for` over the list | {bare_loop:.0f} | |")
-    print(f"| reference: bare `for` over `tqdm(list)` | {bare_tqdm:.0f} | |")
+    print(f"| reference: bare `for` over `tqdm(list)` | {bare_tqdm:.0f} | |\n")
+    monitor_overhead(batches)
 
 
 def tqdm_reference(batches: list[np.ndarray]) -> tuple[float, float]:

@@ -15,6 +15,8 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "digits.toml"
 
 
 def test_example_config_resumes_bitwise(tmp_path):
+    # batch 30 is inside the monitor's first window (a running record every 50 batches by
+    # default): the log rows compared bitwise include train.*.running at 50, the window resumed
     env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
     result = subprocess.run(
         [

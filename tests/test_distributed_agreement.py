@@ -460,7 +460,7 @@ class CountingWorld(PeerWorld):
         self._count("barrier")
 
 
-@pytest.mark.parametrize("running", [0, 1])
+@pytest.mark.parametrize("running", [0, 1, None])  # None: monitor's default, every 50 steps
 def test_six_standard_plugins_add_at_most_one_collective_per_n_steps(monkeypatch, tmp_path, running):
     clock = Clock()
     monkeypatch.setattr(agreement, "_clock", clock)
@@ -469,7 +469,10 @@ def test_six_standard_plugins_add_at_most_one_collective_per_n_steps(monkeypatch
     plugins = load_plugins(
         order=six,
         autoload=False,
-        options={"monitor": {"every_n_batches": running}, "early_stopping": {"monitor": "valid.loss"}},
+        options={
+            "monitor": {} if running is None else {"every_n_batches": running},
+            "early_stopping": {"monitor": "valid.loss"},
+        },
         extra={"phases": world.phases, "counter": Counter(world), "step": Step(clock, 0.005)},
     )
     assert [name for name in plugins.plugins if name in six] == six
@@ -483,6 +486,8 @@ def test_six_standard_plugins_add_at_most_one_collective_per_n_steps(monkeypatch
         handle_signals=False,
     )
     loop.run()
+    written = [i for i, _ in loop.log.history("train.loss.running")]
+    assert written == ([] if running == 0 else list(range(running or 50, 257, running or 50)))
     every = loop.stopping.every
     assert every == 20  # 1 ms per 20 steps of 5 ms: 1%
     steps = [(i, name) for phase, i, name in world.calls if phase == "step"]

@@ -1,10 +1,11 @@
 """Collectives per training step on 2 real processes (``epochal run --nproc 2``, gloo over loopback).
 
 The run trains ``ddp_tiny.py``'s data-parallel regression with the six standard plugins (the
-monitor writing a running record every batch) and ``collective_counter.py``, which counts
-torch.distributed's primitives on each rank by stage. Beyond the model's own gradient
-all-reduce (one per step), a step makes at most one collective per n steps once the agreement
-has chosen n (issue 32); the monitor's reduce = "step" is what asks for one per step.
+monitor writing a running record every batch, or every 50 by its default) and
+``collective_counter.py``, which counts torch.distributed's primitives on each rank by stage.
+Beyond the model's own gradient all-reduce (one per step), a step makes at most one collective
+per n steps once the agreement has chosen n (issue 32); the monitor's reduce = "step" is what
+asks for one per step.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ CALIBRATION_BATCHES, ROUND_TRIPS = 16, 5
 SIX = ["monitor", "early_stopping", "checkpoint", "sqlite_log", "timing", "progress"]
 
 
-def run_counted(tmp_path: Path, monitor: str) -> list[dict[str, Any]]:
+def run_counted(tmp_path: Path, monitor: str, running: str = "every_n_batches = 1") -> list[dict[str, Any]]:
     for helper in ("ddp_tiny.py", "collective_counter.py"):
         shutil.copy(HERE / helper, tmp_path / helper)
     config = tmp_path / "run.toml"
@@ -53,7 +54,7 @@ order = {[*SIX, "count"]!r}
 autoload = false
 
 [plugins.monitor]
-every_n_batches = 1
+{running}
 {monitor}
 
 [plugins.early_stopping]
@@ -82,8 +83,9 @@ def step_collectives(report: dict[str, Any]) -> tuple[list[int], int]:
     return [i for phase, i, _ in report["calls"] if phase == "step"], report["steps"]
 
 
-def test_the_six_standard_plugins_add_at_most_one_collective_per_n_steps(tmp_path):
-    reports = run_counted(tmp_path, "")
+@pytest.mark.parametrize("running", ["every_n_batches = 1", ""])  # "": the default, every 50
+def test_the_six_standard_plugins_add_at_most_one_collective_per_n_steps(tmp_path, running):
+    reports = run_counted(tmp_path, "", running)
     for report in reports:
         steps_of, steps = step_collectives(report)
         every = report["every"]
@@ -99,6 +101,14 @@ def test_the_six_standard_plugins_add_at_most_one_collective_per_n_steps(tmp_pat
         calibration = sum(count for i, count in extra.items() if i <= CALIBRATION_BATCHES)
         assert calibration <= CALIBRATION_BATCHES - 1 + ROUND_TRIPS + 1
     assert reports[0]["every"] == reports[1]["every"]  # agreed
+    shown = subprocess.run(
+        [sys.executable, "-m", "epochal", "log", "show", "latest", "--config", "run.toml", "--keys",
+         "train.loss.running", "--json"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    written = [row["iteration"] for row in json.loads(shown.stdout)["rows"]]
+    assert written == list(range(1, 257) if running else range(50, 257, 50))  # rank 0's records
 
 
 def test_the_monitors_reduce_step_is_what_asks_for_collectives_per_step(tmp_path):

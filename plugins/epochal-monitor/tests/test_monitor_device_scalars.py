@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import warnings
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
-from epochal_monitor.plugin import Monitor
+from epochal_monitor.plugin import Monitor, NonFiniteMetricWarning
 
-from epochal import Loop
+from epochal import Loop, hookimpl
 from epochal.testing import ResumeFrom
 
 
@@ -70,17 +71,22 @@ def test_device_scalars_are_read_once_per_record_and_averaged_exactly() -> None:
     assert loop.log.last("train.loss") == expected / sum(sizes)
 
 
-@pytest.mark.parametrize("at", [1, 3, 5])
+@pytest.mark.parametrize("at", [1, 3, 5, 7])
 def test_a_run_resumed_mid_epoch_writes_the_same_bits(at: int) -> None:
-    straight = Loop(Model(), data(), plugins={"monitor": Monitor()}, max_epochs=2)
+    # windows of 4 batches: 1, 3, 5 and 7 are each inside one (1, 3 and 5 inside an epoch too)
+    straight = Loop(Model(), data(), plugins={"monitor": Monitor(every_n_batches=4)}, max_epochs=2)
     straight.run()
-    first = Loop(Model(), data(), plugins={"monitor": Monitor()}, max_epochs=2, max_iterations=at)
+    first = Loop(
+        Model(), data(), plugins={"monitor": Monitor(every_n_batches=4)}, max_epochs=2, max_iterations=at
+    )
     first.run()
     state = first.state_dict()
-    resumed = Loop(Model(), data(), plugins={"monitor": Monitor(), "resume": ResumeFrom(state)}, max_epochs=2)
+    plugins = {"monitor": Monitor(every_n_batches=4), "resume": ResumeFrom(state)}
+    resumed = Loop(Model(), data(), plugins=plugins, max_epochs=2)
     resumed.run()
-    for key in ("train.loss", "train.acc"):
+    for key in ("train.loss", "train.acc", "train.loss.running", "train.acc.running"):
         assert resumed.log.history(key) == straight.log.history(key)
+    assert len(straight.log.history("train.loss.running")) == 3
 
 
 class Mixed(Model):
@@ -94,16 +100,31 @@ class Mixed(Model):
         return {"loss": loss, "acc": 0.1 * (self.step % 7), "nan": float("nan") if self.step == 4 else 1.0}
 
 
-def test_epoch_records_alone_equal_the_general_path_bit_for_bit() -> None:
-    # every_n_batches=0 (the default) has an inline path for host floats; every_n_batches=4 goes
-    # through the general one for every batch: the epochs' records must be the same bits
+class General(Monitor):
+    """The monitor with its general ``after_batch`` only (what ``reduce = "step"`` on several
+    processes runs): the reference the inline paths must match bit for bit."""
+
+    @hookimpl
+    def after_batch(self, loop: Any, batch: Any, outputs: Any) -> None:
+        self._after_batch(loop, batch, outputs)
+
+
+@pytest.mark.parametrize("every", [0, 4, 50])
+def test_the_inline_paths_equal_the_general_path_bit_for_bit(every: int) -> None:
+    # every_n_batches 0 and n > 1 (50: the default) each have an inline path for host floats;
+    # the epochs' records and the running records must be the bits of the general path's (1
+    # reads a device scalar at once, as its record is due at once: its sums are in batch order)
     records = {}
-    for every in (0, 4):
+    for monitor in (Monitor(every_n_batches=every), General(every_n_batches=every)):
         model = Mixed()
-        loop = Loop(model, data(), plugins={"monitor": Monitor(every_n_batches=every)}, max_epochs=3)
-        loop.run()
-        assert model.step == 18
-        keys = ("train.loss", "train.acc", "train.nan")
-        records[every] = [(key, [(i, repr(v)) for i, v in loop.log.history(key)]) for key in keys]
-    assert records[0] == records[4]
-    assert all(len(history) == 3 for _, history in records[0])
+        loop = Loop(model, data(), plugins={"monitor": monitor}, max_epochs=3 if every < 50 else 10)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", NonFiniteMetricWarning)
+            loop.run()
+        keys = [f"train.{m}{s}" for m in ("loss", "acc", "nan") for s in ("", ".running")]
+        records[type(monitor)] = [(key, [(i, repr(v)) for i, v in loop.log.history(key)]) for key in keys]
+    assert records[Monitor] == records[General]
+    epochs = 3 if every < 50 else 10
+    assert all(len(history) == epochs for key, history in records[Monitor] if not key.endswith(".running"))
+    running = dict(records[Monitor])["train.loss.running"]
+    assert len(running) == (epochs * 6 // every if every else 0)

@@ -112,6 +112,27 @@ def test_running_records_every_n_batches() -> None:
     assert len(loop.log.history("train.loss")) == 2
 
 
+def test_by_default_a_running_record_every_50_batches() -> None:
+    recorder = Recorder()
+    loop = run(extra={"recorder": recorder}, max_epochs=5)  # 5 x 23 batches: records at 50, 100
+    flat = [item for epoch in recorder.epochs for item in epoch]
+    assert len(flat) == 115
+    for metric in ("loss", "accuracy"):
+        running = loop.log.history(f"train.{metric}.running")
+        assert [i for i, _ in running] == [50, 100]
+        for iteration, value in running:  # the window since the previous record, across epochs
+            window = flat[iteration - 50 : iteration]
+            expected = sum(o[metric] * s for o, s in window) / sum(s for _, s in window)
+            assert value == pytest.approx(expected, rel=1e-12)
+    assert len(loop.log.history("train.loss")) == 5
+
+
+def test_every_n_batches_0_writes_no_running_record() -> None:
+    loop = run({"every_n_batches": 0}, max_epochs=5)
+    assert not [key for _, row in loop.log.rows() for key in row if key.endswith(".running")]
+    assert len(loop.log.history("train.loss")) == 5
+
+
 def test_eval_schedule_options_set_the_loop() -> None:
     loop = run({"every_n_epochs": 2, "at_start": True}, max_epochs=4)
     assert loop.eval_every_n_epochs == 2 and loop.eval_at_start is True
@@ -163,10 +184,14 @@ def test_non_finite_values_are_recorded_and_reported_once() -> None:
     assert all(math.isfinite(v) for _, v in loop.log.history("train.accuracy"))
 
 
-def test_resume_mid_epoch_gives_bitwise_equal_records() -> None:
-    options = {"every_n_batches": 7, "aggregation": {"accuracy": "max"}}
+@pytest.mark.parametrize("every", [7, None])  # None: the default, a record every 50 batches
+def test_resume_mid_epoch_gives_bitwise_equal_records(every: int | None) -> None:
+    options: dict[str, Any] = {"aggregation": {"accuracy": "max"}}
+    if every is not None:
+        options["every_n_batches"] = every
     full = run(options, max_epochs=3)
-    stopped = run(options, max_epochs=3, max_iterations=33)  # epoch 2, batch 10 of 23
+    # epoch 2, batch 10 of 23; in the middle of a window of 7 (29..35) and of the default's (1..50)
+    stopped = run(options, max_epochs=3, max_iterations=33)
     assert stopped.batch_in_epoch == 10
     state = stopped.state_dict()
     state["plugins"] = json.loads(json.dumps(state["plugins"]))  # what a checkpoint stores
@@ -182,6 +207,31 @@ def test_resume_mid_epoch_gives_bitwise_equal_records() -> None:
     assert resumed.resumed
     assert train_records(resumed) == train_records(full)
     assert len(train_records(full)) > 6
+    running = [key for _, key, _ in train_records(resumed) if key.endswith(".running")]
+    assert running and running == [key for _, key, _ in train_records(full) if key.endswith(".running")]
+    assert state["plugins"]["monitor"]["state"]["window"]["loss"][2] > 0  # saved mid-window
+
+
+def test_the_default_writes_running_records_through_the_cli(tmp_path: Path, epochal_cli: EpochalCli) -> None:
+    config = digits_config(tmp_path / "run.toml", ["monitor", "sqlite_log"], max_epochs=5)
+    shown = {}
+    for name, extra in (("default", ()), ("off", ("--set", "plugins.monitor.every_n_batches=0"))):
+        result = epochal_cli("run", str(config), *extra)
+        assert result.returncode == 0, result.stderr
+        result = epochal_cli("log", "show", "latest", "--config", str(config), "--json")
+        assert result.returncode == 0, result.stderr
+        shown[name] = json.loads(result.stdout)["rows"]
+    running = [
+        (row["iteration"], sorted(row["values"]))
+        for row in shown["default"]
+        if "train.loss.running" in row["values"]
+    ]
+    assert [iteration for iteration, _ in running] == [50, 100]  # 5 epochs of 23 batches
+    assert all(keys == ["train.accuracy.running", "train.loss.running"] for _, keys in running)
+    assert not [key for row in shown["off"] for key in row["values"] if key.endswith(".running")]
+    assert [row["values"]["train.loss"] for row in shown["off"] if "train.loss" in row["values"]] == [
+        row["values"]["train.loss"] for row in shown["default"] if "train.loss" in row["values"]
+    ]  # the epoch records are the same
 
 
 def test_non_finite_accumulators_survive_a_json_state() -> None:
@@ -237,9 +287,9 @@ def test_order_monitor_runs_before_early_stopping(epochal_cli: EpochalCli) -> No
             assert after_epoch.index("monitor") < after_epoch.index(later)
 
 
-@pytest.mark.parametrize("every", [0, 1])
+@pytest.mark.parametrize("every", [0, 1, 2])
 def test_a_metric_is_skipped_once_it_is_not_a_number(every: int) -> None:
-    # every_n_batches 0 and 1 take after_batch's inline paths; both must drop the metric
+    # every_n_batches 0, 1 and n > 1 take after_batch's inline paths; each must drop the metric
     import numpy as np
 
     outputs = [
@@ -254,9 +304,12 @@ def test_a_metric_is_skipped_once_it_is_not_a_number(every: int) -> None:
     model = StubModel(train=lambda batch: next(turns), evaluation={})
     loop = Loop(model, {"train": batches}, plugins=plugins, max_epochs=2, handle_signals=False)
     loop.run()
-    running = [1.0, 2.0, 3.5] * 2
-    assert loop.log.history("train.loss.running") == (list(enumerate(running, start=1)) if every else [])
-    assert loop.log.history("train.note.running") == ([(1, 2.0)] if every else [])
+    losses, sizes = [1.0, 2.0, 3.5] * 2, [2, 3, 1] * 2
+    windows = [range(end - every, end) for end in range(every, 7, every)] if every else []
+    expected = [(w[-1] + 1, sum(losses[i] * sizes[i] for i in w) / sum(sizes[i] for i in w)) for w in windows]
+    assert loop.log.history("train.loss.running") == expected
+    # note: only the first batch's value, in the first window
+    assert loop.log.history("train.note.running") == ([(every, 2.0)] if every else [])
     mean = (1.0 * 2 + 2.0 * 3 + 3.5) / 6
     assert loop.log.history("train.loss") == [(3, mean), (6, mean)]
     assert loop.log.history("train.note") == [(3, 2.0)]  # the epoch before it was skipped

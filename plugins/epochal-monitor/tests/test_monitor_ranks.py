@@ -74,14 +74,19 @@ class Losses:
         self.epochs.append([])
 
 
-def run(world: TwoRanks, options: dict[str, Any]) -> tuple[Loop, Losses]:
+def run(world: TwoRanks, options: dict[str, Any], examples: int = 64) -> tuple[Loop, Losses]:
     losses = Losses()
     plugins = load_plugins(
         order=["monitor", "losses"], autoload=False, options={"monitor": options}, extra={"losses": losses}
     )
     # 64 examples in batches of 8, sharded: 4 batches of 8 per rank and epoch
     loop = Loop(
-        TinyModel(), tiny_data(examples=64), plugins=plugins, world=world, max_epochs=2, handle_signals=False
+        TinyModel(),
+        tiny_data(examples=examples),
+        plugins=plugins,
+        world=world,
+        max_epochs=2,
+        handle_signals=False,
     )  # type: ignore[arg-type]
     loop.run()
     return loop, losses
@@ -96,6 +101,18 @@ def test_by_default_running_records_are_this_ranks_own_and_epoch_records_are_red
     for (_, reduced), epoch in zip(loop.log.history("train.loss"), losses.epochs):
         # equal batch sizes: this rank's mean is the batches' mean; the peer's sums are three times
         assert reduced == pytest.approx(2 * sum(epoch) / len(epoch), rel=1e-12)
+
+
+def test_the_default_running_records_add_no_collective():
+    world = TwoRanks()
+    loop, losses = run(world, {}, examples=960)  # 60 batches of 8 per rank and epoch
+    batches = [loss for epoch in losses.epochs for loss in epoch]
+    running = loop.log.history("train.loss.running")
+    assert [i for i, _ in running] == [50, 100]  # every 50 batches, as Lightning's log_every_n_steps
+    assert [v for _, v in running] == pytest.approx(
+        [sum(batches[:50]) / 50, sum(batches[50:100]) / 50], rel=1e-12
+    )
+    assert len(world.monitor_gathers) == 2  # one per epoch: the epoch records; none per step
 
 
 def test_reduce_step_reduces_every_running_record_in_one_collective_each():

@@ -26,6 +26,23 @@ def test_on_by_default_without_a_terminal(epochal_cli: EpochalCli, tmp_path: Pat
     assert "training finished: max_epochs=2 reached" in result.stdout
 
 
+def test_running_records_are_not_in_the_epoch_lines_unless_asked(
+    epochal_cli: EpochalCli, tmp_path: Path
+) -> None:
+    # a running record every 23 batches: in the row of every epoch's last batch (23 per epoch)
+    monitor = "\n[plugins.monitor]\nevery_n_batches = 23\n"
+    lines = {}
+    for exclude in ("", "\n[plugins.printing]\nexclude = []\n"):
+        config = digits_config(
+            tmp_path / "run.toml", ["monitor", "printing"], max_epochs=2, extra=monitor + exclude
+        )
+        result = epochal_cli("run", str(config))
+        assert result.returncode == 0, result.stderr
+        lines[exclude] = [line for line in result.stdout.splitlines() if line.startswith("epoch ")]
+    assert len(lines[""]) == 2 and all("train loss=" in line and "running" not in line for line in lines[""])
+    assert len(lines[exclude]) == 2 and all("loss.running=" in line for line in lines[exclude])
+
+
 def test_batches_and_triggers(epochal_run) -> None:  # type: ignore[no-untyped-def]
     import contextlib
     import io

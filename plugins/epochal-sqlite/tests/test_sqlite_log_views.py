@@ -1,7 +1,9 @@
 """``epochal log`` views for a person (issue 29), through the CLI at ``COLUMNS=80``.
 
-The metrics come first and the timing plugin's profiling records (``timing.*``) only on request
-(``--timing``); ``log plot`` without ``--key`` draws the losses and the monitored metrics;
+The metrics come first (a running record, ``monitor``'s ``train.loss.running``, right after its
+epoch record ``train.loss``) and the timing plugin's profiling records (``timing.*``) only on request
+(``--timing``); ``log plot`` without ``--key`` draws the losses and the monitored metrics, with
+their running records;
 ``log runs`` shows each run's config file and run directory, ``--config`` selects that config's
 runs, and at 80 columns the table wraps onto blocks instead of dropping columns.
 """
@@ -37,6 +39,9 @@ batch_size = 256
 [plugins]
 order = ["monitor", "early_stopping", "timing", "sqlite_log"]
 autoload = false
+
+[plugins.monitor]
+every_n_batches = 4  # 6 batches per epoch: a running record at 4, 8 and 12 (an epoch's last)
 
 [plugins.early_stopping]
 monitor = "valid.accuracy"
@@ -97,8 +102,9 @@ def test_runs_shows_config_and_run_dir_within_80_columns(project: tuple[Path, li
 def test_show_puts_the_metrics_first_and_timing_behind_a_flag(project: tuple[Path, list[str], str]) -> None:
     cwd, _, other = project
     header = next(csv.reader(io.StringIO(epochal(cwd, "log", "show", other, "--csv").stdout)))
-    assert header[:6] == ["iteration", "run_id", "epochs_done", "train.loss", "valid.loss", "train.accuracy"]
-    assert {"train.loss", "valid.loss", "valid.accuracy"} <= set(header)
+    assert header[:7] == ["iteration", "run_id", "epochs_done", "train.loss", "train.loss.running",
+                          "valid.loss", "train.accuracy"]  # fmt: skip
+    assert {"train.loss", "valid.loss", "valid.accuracy", "train.accuracy.running"} <= set(header)
     assert not [key for key in header if key.startswith("timing.")], header
 
     timed = next(csv.reader(io.StringIO(epochal(cwd, "log", "show", other, "--csv", "--timing").stdout)))
@@ -115,7 +121,12 @@ def test_compare_lists_the_metrics_first(project: tuple[Path, list[str], str]) -
     cwd, digits, _ = project
     table = list(csv.reader(io.StringIO(epochal(cwd, "log", "compare", *digits, "--csv").stdout)))
     keys = [row[0] for row in table[1:]]
-    assert keys[:4] == ["train.loss", "valid.loss", "train.accuracy", "valid.accuracy"]
+    assert keys[:3] == ["train.loss", "train.loss.running", "valid.loss"]  # the running record beside
+    assert keys[keys.index("train.accuracy") :][:3] == [
+        "train.accuracy",
+        "train.accuracy.running",
+        "valid.accuracy",
+    ]
     assert not [key for key in keys if key.startswith("timing.")]
     timed = [row[0] for row in list(csv.reader(io.StringIO(
         epochal(cwd, "log", "compare", *digits, "--csv", "--timing").stdout)))[1:]]  # fmt: skip
@@ -134,8 +145,10 @@ def test_plot_draws_the_losses_and_the_monitored_metric_by_default(
     cwd, digits, _ = project
     epochal(cwd, "log", "plot", digits[0], "-o", "default.svg")
     texts = svg_texts(cwd / "default.svg")
-    assert {"train.loss", "valid.loss", "valid.accuracy"} <= texts  # the legends
-    assert "train.accuracy" not in texts and "epochs_done" not in texts  # not monitored
+    # the legends: the per-step curve of the loss with it (train.loss.running, in the loss panel)
+    assert {"train.loss", "train.loss.running", "valid.loss", "valid.accuracy"} <= texts
+    assert {"loss", "accuracy"} <= texts and "loss.running" not in texts  # two panels' titles
+    assert not {"train.accuracy", "train.accuracy.running", "epochs_done"} & texts  # not monitored
     assert not [t for t in texts if "timing" in t or "after_batch" in t]
 
     epochal(cwd, "log", "plot", digits[0], "--all", "-o", "all.svg")

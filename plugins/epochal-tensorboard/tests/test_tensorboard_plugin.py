@@ -12,7 +12,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from epochal import PluginError, hookimpl, load_plugins
 from epochal.records import number
-from epochal.testing import ResumeFrom, SaveAt, TrainRecords, run_loop
+from epochal.testing import ResumeFrom, SaveAt, TrainRecords, run_loop, tiny_data
 
 
 def read(log_dir: Path) -> EventAccumulator:
@@ -43,6 +43,18 @@ def test_every_numeric_record_is_a_scalar_with_its_iteration_as_step(tmp_path: P
             (i, pytest.approx(float(v), rel=1e-6)) for i, v in log.history(key) if number(v) is not None
         ]
         assert scalars(events, key.replace(".", "/", 1)) == expected, key
+
+
+def test_the_monitors_default_running_records_are_per_step_scalars(tmp_path: Path) -> None:
+    # monitor with its defaults: train.loss.running every 50 batches, at the step = the iteration
+    result = run_loop(
+        ["monitor", "tensorboard"], data=tiny_data(examples=8 * 40), run_dir=tmp_path / "run", max_epochs=3
+    )
+    events = read(tmp_path / "run" / "tensorboard")
+    running = scalars(events, "train/loss.running")
+    assert [step for step, _ in running] == [50, 100]  # 3 epochs of 40 batches
+    assert running == [(i, pytest.approx(v, rel=1e-6)) for i, v in result.log.history("train.loss.running")]
+    assert [step for step, _ in scalars(events, "train/loss")] == [40, 80, 120]  # the epoch means
 
 
 class TimingRecords:

@@ -2,9 +2,10 @@
 
 Ancestors: Blocks' ``TrainingDataMonitoring`` and ``DataStreamMonitoring``. The core already
 evaluates the eval streams (``<stream>.<metric>`` records); this plugin aggregates what
-``train_step`` returns over each epoch into ``train.<metric>`` records, optionally writes running
-aggregates every *n* batches, sets the loop's evaluation schedule when asked, and reports
-non-finite values once per metric.
+``train_step`` returns over each epoch into ``train.<metric>`` records, writes running aggregates
+(``train.<metric>.running``) every *n* batches (by default every 50, as Lightning logs a step
+every 50; 0 = never), sets the loop's evaluation schedule when asked, and reports non-finite
+values once per metric.
 
 Sums are kept in float64 and added in batch order; the accumulators of an unfinished epoch are part
 of :meth:`Monitor.state_dict`, so a run resumed in the middle of an epoch writes bitwise the same
@@ -34,6 +35,8 @@ _MEAN, _SUM, _MIN, _MAX, _LAST = range(5)
 #: aggregations that need no comparison, so device scalars are summed without being read.
 _LAZY = frozenset({_MEAN, _SUM, _LAST})
 _NAN = float("nan")
+#: a running record every 50 training batches by default: Lightning's ``log_every_n_steps``.
+DEFAULT_EVERY_N_BATCHES = 50
 
 
 class NonFiniteMetricWarning(RuntimeWarning):
@@ -72,7 +75,8 @@ class Monitor:
     :param at_start: set the loop's ``eval_at_start`` (evaluate before the first epoch, epoch 0).
         None keeps the loop's own setting.
     :param every_n_batches: also write ``train.<metric>.running`` every n training batches: the
-        aggregate of the batches since the previous running record. None or 0 = never.
+        aggregate of the batches since the previous running record. Default 50, as Lightning's
+        ``log_every_n_steps``; 0 (or None) = never.
     :param aggregation: per-metric aggregation, ``{loss = "mean", grad_norm = "max"}``; one of
         mean (weighted by batch size), sum, min, max, last.
     :param default_aggregation: the aggregation of metrics not named in *aggregation*.
@@ -92,7 +96,7 @@ class Monitor:
         self,
         every_n_epochs: NonNegativeInt | None = None,
         at_start: bool | None = None,
-        every_n_batches: NonNegativeInt | None = None,
+        every_n_batches: NonNegativeInt | None = DEFAULT_EVERY_N_BATCHES,
         aggregation: dict[str, Aggregation] | None = None,
         default_aggregation: Aggregation = "mean",
         prefix: NonEmptyStr = "train",
@@ -117,10 +121,11 @@ class Monitor:
         """Forget every accumulator and report: the state of a plugin that has seen no run."""
         #: metric → [kind, a, b] for the epoch in progress (see _update).
         self._epoch: dict[str, list[Any]] = {}
-        #: metric → (its accumulator in _epoch, its running record's name, or None without
-        #: running records), for the metrics not skipped: what the hot paths of after_batch look
-        #: up. Reset with _epoch.
-        self._hot: dict[str, tuple[list[Any], str | None]] = {}
+        #: metric → (its accumulator in _epoch, and: None without running records, its running
+        #: record's name with one every batch, its accumulator in _window with one every n > 1
+        #: batches), for the metrics not skipped: what the hot paths of after_batch look up.
+        #: Reset with _epoch.
+        self._hot: dict[str, tuple[list[Any], Any]] = {}
         #: the same since the last running record (only with every_n_batches).
         self._window: dict[str, list[Any]] = {}
         self._skip: set[str] = set()
@@ -249,8 +254,39 @@ class Monitor:
     def after_batch(self, loop: Any, batch: Any, outputs: Mapping[str, Any]) -> None:
         """Add the batch's metrics to the accumulators (and write running records when due)."""
         every = self.every_n_batches
-        if every > 1 or self._reduce_steps:
+        if self._reduce_steps:
             self._after_batch(loop, batch, outputs)
+            return
+        if every > 1:
+            # A running record every n batches (the default, n = 50), inline: a metric seen
+            # already this epoch whose value is a float costs one lookup (_hot: its epoch
+            # and window accumulators) before its arithmetic, and the batch one counter check.
+            # Any other value goes through _accumulate alone (device scalars kept lazily, a
+            # first value, a non-number).
+            hot = self._hot
+            size = -1
+            for key, raw in outputs.items():
+                entry = hot.get(key)
+                if entry is None or type(raw) is not float:
+                    self._accumulate(loop, batch, {key: raw})
+                    if entry is None and key not in self._skip and key in self._epoch and key in self._window:
+                        hot[key] = (self._epoch[key], self._window[key])
+                    continue
+                if raw - raw != 0.0:  # NaN or infinite
+                    self._non_finite(f"{self.prefix}.{key}", raw, loop)
+                if size < 0:
+                    size = self._batch_size(batch)
+                total, window = entry
+                if total[0] == _MEAN:
+                    total[1] += raw * size
+                    total[2] += size
+                    window[1] += raw * size
+                    window[2] += size
+                else:
+                    self._update(total, raw, size)
+                    self._update(window, raw, size)
+            if loop.iteration % every == 0:
+                self._write_running(loop)
             return
         if every == 0:
             # Epoch records only, on one process (the default), inline: a metric seen already this
@@ -321,6 +357,27 @@ class Monitor:
 
     def _after_batch(self, loop: Any, batch: Any, outputs: Mapping[str, Any]) -> None:
         """``after_batch`` in general: device scalars kept lazily, a window of running records."""
+        self._accumulate(loop, batch, outputs)
+        if self.every_n_batches and self._running_due(loop):
+            self._write_running(loop)
+
+    def _write_running(self, loop: Any) -> None:
+        """Write the window's ``<prefix>.<metric>.running`` records and start a new window.
+
+        The window's accumulators are started afresh in place (the hot path of n > 1 holds
+        them); a metric with no value in this window (a count of 0) gets no record.
+        """
+        row = loop.log.current_row
+        prefix = self.prefix
+        window = self._window
+        seen = {key: acc for key, acc in window.items() if acc[2] or len(acc) > 3}
+        for key, value in self._results(seen, self._reduce_steps).items():
+            row[f"{prefix}.{key}.running"] = value
+        for acc in window.values():
+            acc[:] = self._start(acc[0])
+
+    def _accumulate(self, loop: Any, batch: Any, outputs: Mapping[str, Any]) -> None:
+        """Add *outputs* to the epoch's accumulators and, with running records, the window's."""
         size = -1
         epoch, window = self._epoch, self._window
         running = self.every_n_batches
@@ -364,12 +421,6 @@ class Monitor:
                 if acc is None:
                     acc = window[key] = self._start(self._kind(key))
                 self._update(acc, value, size)
-        if running and self._running_due(loop):
-            row = loop.log.current_row
-            prefix = self.prefix
-            for key, value in self._results(window, self._reduce_steps).items():
-                row[f"{prefix}.{key}.running"] = value
-            self._window = {}
 
     @hookimpl
     def after_evaluation(self, loop: Any, stream: str, metrics: Mapping[str, float]) -> None:

@@ -77,7 +77,9 @@ class Printing:
     :param tty: print even when stdout is a terminal (there ``progress`` shows bars instead).
     :param digits: decimal places of the numbers shown.
     :param stream: where to print: ``stdout`` or ``stderr``.
-    :param exclude: log keys not to show, as ``fnmatch`` patterns (default: ``timing``'s records).
+    :param exclude: log keys not to show, as ``fnmatch`` patterns (default: ``timing``'s records,
+        and the running records ``*.running``, monitor's per-step values, whose row can be an
+        epoch's last: the line shows the epoch's means).
     """
 
     phase: ClassVar[Phase] = "report"  # the epoch's records and decisions are in the row
@@ -90,7 +92,7 @@ class Printing:
         tty: bool = False,
         digits: Annotated[int, Ge(0), Le(12)] = 4,
         stream: Literal["stdout", "stderr"] = "stdout",
-        exclude: Sequence[str] = ("timing.*",),
+        exclude: Sequence[str] = ("timing.*", "*.running"),
     ) -> None:
         self.batches, self.tty, self.digits, self.stream = batches, tty, digits, stream
         self.exclude = tuple(exclude)

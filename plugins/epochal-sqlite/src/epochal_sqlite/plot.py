@@ -2,9 +2,11 @@
 
 Keys are grouped into one panel per metric: ``train.loss`` and ``valid.loss`` share the panel
 ``loss`` (the part after the stream), each in its own line style; every run (read as its whole
-resume chain, unless asked otherwise) has its own colour. The output format follows the file's
-suffix: ``.png``, ``.svg``, ``.pdf`` — or ``.html``: one self-contained file with the figure
-inlined as SVG and each run's status and configuration.
+resume chain, unless asked otherwise) has its own colour. A running record (``monitor``'s
+``train.loss.running``, every 50 steps by default) is the per-step curve of its metric: drawn in
+the same panel, style and colour as the epoch records, thinner and fainter, beneath them. The
+output format follows the file's suffix: ``.png``, ``.svg``, ``.pdf`` — or ``.html``: one
+self-contained file with the figure inlined as SVG and each run's status and configuration.
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ class Series:
 
 
 def split_key(key: str) -> tuple[str, str]:
-    """``("valid", "loss")`` for ``valid.loss``; a key without a stream is its own metric."""
-    stream, dot, metric = key.partition(".")
+    """``("valid", "loss")`` for ``valid.loss`` (and for ``valid.loss.running``, the same
+    metric's running record); a key without a stream is its own metric."""
+    stream, dot, metric = key.removesuffix(views.RUNNING).partition(".")
     return (stream, metric) if dot else ("", key)
 
 
@@ -123,12 +126,19 @@ def figure(series: Sequence[Series], smoothing: float = 0.0, title: str | None =
             style = STYLES[streams.index(stream) % len(STYLES)]
             label = item.key if len(runs) == 1 else f"{item.run.run_id[:8]} {item.key}"
             marker = "o" if len(item.xs) < 50 else None
+            # the per-step curve beneath the epoch records, thinner and fainter
+            running = item.key.endswith(views.RUNNING)
+            look = {"linewidth": 1, "alpha": 0.5, "zorder": 1} if running else {"zorder": 2}
+            if running:
+                marker = None
             if smoothing:
                 axes.plot(item.xs, item.ys, color=colour, linestyle=style, alpha=0.25, linewidth=1)
                 ys = smooth(item.ys, smoothing)
             else:
                 ys = item.ys
-            axes.plot(item.xs, ys, color=colour, linestyle=style, marker=marker, markersize=3, label=label)
+            axes.plot(
+                item.xs, ys, color=colour, linestyle=style, marker=marker, markersize=3, label=label, **look
+            )
             for start in item.resumes:
                 axes.axvline(start, color=colour, linestyle=":", linewidth=1, alpha=0.6)
         axes.set_xlabel("iteration")

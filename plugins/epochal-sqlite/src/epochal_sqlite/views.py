@@ -15,26 +15,31 @@ from typing import Any
 
 from epochal_sqlite.reader import key_matcher
 
-__all__ = ["PROFILING", "monitored", "order_keys", "plot_keys", "visible"]
+__all__ = ["PROFILING", "RUNNING", "monitored", "order_keys", "plot_keys", "visible"]
 
 #: glob patterns of the profiling records, out of the default views (``--timing`` shows them).
 PROFILING = ("timing.*",)
+#: the suffix of a running record: ``train.loss.running`` is ``train.loss`` every n steps.
+RUNNING = ".running"
 
 _is_profiling = key_matcher(PROFILING)
 
 
-def _rank(key: str) -> tuple[int, bool, str]:
+def _rank(key: str) -> tuple[int, bool, str, bool]:
     stream, dot, metric = key.partition(".")
     if _is_profiling(key):
-        return 4, False, key
+        return 4, False, key, False
     if not dot:
-        return 3, False, key  # the loop's and plugins' own records: epochs_done, lr
-    return (1 if "loss" in metric else 2), stream != "train", key
+        return 3, False, key, False  # the loop's and plugins' own records: epochs_done, lr
+    # a running record (monitor's per-step train.loss.running) right after its epoch record
+    epoch_key = key.removesuffix(RUNNING)
+    return (1 if "loss" in metric else 2), stream != "train", epoch_key, epoch_key != key
 
 
 def order_keys(keys: Iterable[str]) -> list[str]:
     """*keys* losses first, then the other metrics (``train.*`` before the other streams' in
-    each), then the other records, then the profiling ones; alphabetical otherwise."""
+    each; a running record ``train.loss.running`` right after ``train.loss``), then the other
+    records, then the profiling ones; alphabetical otherwise."""
     return sorted(set(keys), key=_rank)
 
 
@@ -58,10 +63,16 @@ def monitored(config: Any) -> list[str]:
 
 def plot_keys(available: Iterable[str], config: Any, timing: bool) -> list[str]:
     """What ``log plot`` draws without ``--key``: the losses (``*.loss``, ``*_loss``) and the
-    monitored metrics of *available*; every visible key when there is none of either."""
+    monitored metrics of *available*, each with its running record (``train.loss.running``, the
+    per-step curve); every visible key when there is none of either."""
     keys = visible(available, timing)
     wanted = set(monitored(config))
-    chosen = [k for k in keys if "loss" in k.rpartition(".")[2] or k in wanted]
+
+    def chosen_key(key: str) -> bool:
+        key = key.removesuffix(RUNNING)
+        return "loss" in key.rpartition(".")[2] or key in wanted
+
+    chosen = [k for k in keys if chosen_key(k)]
     if timing:
         chosen += [k for k in keys if _is_profiling(k) and k not in chosen]
     return chosen or keys
