@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from _common import NoOpModel
 from epochal_progress import Progress
 from epochal_timing import Timing, make_timer
 
@@ -29,22 +30,6 @@ from epochal import Loop, hookimpl
 BATCHES = int(os.environ.get("BENCH_BATCHES", "20000"))
 REPEATS = int(os.environ.get("BENCH_REPEATS", "9"))
 SHORT = 1000  # batches per epoch of the short-epoch case (the per-bar fixed cost shows)
-
-
-class NoOpModel:
-    """A model whose steps do nothing."""
-
-    def train_step(self, batch: Any) -> dict[str, float]:
-        return {"loss": 0.0}
-
-    def eval_step(self, batch: Any) -> dict[str, float]:
-        return {"loss": 0.0}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: Any) -> None:
-        pass
 
 
 class NoOpPlugin:
