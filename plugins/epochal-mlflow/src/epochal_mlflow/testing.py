@@ -68,8 +68,8 @@ class Server:
                 pass
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                log = (self.root / "server.log").read_text()[-2000:]
-                raise RuntimeError(f"mlflow server did not start: {log}")
+                tail = (self.root / "server.log").read_text()[-2000:]
+                raise RuntimeError(f"mlflow server did not start: {tail}")
             time.sleep(0.3)
 
     def stop(self) -> None:
