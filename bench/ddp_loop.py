@@ -27,12 +27,13 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import _torch_loops
+from _torch_loops import raw_loop, synthetic_data, time_run
 
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", 5))
 EPOCHS = int(os.environ.get("BENCH_EPOCHS", 2))
@@ -44,7 +45,6 @@ SIX = ("monitor", "early_stopping", "checkpoint", "sqlite_log", "timing", "progr
 
 
 def setup() -> tuple[Any, Any, Any, Any]:
-    import numpy as np
     import torch
 
     torch.set_num_threads(1)
@@ -53,9 +53,7 @@ def setup() -> tuple[Any, Any, Any, Any]:
         torch.nn.Linear(128, WIDTH), torch.nn.ReLU(), torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU(),
         torch.nn.Linear(WIDTH, 10),
     )  # fmt: skip
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((N, 128)).astype(np.float32)
-    y = rng.integers(0, 10, N)
+    x, y = synthetic_data(N)
     optimizer = torch.optim.SGD(module.parameters(), lr=0.01)
     return module, optimizer, x, y
 
@@ -70,25 +68,7 @@ def run_raw(world: Any, module: Any, optimizer: Any, x: Any, y: Any) -> Callable
     stream = BatchStream(x, y, batch_size=BATCH, seed=0)
     if world.distributed:
         stream = stream.shard(world.rank, world.size, "error")
-    loss_fn = torch.nn.functional.cross_entropy
-
-    def run() -> int:
-        steps = 0
-        for epoch in range(EPOCHS):
-            order = stream.indices(epoch)
-            for k in range(0, len(order), BATCH):
-                index = order[k : k + BATCH]
-                xb, yb = torch.from_numpy(x[index]), torch.from_numpy(y[index])
-                optimizer.zero_grad(set_to_none=True)
-                loss = loss_fn(module(xb), yb)
-                loss.backward()
-                optimizer.step()
-                steps += 1
-                if steps % 100 == 0:
-                    loss.item()
-        return steps
-
-    return run
+    return raw_loop(module, optimizer, stream, x, y, epochs=EPOCHS, batch=BATCH, device=torch.device("cpu"))
 
 
 def run_epochal(
@@ -131,6 +111,8 @@ def run_epochal(
 
 def worker(case: str) -> None:
     """One timed run of *case* in this process (rank 0 prints the figures as JSON)."""
+    import torch
+
     from epochal.distributed import init_from_env, shutdown
 
     world = init_from_env()
@@ -139,31 +121,18 @@ def worker(case: str) -> None:
         run = run_raw(world, module, optimizer, x, y)  # built off the clock
     else:
         run = run_epochal(world, module, optimizer, x, y, case)
-    world.barrier()
-    started = time.perf_counter()
-    steps = run()
-    world.barrier()
-    seconds = time.perf_counter() - started
-    if world.is_zero:
-        examples = steps * BATCH * world.size
-        print(json.dumps({"seconds": seconds, "steps": steps, "examples": examples}), flush=True)
+    time_run(world, run, BATCH, torch.device("cpu"))
     shutdown()
 
 
 def launch(case: str, nproc: int) -> dict[str, float]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     script = [str(Path(__file__).resolve()), "worker", case]
     if nproc == 1:
         command = [sys.executable, *script]
     else:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
         command += script
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, check=False)
-    if result.returncode:
-        raise RuntimeError(f"{case} on {nproc}: {result.stderr[-3000:]}")
-    line = [line for line in result.stdout.splitlines() if line.startswith("{")][-1]
-    figures = json.loads(line)
-    return {"per_example_us": figures["seconds"] / figures["examples"] * 1e6, **figures}
+    return _torch_loops.launch(command, f"{case} on {nproc}")
 
 
 def main() -> None:

@@ -28,6 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import peers  # beside this file
+import peers_setups
 
 CASES = {
     "bare python": peers.bare_python,
@@ -65,17 +66,17 @@ def main() -> None:
     if args.factor < 2:
         parser.error(f"--factor must be at least 2, got {args.factor}")
     peers.silence_peers()
-    short = peers.STEPS
+    short = peers_setups.STEPS
     sizes = (short, short * args.factor)
     samples: dict[tuple[str, int], list[float]] = {(name, n): [] for name in CASES for n in sizes}
     for round_ in range(args.rounds + 1):  # round 0 warms up (imports, first-run caches)
         for name, setup in CASES.items():
             for n in sizes:
-                peers.STEPS = n
+                peers_setups.STEPS = n  # the setups read it when they build a run
                 wall, _cpu = peers.time_run(setup)
                 if round_:
                     samples[name, n].append(wall)
-    peers.STEPS = short
+    peers_setups.STEPS = short
     median = {key: statistics.median(values) for key, values in samples.items()}
     n_short, n_long = (peers.EPOCHS * n for n in sizes)
     span = n_long - n_short

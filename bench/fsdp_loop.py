@@ -27,12 +27,13 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import _torch_loops
+from _torch_loops import raw_loop, synthetic_data, time_run
 
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", 5))
 EPOCHS = int(os.environ.get("BENCH_EPOCHS", 1))
@@ -46,7 +47,6 @@ CASES = ("raw", "epochal", "every8")
 
 
 def setup(device: Any) -> tuple[Any, Any, Any]:
-    import numpy as np
     import torch
 
     if device.type == "cpu":
@@ -56,9 +56,7 @@ def setup(device: Any) -> tuple[Any, Any, Any]:
     for _ in range(DEPTH - 1):
         layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()]
     module = torch.nn.Sequential(*layers, torch.nn.Linear(WIDTH, 10)).to(device)
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((N, 128)).astype(np.float32)
-    y = rng.integers(0, 10, N)
+    x, y = synthetic_data(N)
     return module, x, y
 
 
@@ -76,26 +74,7 @@ def run_raw(world: Any, device: Any, module: Any, x: Any, y: Any) -> Callable[[]
     fully_shard(module, mesh=mesh)
     optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3)
     stream = BatchStream(x, y, batch_size=BATCH, seed=0).shard(world.rank, world.size, "error")
-    loss_fn = torch.nn.functional.cross_entropy
-
-    def run() -> int:
-        steps = 0
-        for epoch in range(EPOCHS):
-            order = stream.indices(epoch)
-            for k in range(0, len(order), BATCH):
-                index = order[k : k + BATCH]
-                xb = torch.from_numpy(x[index]).to(device, non_blocking=True)
-                yb = torch.from_numpy(y[index]).to(device, non_blocking=True)
-                optimizer.zero_grad(set_to_none=True)
-                loss = loss_fn(module(xb), yb)
-                loss.backward()
-                optimizer.step()
-                steps += 1
-                if steps % 100 == 0:
-                    loss.item()
-        return steps
-
-    return run
+    return raw_loop(module, optimizer, stream, x, y, epochs=EPOCHS, batch=BATCH, device=device)
 
 
 def run_epochal(world: Any, device: Any, module: Any, x: Any, y: Any, case: str) -> Callable[[], int]:
@@ -136,29 +115,14 @@ def worker(case: str) -> None:
         run = run_raw(world, device, module, x, y)
     else:
         run = run_epochal(world, device, module, x, y, case)
-    world.barrier()
-    started = time.perf_counter()
-    steps = run()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    world.barrier()
-    seconds = time.perf_counter() - started
-    if world.is_zero:
-        examples = steps * BATCH * world.size
-        print(json.dumps({"seconds": seconds, "steps": steps, "examples": examples, "device": str(device)}))
+    time_run(world, run, BATCH, device)
     shutdown()
 
 
 def launch(case: str) -> dict[str, Any]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
     command += [str(Path(__file__).resolve()), "worker", case]
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600, check=False)
-    if result.returncode:
-        raise RuntimeError(f"{case}: {result.stderr[-3000:]}")
-    line = [line for line in result.stdout.splitlines() if line.startswith("{")][-1]
-    figures = json.loads(line)
-    return {"per_example_us": figures["seconds"] / figures["examples"] * 1e6, **figures}
+    return _torch_loops.launch(command, case)
 
 
 def main() -> None:

@@ -27,25 +27,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from _common import NoOpModel
+
 from epochal import Loop, hookimpl
 
 KEYS = [f"metric{j}" for j in range(10)]
-
-
-class NoOpModel:
-    outputs = dict.fromkeys(KEYS, 0.5)
-
-    def train_step(self, batch: Any) -> Mapping[str, Any]:
-        return self.outputs
-
-    def eval_step(self, batch: Any) -> Mapping[str, Any]:
-        return {}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        pass
+OUTPUTS = dict.fromkeys(KEYS, 0.5)
 
 
 class Copy:
@@ -96,7 +83,7 @@ def once(name: str | None, iterations: int) -> tuple[float, float]:
         if name:
             plugins[name] = logger(name, Path(tmp))
         loop = Loop(
-            NoOpModel(),
+            NoOpModel(OUTPUTS, eval_outputs={}),
             {"train": [[0]] * iterations},
             plugins=plugins,
             run_dir=Path(tmp) / "run",

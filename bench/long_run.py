@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _common
 import numpy as np
 
 WARM = 10
@@ -40,11 +41,11 @@ def rss() -> int:
         return int(statm.read().split()[1]) * PAGE
 
 
-class NoOpModel:
+class NoOpModel(_common.NoOpModel):
     """A model whose step returns a constant; it notes RSS and time at each epoch's first step."""
 
     def __init__(self, steps: int) -> None:
-        self.w = np.zeros(2, np.float32)
+        super().__init__(array_state=True)
         self.steps, self.count = steps, 0
         self.rss: list[int] = []
         self.times: list[float] = []
@@ -61,15 +62,6 @@ class NoOpModel:
             self._start, self._cpu = now, cpu
         self.count += 1
         return {"loss": 0.0}
-
-    def eval_step(self, batch: Any) -> dict[str, float]:
-        return {"loss": 0.0}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"w": self.w}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.w = state["w"]
 
 
 def child(epochs: int, steps: int, only: list[str]) -> None:

@@ -25,22 +25,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-import peers  # beside this file
+from _common import rounds, version  # beside this file
+from epochal_mlflow.testing import Server
 
 ROOT = Path(__file__).resolve().parent.parent
 KEYS = [f"train.metric{j}" for j in range(10)]
@@ -54,6 +51,7 @@ def one_round(uri: str, records: int) -> dict[str, Any]:
     import logging
     import warnings
 
+    from _common import NoOpModel
     from epochal_mlflow import MLflow
     from mlflow import MlflowClient
 
@@ -62,21 +60,6 @@ def one_round(uri: str, records: int) -> dict[str, Any]:
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     warnings.simplefilter("ignore")
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
-
-    class NoOpModel:
-        outputs = dict.fromkeys(KEYS, 0.5)
-
-        def train_step(self, batch: Any) -> Mapping[str, Any]:
-            return self.outputs
-
-        def eval_step(self, batch: Any) -> Mapping[str, Any]:
-            return {}
-
-        def state_dict(self) -> dict[str, Any]:
-            return {}
-
-        def load_state_dict(self, state: Mapping[str, Any]) -> None:
-            pass
 
     class Records:
         """Writes the batch's records; at the first batch, waits for the plugin's MLflow run."""
@@ -106,7 +89,7 @@ def one_round(uri: str, records: int) -> dict[str, Any]:
     batches = records // len(KEYS)
     with tempfile.TemporaryDirectory() as tmp:
         loop = Loop(
-            NoOpModel(),
+            NoOpModel(dict.fromkeys(KEYS, 0.5), eval_outputs={}),
             {"train": [[0]] * batches},
             plugins={"clock": clock, "records": Records(), "mlflow": plugin},
             run_dir=Path(tmp) / "run",
@@ -126,66 +109,21 @@ def one_round(uri: str, records: int) -> dict[str, Any]:
 # -- the server and the rounds -----------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class Server:
-    """``mlflow server`` with a SQLite store in *root*, in its own process group."""
-
-    def __init__(self, root: Path, workers: int) -> None:
-        self.port = free_port()
-        self.uri = f"http://127.0.0.1:{self.port}"
-        mlflow = shutil.which("mlflow", path=str(Path(sys.executable).parent)) or "mlflow"
-        command = [
-            mlflow, "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(workers),
-            "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-            "--artifacts-destination", str(root / "art"),
-        ]  # fmt: skip
-        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-        self.log = (root / "server.log").open("w")
-        self.process = subprocess.Popen(
-            command, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                pass
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                log = (root / "server.log").read_text()[-2000:]
-                raise RuntimeError(f"mlflow server did not start: {log}")
-            time.sleep(0.3)
-
-    def cpu(self) -> float:
-        """CPU seconds of every process of the server's group so far."""
-        total = 0.0
-        tick = os.sysconf("SC_CLK_TCK")
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == self.process.pid:  # the process group id
-                total += (int(fields[11]) + int(fields[12])) / tick
-        return total
-
-    def stop(self) -> None:
+def server_cpu(server: Server) -> float:
+    """CPU seconds of every process of *server*'s process group so far (from ``/proc``)."""
+    assert server.process is not None
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
         try:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            self.process.wait(30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-        self.log.close()
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == server.process.pid:  # the process group id
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
 
 
 def sources(before: str | None, tmp: Path) -> dict[str, str]:
@@ -208,7 +146,7 @@ def sources(before: str | None, tmp: Path) -> dict[str, str]:
 
 
 def measure(server: Server, path: str, records: int) -> dict[str, Any]:
-    cpu = server.cpu()
+    cpu = server_cpu(server)
     done = subprocess.run(
         [sys.executable, __file__, "--one", server.uri, "--records", str(records)],
         env={**os.environ, "PYTHONPATH": path},
@@ -219,7 +157,7 @@ def measure(server: Server, path: str, records: int) -> dict[str, Any]:
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-3000:])
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    result["server_cpu"] = server.cpu() - cpu
+    result["server_cpu"] = server_cpu(server) - cpu
     if result["arrived"] != records or result["status"] != "FINISHED":
         raise RuntimeError(f"records lost or run not finished: {result}")
     return result
@@ -227,9 +165,9 @@ def measure(server: Server, path: str, records: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=peers.rounds, default=100_000)
-    parser.add_argument("--rounds", type=peers.rounds, default=3)
-    parser.add_argument("--workers", type=peers.rounds, nargs="+", default=[1, 4])
+    parser.add_argument("--records", type=rounds, default=100_000)
+    parser.add_argument("--rounds", type=rounds, default=3)
+    parser.add_argument("--workers", type=rounds, nargs="+", default=[1, 4])
     parser.add_argument("--before", help="a git revision: also run the plugin as it was there")
     parser.add_argument("--one", metavar="URI", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -237,7 +175,7 @@ def main() -> None:
         print(json.dumps(one_round(args.one, args.records)))
         return
     print(f"{args.records} records, {len(KEYS)} a batch; medians of {args.rounds} interleaved rounds")
-    print(f"{os.cpu_count()} cores, Python {sys.version.split()[0]}, mlflow {_version('mlflow')}")
+    print(f"{os.cpu_count()} cores, Python {sys.version.split()[0]}, mlflow {version('mlflow')}")
     print()
     print("| server workers | plugin | drain | records/s | plugin CPU | server CPU | drain vs first |")
     print("|---:|---|---:|---:|---:|---:|---:|")
@@ -246,8 +184,9 @@ def main() -> None:
         for workers in args.workers:
             root = Path(tmp) / f"server-{workers}"
             root.mkdir()
-            server = Server(root, workers)
+            server = Server(root, workers=workers)
             try:
+                server.start()
                 results: dict[str, list[dict[str, Any]]] = {label: [] for label in paths}
                 for _ in range(args.rounds):
                     for label, path in paths.items():
@@ -263,12 +202,6 @@ def main() -> None:
                     f"| {workers} | {label} | {drains[label]:.2f} s | {args.records / drains[label]:,.0f} | "
                     f"{client:.2f} s | {cpu:.2f} s | {drains[label] / first:.2f}× |"
                 )
-
-
-def _version(name: str) -> str:
-    from importlib.metadata import version
-
-    return version(name)
 
 
 if __name__ == "__main__":

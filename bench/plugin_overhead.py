@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from _common import NoOpModel
 from epochal_progress import Progress
 from epochal_timing import Timing, make_timer
 
@@ -39,27 +40,11 @@ BASE_MONITOR = os.environ.get("BENCH_BASE_MONITOR", "")
 SHORT = 1000  # batches per epoch of the short-epoch case (the per-bar fixed cost shows)
 
 
-class NoOpModel:
-    """A model whose steps do nothing."""
-
-    def train_step(self, batch: Any) -> dict[str, float]:
-        return {"loss": 0.0}
-
-    def eval_step(self, batch: Any) -> dict[str, float]:
-        return {"loss": 0.0}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: Any) -> None:
-        pass
-
-
 class TwoMetrics(NoOpModel):
     """A no-op model whose train step returns two host floats (the monitor's usual input)."""
 
-    def train_step(self, batch: Any) -> dict[str, float]:
-        return {"loss": 0.5, "accuracy": 0.25}
+    def __init__(self) -> None:
+        super().__init__({"loss": 0.5, "accuracy": 0.25})
 
 
 class NoOpPlugin:

@@ -24,35 +24,18 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-TINY = HERE.parent / "tests" / "ddp_tiny.py"
-CONFIG = """[loop]
-max_epochs = 1
-seed = 0
-run_dir = "run"
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-[distributed]
-backend = "gloo"
-timeout = 60
+from ddp_tiny import write_config  # tests/ddp_tiny.py: the run's model, data and configuration
 
-[model]
-factory = "ddp_tiny:make_model"
-
-[data]
-factory = "ddp_tiny:make_data"
-
-[plugins]
-order = ["monitor", "checkpoint"]
-autoload = false
-"""
+PLUGINS = ["monitor", "checkpoint"]
 
 
 def one_run(index: int, root: Path) -> dict[str, object]:
     """One two-process run in a fresh directory: its exit status and how it ended."""
     directory = root / f"run-{index:04d}"
     directory.mkdir()
-    shutil.copy(TINY, directory / "ddp_tiny.py")
-    (directory / "run.toml").write_text(CONFIG, encoding="utf-8")
+    write_config(directory, PLUGINS, max_epochs=1, probe=False)
     env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
     started = time.perf_counter()
     done = subprocess.run(

@@ -40,11 +40,14 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+from _common import NoOpModel
 from epochal_sqlite import SQLiteLog, store
 
 from epochal import Loop, TrainingLog, hookimpl
 
 KEYS = [f"train.metric{j}" for j in range(10)]
+#: what the no-op model's train step returns: the keys without their "train." prefix.
+OUTPUTS = {key[len("train.") :]: 0.5 for key in KEYS}
 PLAIN = "INSERT INTO plain (run, step, key, value) VALUES (?, ?, ?, ?)"
 
 
@@ -67,6 +70,7 @@ class FakeLoop:
         self.log.status["status"] = "running"
         self.epoch, self.run_id, self.resumed_from, self.config = 0, uuid.uuid4().hex, None, {}
         self.run_dir, self.plugins, self.error_plugin = None, {}, None
+        self.config_file = None  # the plugin records the file a run's configuration came from
         self.plugin_set = SimpleNamespace(infos=[])
 
 
@@ -193,23 +197,6 @@ def query_times(folder: Path, repeats: int) -> dict[str, float]:
     )
 
 
-class NoOpModel:
-    def __init__(self) -> None:
-        self.outputs = {key[len("train.") :]: 0.5 for key in KEYS}
-
-    def train_step(self, batch: Any) -> Mapping[str, Any]:
-        return self.outputs
-
-    def eval_step(self, batch: Any) -> Mapping[str, Any]:
-        return {}
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        pass
-
-
 class Recorder:
     """Writes the 10 outputs of every batch into the log row (what a monitor plugin does)."""
 
@@ -224,7 +211,8 @@ def loop_seconds(folder: Path, batches: int, with_sqlite: bool) -> float:
     plugins: dict[str, object] = {"recorder": Recorder()}
     if with_sqlite:
         plugins["sqlite_log"] = SQLiteLog(path=str(fresh_db(folder, "loop.sqlite")))
-    loop = Loop(NoOpModel(), {"train": [[0]] * batches}, plugins=plugins, max_epochs=1, handle_signals=False)
+    model = NoOpModel(OUTPUTS, eval_outputs={})
+    loop = Loop(model, {"train": [[0]] * batches}, plugins=plugins, max_epochs=1, handle_signals=False)
     start = time.perf_counter()
     loop.run()
     return time.perf_counter() - start
@@ -245,7 +233,7 @@ def after_batch_ns(folder: Path, calls: int) -> float:
 
 def open_times(folder: Path, repeats: int) -> dict[str, float]:
     """Seconds to open and close a run's log: a new file, an existing file, the peers' log."""
-    from peers import SQLiteSink  # beside this file
+    from peers_setups import SQLiteSink  # beside this file
 
     existing = fresh_db(folder, "existing.sqlite")
     store.connect(existing, create=True).close()

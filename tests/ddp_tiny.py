@@ -3,11 +3,15 @@
 The gradient is averaged over the ranks with ``World.all_reduce_arrays`` (what DDP does for a
 torch module) once the loop called ``distribute(world)``; the loop gives each rank its own shard
 of the train and evaluation streams, so the reduced evaluation metrics are the whole stream's.
+:func:`write_config` writes a run of it (the tests' and ``bench/shutdown_abort.py``'s).
 """
 
 from __future__ import annotations
 
+import shutil
 import time
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -105,3 +109,50 @@ class Where:
     def after_training(self, loop: Any) -> None:
         with open(f"{self.path}-{loop.world.rank}.txt", "w", encoding="utf-8") as out:
             out.write(f"{loop.epoch} {loop.iteration} {loop.log.status['finish_reason']}\n")
+
+
+def write_config(
+    directory: Path,
+    plugins: Sequence[str],
+    *,
+    max_epochs: int = 3,
+    data: str = "",
+    tables: str = "",
+    probe: bool = True,
+    extra: str = "",
+    helpers: Sequence[str] = (),
+) -> Path:
+    """*directory*/run.toml: this module's model and data on gloo (this module, and the *helpers*
+    beside it, copied into *directory*), *plugins* in that order and nothing autoloaded; *data*:
+    more lines of the ``[data]`` table; *tables* (TOML tables) next; with *probe*, the
+    :class:`Where` probe plugin's table; *extra* appended last."""
+    here = Path(__file__).resolve().parent
+    for helper in ("ddp_tiny.py", *helpers):
+        shutil.copy(here / helper, directory / helper)
+    where = '[plugins.where]\nfactory = "ddp_tiny:Where"\n' if probe else ""
+    config = directory / "run.toml"
+    config.write_text(
+        f"""[loop]
+max_epochs = {max_epochs}
+seed = 0
+run_dir = "run"
+
+[distributed]
+backend = "gloo"
+timeout = 60
+
+[model]
+factory = "ddp_tiny:make_model"
+
+[data]
+factory = "ddp_tiny:make_data"
+{data}
+[plugins]
+order = {list(plugins)!r}
+autoload = false
+{tables}
+{where}"""
+        + extra,
+        encoding="utf-8",
+    )
+    return config

@@ -25,7 +25,8 @@ import pytest
 from epochal.resumecheck import first_difference
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from processes import tiny_ddp_config, wait_for, worker_pids
+from ddp_tiny import write_config as tiny_ddp_config
+from processes import wait_for, worker_pids
 
 pytestmark = pytest.mark.distributed
 

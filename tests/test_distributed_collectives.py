@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ddp_tiny import write_config
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -29,30 +31,7 @@ SIX = ["monitor", "early_stopping", "checkpoint", "sqlite_log", "timing", "progr
 
 
 def run_counted(tmp_path: Path, monitor: str, running: str = "every_n_batches = 1") -> list[dict[str, Any]]:
-    for helper in ("ddp_tiny.py", "collective_counter.py"):
-        shutil.copy(HERE / helper, tmp_path / helper)
-    config = tmp_path / "run.toml"
-    config.write_text(
-        f"""[loop]
-max_epochs = 2
-seed = 0
-run_dir = "run"
-
-[distributed]
-backend = "gloo"
-timeout = 60
-
-[model]
-factory = "ddp_tiny:make_model"
-
-[data]
-factory = "ddp_tiny:make_data"
-examples = 1024     # 128 batches of 4 per rank and epoch
-
-[plugins]
-order = {[*SIX, "count"]!r}
-autoload = false
-
+    tables = f"""
 [plugins.monitor]
 {running}
 {monitor}
@@ -62,9 +41,12 @@ monitor = "valid.loss"
 
 [plugins.count]
 factory = "collective_counter:CountCollectives"
-""",
-        encoding="utf-8",
-    )
+"""
+    examples = "examples = 1024     # 128 batches of 4 per rank and epoch\n"
+    config = write_config(
+        tmp_path, [*SIX, "count"], max_epochs=2, data=examples, tables=tables, probe=False,
+        helpers=["collective_counter.py"],
+    )  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
     done = subprocess.run(
         [sys.executable, "-m", "epochal", "run", str(config), "--nproc", "2"],

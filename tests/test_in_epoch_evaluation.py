@@ -6,16 +6,18 @@ and read their log back with ``epochal log show --json``.
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
 
 import pytest
+
+from epochal.testing import epochal_command
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cli_log import rows
 
 pytest.importorskip("epochal_checkpoint")
 pytest.importorskip("epochal_sqlite")
@@ -49,21 +51,7 @@ def write(tmp: Path, loop: str = "", plugins: str = "", order: str = '["sqlite_l
 
 
 def epochal(tmp: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
-    return subprocess.run(
-        [sys.executable, "-m", "epochal", *arguments],
-        cwd=tmp,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-
-
-def rows(tmp: Path) -> list[dict[str, Any]]:
-    shown = epochal(tmp, "log", "show", "latest", "--db", "runs/epochal.sqlite", "--json")
-    assert shown.returncode == 0, shown.stderr
-    return [{"iteration": row["iteration"], **row["values"]} for row in json.loads(shown.stdout)["rows"]]
+    return epochal_command(*arguments, cwd=tmp)
 
 
 def evaluated(tmp: Path) -> list[int]:

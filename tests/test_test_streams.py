@@ -8,14 +8,17 @@ with (the last epoch's valid loss, or the best one's).
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
+
+from epochal.testing import epochal_command
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cli_log import rows
 
 pytest.importorskip("epochal_checkpoint")
 pytest.importorskip("epochal_sqlite")
@@ -52,10 +55,12 @@ autoload = false
 
 
 def epochal(tmp: Path, *arguments: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp), env.get("PYTHONPATH")]))
-    argv = [sys.executable, "-m", "epochal", *arguments]
-    return subprocess.run(argv, cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
+    """``epochal ARGS`` in *tmp*, which is on the path (its ``held_data`` module)."""
+    return epochal_command(
+        *arguments,
+        cwd=tmp,
+        env={"PYTHONPATH": os.pathsep.join(filter(None, [str(tmp), os.environ.get("PYTHONPATH")]))},
+    )
 
 
 def write(tmp: Path, loop: str, checkpoint: str = "") -> Path:
@@ -63,12 +68,6 @@ def write(tmp: Path, loop: str, checkpoint: str = "") -> Path:
     config = tmp / "run.toml"
     config.write_text(CONFIG.format(loop=loop, checkpoint=checkpoint))
     return config
-
-
-def rows(tmp: Path) -> list[dict[str, Any]]:
-    shown = epochal(tmp, "log", "show", "latest", "--db", "runs/epochal.sqlite", "--json")
-    assert shown.returncode == 0, shown.stderr
-    return [{"iteration": row["iteration"], **row["values"]} for row in json.loads(shown.stdout)["rows"]]
 
 
 def test_last_weights_evaluate_the_test_stream_once_at_the_end(tmp_path):

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from epochal import _rng, evaluation, heldout, plugin_state
+from epochal import _rng, evaluation, heldout, loop_state
 from epochal._dispatch import blame, each_implementation
 from epochal._options import Fraction, NonNegativeInt, PositiveInt, Seed, check_options
 from epochal.adapters import adapt_stream
@@ -24,10 +24,11 @@ from epochal.distributed.sharding import in_shard_order
 from epochal.distributed.strategy import strategy_for
 from epochal.distributed.world import World, current_world
 from epochal.empty import EmptyData
-from epochal.errors import ConfigError, EpochalError
+from epochal.errors import ConfigError
 from epochal.estimates import stepping_batches
 from epochal.evaluation import batch_interval, due, schedule
 from epochal.log import TrainingLog
+from epochal.loop_state import STATE_FORMAT as STATE_FORMAT  # re-exported: plugins read it here
 from epochal.model import Model
 from epochal.plugins import PluginSet, compose
 from epochal.stopping import install_handlers, restore_handlers
@@ -54,7 +55,6 @@ OPTIONS = (
     "uneven_shards",
     "shard_order",
 )
-STATE_FORMAT = 1
 
 
 #: the first item of an empty tuple, list or dict batch (in the batch loop).
@@ -563,49 +563,8 @@ class Loop:
         from ``loop.log.row_map``; ``model=False`` leaves ``model`` None, for a saver that
         writes the model's state its own way (sharded, by every rank).
         """
-        plugins = plugin_state.capture(self.plugins, self._plugin_set.infos, self.orphan_plugin_states)
-        rng = _rng.capture()
-        data = {
-            name: stream.state_dict()
-            for name, stream in self.data.items()
-            if callable(getattr(stream, "state_dict", None))
-        }
-        state = {
-            "format": STATE_FORMAT,
-            "run_id": self.run_id,
-            "epoch": self.epoch,
-            "iteration": self.iteration,
-            "in_epoch": self._in_epoch,
-            "batch_in_epoch": self.batch_in_epoch,
-            "log": self.log.state_dict(rows=log_rows),
-            "model": self.model.state_dict() if model else None,
-            "rng": rng,
-            "data": data,
-            "plugins": plugins,
-        }
-        own = {n: e["state"] for n, e in plugins.items() if n not in self.orphan_plugin_states}
-        self.strategy.add_rank_parts(state, {"rng": rng, "data": data, "plugins": own})
-        return state
+        return loop_state.capture(self, log_rows=log_rows, model=model)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a state from :meth:`state_dict`; the run continues where it was saved."""
-        if state.get("format") != STATE_FORMAT:
-            raise EpochalError(
-                f"unsupported loop state format {state.get('format')!r} (expected {STATE_FORMAT})"
-            )
-        own = self.strategy.own_parts(state)
-        self.model.load_state_dict(state["model"])
-        self.log.load_state_dict(state["log"])
-        self.epoch, self.iteration = int(state["epoch"]), int(state["iteration"])
-        self._in_epoch = bool(state["in_epoch"])
-        self._epoch_start = self.iteration - int(state["batch_in_epoch"])
-        for name, stream_state in own.get("data", state["data"]).items():
-            stream = self.data.get(name)
-            if stream is not None and callable(getattr(stream, "load_state_dict", None)):
-                stream.load_state_dict(stream_state)
-        self.orphan_plugin_states = plugin_state.restore(
-            self.plugins, state["plugins"], own.get("plugins", {}), self._plugin_set.elsewhere
-        )
-        _rng.restore(own.get("rng", state["rng"]))
-        self.resumed = True
-        self.resumed_from = state.get("run_id")
+        loop_state.restore(self, state)

@@ -7,17 +7,22 @@ that declare a phase (``measure``, ``adjust``, ``decide``, ``save``, ``report``:
 the preferred order. So the standard plugins need not name each other, and an order the user
 writes still wins. A cycle is one :class:`~epochal.errors.OrderError` that names every plugin in
 it and where each constraint came from.
+
+:func:`order_units` applies it to a run's plugins (:class:`Unit`: a plugin, or a composite with
+its children), reading their declared ``run_before``, ``run_after`` and ``phase``.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
+from epochal.declarations import plugin_phase
 from epochal.errors import OrderError
-from epochal.protocol import PHASES
+from epochal.protocol import PHASES, declared
 
 
 def call_order(
@@ -116,3 +121,38 @@ def _find_cycle(nodes: list[str], successors: Mapping[str, list[str]]) -> list[s
         node = next(p for p in nodes if node in successors[p] and p in remaining)
     cycle = [*path[position[node] :], node]
     return list(reversed(cycle))
+
+
+@dataclass
+class Unit:
+    """A top-level plugin (or composite) to order, with its children expanded."""
+
+    name: str
+    plugin: object
+    members: list[tuple[str, object]]
+
+
+def order_units(units: list[Unit], explicit: list[str]) -> list[Unit]:
+    """Sort the units by the run's order and the plugins' declared constraints."""
+    owner: dict[str, str] = {}
+    for unit in units:
+        owner[unit.name] = unit.name
+        for member, _ in unit.members:
+            owner[member] = unit.name
+    before: dict[str, list[str]] = {}
+    after: dict[str, list[str]] = {}
+    phases: dict[str, str] = {}
+    for unit in units:
+        phase = plugin_phase(unit.name, unit.plugin)
+        if phase is not None:
+            phases[unit.name] = phase
+        for plugin in [unit.plugin, *(p for _, p in unit.members)]:
+            for target in declared(plugin, "run_before"):
+                if target in owner and owner[target] != unit.name:
+                    before.setdefault(unit.name, []).append(owner[target])
+            for target in declared(plugin, "run_after"):
+                if target in owner and owner[target] != unit.name:
+                    after.setdefault(unit.name, []).append(owner[target])
+    by_name = {unit.name: unit for unit in units}
+    names = call_order([u.name for u in units], explicit, before, after, phases)
+    return [by_name[name] for name in names]

@@ -132,9 +132,9 @@ def properties(target: Callable[..., Any], keys: Sequence[str]) -> dict[str, Any
 def run_schema(config: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The JSON Schema of a whole run configuration, with every installed plugin's table."""
     from epochal.config import DISTRIBUTED_KEYS, local_plugins, plugins_section
+    from epochal.discovery import PluginLoadWarning, import_plugins, installed
     from epochal.distributed.world import init_from_env
     from epochal.loop import OPTIONS, Loop
-    from epochal.plugins import PluginLoadWarning, _import, installed
 
     loop_props = properties(Loop, OPTIONS)
     distributed_props = properties(init_from_env, DISTRIBUTED_KEYS)
@@ -147,7 +147,7 @@ def run_schema(config: Mapping[str, Any] | None = None) -> dict[str, Any]:
     available = installed()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PluginLoadWarning)
-        objects = _import(sorted(available), available, set(), {})
+        objects = import_plugins(sorted(available), available, set(), {})
     plugin_props = properties(plugins_section, ("order", "disable", "autoload"))
     for name, obj in objects.items():
         plugin_props[name] = options_schema(obj)  # type: ignore[arg-type]

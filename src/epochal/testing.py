@@ -290,15 +290,19 @@ def digits_config(
     max_epochs: int = 2,
     run_dir: str | Path | None = None,
     batch_size: int = 64,
+    hidden: int | None = None,
     extra: str = "",
 ) -> Path:
     """Write a run configuration of the digits example to *path* and return it.
 
     Only the named *plugins* run, in that order (``autoload = false``); *extra* is appended TOML
-    (``[plugins.NAME]`` tables, say). The run directory defaults to ``run`` beside the file.
+    (``[plugins.NAME]`` tables, say). The run directory defaults to ``run`` beside the file (a
+    relative *run_dir* is relative to where the run starts). *hidden*: the MLP's hidden width
+    (None: the example's default).
     """
     path = Path(path)
     run_dir = Path(run_dir) if run_dir is not None else path.parent / "run"
+    model = f"hidden = {hidden}\n" if hidden is not None else ""
     path.write_text(
         f"""[loop]
 max_epochs = {max_epochs}
@@ -307,7 +311,7 @@ run_dir = {json.dumps(str(run_dir))}
 
 [model]
 factory = "epochal.examples.digits:make_model"
-
+{model}
 [data]
 factory = "epochal.examples.digits:make_data"
 batch_size = {batch_size}

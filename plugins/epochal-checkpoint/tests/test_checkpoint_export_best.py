@@ -14,38 +14,24 @@ from pathlib import Path
 import pytest
 from epochal_checkpoint import list_checkpoints
 
-from epochal.testing import epochal_command
+from epochal.testing import digits_config, epochal_command
 
 pytestmark = pytest.mark.slow
 
-CONFIG = """\
-[loop]
-max_epochs = 3
-seed = 0
-run_dir = "run"
-
-[model]
-factory = "epochal.examples.digits:make_model"
-hidden = 16
-
-[data]
-factory = "epochal.examples.digits:make_data"
-batch_size = 256
-
-[plugins]
-order = ["checkpoint"]
-autoload = false
-
-[plugins.checkpoint]
-keep_last = 1
-monitor = "valid.loss"
-mode = "max"
-"""
+CHECKPOINT = '[plugins.checkpoint]\nkeep_last = 1\nmonitor = "valid.loss"\nmode = "max"\n'
 
 
 @pytest.fixture
 def trained(tmp_path: Path) -> Path:
-    (tmp_path / "run.toml").write_text(CONFIG)
+    digits_config(
+        tmp_path / "run.toml",
+        ["checkpoint"],
+        max_epochs=3,
+        run_dir="run",
+        batch_size=256,
+        hidden=16,
+        extra=CHECKPOINT,
+    )
     done = epochal_command("run", "run.toml", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     return tmp_path

@@ -13,35 +13,22 @@ from pathlib import Path
 import pytest
 from epochal_checkpoint import list_checkpoints
 
-from epochal.testing import epochal_command
+from epochal.testing import digits_config, epochal_command
 
 pytestmark = pytest.mark.slow
 
-CONFIG = """\
-[loop]
-max_epochs = 3
-seed = 0
-run_dir = "run"
+#: the run of every test: three epochs of a small MLP, a relative run directory.
+DIGITS = {"max_epochs": 3, "run_dir": "run", "batch_size": 256, "hidden": 16}
 
-[model]
-factory = "epochal.examples.digits:make_model"
-hidden = 16
 
-[data]
-factory = "epochal.examples.digits:make_data"
-batch_size = 256
-
-[plugins]
-order = ["checkpoint"]
-autoload = false
-
-[plugins.checkpoint]
-keep_last = "none"
-"""
+def _write(tmp_path: Path, checkpoint: str) -> None:
+    """run.toml: the digits example, 3 epochs, the checkpoint plugin alone with these options."""
+    table = "[plugins.checkpoint]\n" + checkpoint
+    digits_config(tmp_path / "run.toml", ["checkpoint"], **DIGITS, extra=table)
 
 
 def _run(tmp_path: Path, *args: str, extra: str = "") -> tuple[int, str]:
-    (tmp_path / "run.toml").write_text(CONFIG + extra)
+    _write(tmp_path, 'keep_last = "none"\n' + extra)
     done = epochal_command("run", "run.toml", *args, cwd=tmp_path)
     return done.returncode, done.stderr
 
@@ -130,7 +117,7 @@ def test_greater_or_equal_chooses_the_newer_of_tied_checkpoints(
     tmp_path: Path, greater_or_equal: bool, best_epoch: int
 ) -> None:
     config = TIES + f"greater_or_equal = {str(greater_or_equal).lower()}\n"
-    (tmp_path / "run.toml").write_text(CONFIG.replace('keep_last = "none"\n', "") + config)
+    _write(tmp_path, config)
     done = epochal_command("run", "run.toml", "--set", "model.lr=1e-300", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     infos = list_checkpoints(tmp_path / "run" / "version_0" / "checkpoints")[0]

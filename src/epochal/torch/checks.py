@@ -17,7 +17,7 @@ import torch
 
 from epochal.torch.state import plain_dtype_and_shape
 
-__all__ = ["check_module", "check_optimizer", "compare_keys"]
+__all__ = ["check_module", "check_optimizer", "check_steps", "compare_keys"]
 
 
 def compare_keys(prefix: str, expected: Any, given: Any, missing_ok: bool = False) -> list[str]:
@@ -118,3 +118,32 @@ def check_optimizer(optimizer: torch.optim.Optimizer, saved: Any) -> list[str]:
 
 def _natural(key: str) -> tuple[int, str]:
     return (int(key), "") if key.isdigit() else (1 << 62, key)
+
+
+def check_steps(steps: Any, window: int, sharded: bool, processes: int) -> list[str]:
+    """Every reason the saved ``steps`` (the accumulation window's position) cannot continue
+    here: *window* batches per optimizer step, under FSDP (*sharded*), on *processes* ranks."""
+    problems: list[str] = []
+    accumulated = steps.get("accumulated") if isinstance(steps, Mapping) else None
+    if isinstance(accumulated, bool) or not isinstance(accumulated, int) or accumulated < 0:
+        problems.append(f"steps.accumulated must be a non-negative integer, not {accumulated!r}")
+    elif accumulated >= window:
+        problems.append(
+            f"steps.accumulated: saved {accumulated} batches into an accumulation window, but "
+            f"accumulate_grad_batches is {window}"
+        )
+    elif accumulated and sharded:
+        problems.append(
+            f"steps: saved inside a gradient accumulation window ({accumulated} batches), which "
+            "strategy 'fsdp' cannot continue; resume with strategy 'ddp' or from a checkpoint "
+            "saved at an optimizer step"
+        )
+    elif accumulated:
+        saved = len(steps["rank_grads"]) if isinstance(steps.get("rank_grads"), list) else 1
+        if saved != processes:
+            problems.append(
+                f"steps: saved inside a gradient accumulation window on {saved} process(es), "
+                f"whose gradients are each process's own; resume on {saved} process(es), or "
+                "from a checkpoint saved at an optimizer step"
+            )
+    return problems

@@ -21,24 +21,20 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from epochal._options import PositiveFloat, PositiveInt, check_options
 from epochal.errors import ConfigError, EpochalError
 from epochal.torch import sharded_state
-from epochal.torch.checks import check_module, check_optimizer, compare_keys
+from epochal.torch.checks import check_module, check_optimizer, check_steps, compare_keys
 from epochal.torch.device import Precision, move_to, resolve_device
 from epochal.torch.fsdp import Sharded, Strategy, check_strategy
+from epochal.torch.loading import load_module, loads_plainly
 from epochal.torch.state import (
     destinations,
     from_plain,
     from_plain_or_live,
-    in_place,
-    is_tensor_record,
-    reading_tensor,
-    shareable,
     to_plain,
 )
 from epochal.torch.train_metrics import TrainMetrics
@@ -46,24 +42,6 @@ from epochal.torch.train_metrics import TrainMetrics
 __all__ = ["TorchModel"]
 
 Metric = Callable[[Any, Any], Any]
-
-# What a module may define as its _load_from_state_dict for its parameters and buffers to be
-# loaded by taking the saved arrays' memory: these only copy (_NormBase adds a missing
-# num_batches_tracked first; the state of a TorchModel always has it).
-_PLAIN_LOADERS = (
-    torch.nn.Module._load_from_state_dict,
-    torch.nn.modules.batchnorm._NormBase._load_from_state_dict,
-)
-
-
-def _loads_plainly(module: torch.nn.Module) -> bool:
-    """Whether ``module.load_state_dict`` does no more than copy each value into its tensor."""
-    return all(
-        not m._load_state_dict_pre_hooks
-        and not m._load_state_dict_post_hooks
-        and type(m)._load_from_state_dict in _PLAIN_LOADERS
-        for m in module.modules()
-    )
 
 
 def is_stream_metric(metric: Any) -> bool:
@@ -490,7 +468,7 @@ class TorchModel:
             return {}
         module = self.raw_module
         out: dict[str, Any] = {}
-        if _loads_plainly(module):
+        if loads_plainly(module):
             out["module"] = destinations(module.state_dict(keep_vars=True))
         states = {str(pid): destinations(s) for pid, s in self.optimizer.state_dict()["state"].items()}
         out["optimizer"] = {"state": {pid: views for pid, views in states.items() if views}}
@@ -522,29 +500,8 @@ class TorchModel:
             if not problems:
                 problems += check_optimizer(self.optimizer, state["optimizer"])
         steps = state.get("steps", {"accumulated": 0})
-        accumulated = steps.get("accumulated") if isinstance(steps, Mapping) else None
-        if isinstance(accumulated, bool) or not isinstance(accumulated, int) or accumulated < 0:
-            problems.append(f"steps.accumulated must be a non-negative integer, not {accumulated!r}")
-        elif accumulated >= self.accumulate_grad_batches:
-            problems.append(
-                f"steps.accumulated: saved {accumulated} batches into an accumulation window, but "
-                f"accumulate_grad_batches is {self.accumulate_grad_batches}"
-            )
-        elif accumulated and self._sharded is not None:
-            problems.append(
-                f"steps: saved inside a gradient accumulation window ({accumulated} batches), which "
-                "strategy 'fsdp' cannot continue; resume with strategy 'ddp' or from a checkpoint "
-                "saved at an optimizer step"
-            )
-        elif accumulated:
-            saved = len(steps["rank_grads"]) if isinstance(steps.get("rank_grads"), list) else 1
-            size = self.world.size if self._ddp is not None else 1
-            if saved != size:
-                problems.append(
-                    f"steps: saved inside a gradient accumulation window on {saved} process(es), "
-                    f"whose gradients are each process's own; resume on {saved} process(es), or "
-                    "from a checkpoint saved at an optimizer step"
-                )
+        processes = self.world.size if self._ddp is not None else 1
+        problems += check_steps(steps, self.accumulate_grad_batches, self._sharded is not None, processes)
         return problems
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -585,7 +542,7 @@ class TorchModel:
             if self._train_metrics is not None:
                 self._train_metrics.load_by_rank(state.get("train_metrics"), self.world)
             return
-        self._load_module(module, state["module"])
+        load_module(module, state["module"], may_share=self._ddp is None)
         current = self.optimizer.state_dict()
         live = current["state"]
         self.optimizer.load_state_dict(
@@ -619,36 +576,3 @@ class TorchModel:
             self.precision.scaler.load_state_dict(from_plain(state["scaler"]))
         if self._train_metrics is not None:
             self._train_metrics.load_by_rank(state.get("train_metrics"), self.world)
-
-    def _load_module(self, module: torch.nn.Module, saved: Mapping[str, Any]) -> None:
-        """Load *saved* (checked) into *module*: its CPU parameters and buffers take the arrays'
-        memory where they can (``tensor.data = ...``, as ``module.to()`` does: the optimizer's
-        references stay valid); the rest is copied into the tensors by ``load_state_dict``,
-        from tensors that read the arrays in place (one copy, the transfer to the device)."""
-        live = module.state_dict(keep_vars=True)
-        owned: set[int] = set()
-        if self._ddp is None and _loads_plainly(module):
-            owned = {id(t) for _, t in module.named_parameters(remove_duplicate=False)}
-            owned |= {id(t) for _, t in module.named_buffers(remove_duplicate=False)}
-        rest: dict[str, Any] = {}
-        with torch.no_grad():
-            for key, value in saved.items():
-                target = live[key]
-                array = isinstance(value, np.ndarray) or is_tensor_record(value)
-                if isinstance(target, torch.Tensor) and in_place(value, target):
-                    continue  # read into this tensor already (load_destinations)
-                if (
-                    id(target) in owned
-                    and type(target) in (torch.Tensor, torch.nn.Parameter)  # no DTensor, no subclass
-                    and target.device.type == "cpu"
-                    and target.is_contiguous()  # its layout stays (a transposed or channels_last one)
-                    and shareable(value)
-                ):
-                    target.data = from_plain(value, target, share=True)
-                elif array and isinstance(target, torch.Tensor):
-                    rest[key] = reading_tensor(value)
-                else:
-                    rest[key] = from_plain(value, target)
-        if rest:
-            # the keys were checked; those taken above are missing from rest
-            module.load_state_dict(rest, strict=len(rest) == len(saved))

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from epochal import hookimpl
 from epochal.protocol import NonNegativeFloat, NonNegativeInt, Phase, Rank
 from epochal_sqlite import store
+from epochal_sqlite.liveness import RunLock, mark_killed
 
 if TYPE_CHECKING:
     import click
@@ -105,7 +106,7 @@ class SQLiteLog:
         self.idle_hooks = frozenset() if flush_every or flush_seconds else frozenset({"after_batch"})
         self.keys = list(keys or [])
         self._conn: sqlite3.Connection | None = None
-        self._lock: store.RunLock | None = None
+        self._lock: RunLock | None = None
         self.db_path: Path | None = None
         self.run_id: str | None = None
         self._cursor = 0  # the iteration of the row flushed last
@@ -128,7 +129,7 @@ class SQLiteLog:
         # beside the config's run root, shared by all its runs (each in its own run_dir)
         db_path = default_path(loop.run_root) if self.path is None else Path(self.path)
         conn = store.connect(db_path, create=True)
-        lock = store.RunLock(db_path, loop.run_id)
+        lock = RunLock(db_path, loop.run_id)
         kept = "nothing of this run was written; the runs it held are kept"
         try:
             with store.failures(db_path, "cannot log this run into", kept):
@@ -150,11 +151,11 @@ class SQLiteLog:
         self._written = dict(loop.log[loop.iteration]) if loop.iteration in loop.log else {}
         self._deadline = time.monotonic() + self.flush_seconds if self.flush_seconds else float("inf")
 
-    def _start(self, conn: sqlite3.Connection, lock: store.RunLock, db_path: Path, loop: Loop) -> None:
+    def _start(self, conn: sqlite3.Connection, lock: RunLock, db_path: Path, loop: Loop) -> None:
         """Insert the run (``before_training``'s transaction)."""
         conn.execute("PRAGMA cache_size=-256")  # KiB: it only appends; keeps a long run's memory flat
         lock.acquire()
-        store.mark_killed(conn, db_path)  # earlier runs of this file that were killed
+        mark_killed(conn, db_path)  # earlier runs of this file that were killed
         now = time.time()
         status = dict(loop.log.status)
         conn.execute("BEGIN IMMEDIATE")

@@ -18,16 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from epochal_sqlite.liveness import dead_runs, killed_reason, mark_killed
 from epochal_sqlite.store import (
     UnknownRunError,
     _quote,
     _writable,
     connect_readonly,
-    dead_runs,
     decode,
     failures,
-    killed_reason,
-    mark_killed,
 )
 
 
