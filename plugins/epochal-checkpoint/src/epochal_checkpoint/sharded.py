@@ -37,7 +37,7 @@ from epochal_checkpoint.storage import sharded as files
 if TYPE_CHECKING:
     from epochal.loop import Loop
 
-__all__ = ["check_model", "save_part", "wanted", "write_tensors"]
+__all__ = ["agree", "check_model", "save_part", "temporary", "wanted", "write_part", "write_tensors"]
 
 _METHODS = ("sharded_state_dict", "rest_state_dict")
 
@@ -93,8 +93,17 @@ def write_tensors(
     """Every rank writes its *tensors* with ``dcp.save`` into a temporary directory that rank 0
     (*directory* given: the checkpoint directory) makes for checkpoint *name*; return it and
     every rank's files ``{file: {size, crc32}}``, durable (a collective)."""
-    import torch.distributed.checkpoint as dcp
+    tmp = temporary(world, directory, name)
+    mine = write_part(world, tmp, tensors)
+    return tmp, agree(world.all_gather_object(mine), tmp, directory, name)
 
+
+def temporary(world: Any, directory: Path | None, name: str) -> Path:
+    """Rank 0 (*directory* given) makes checkpoint *name*'s temporary directory; every rank
+    gets its path (a collective on the loop's process group).
+
+    :raises CheckpointWriteError: on every rank, when rank 0 cannot make it.
+    """
     made: tuple[str | None, str | None] = (None, None)
     if directory is not None:
         tmp = directory / storage.temp_name(name)
@@ -106,17 +115,36 @@ def write_tensors(
     where, problem = world.broadcast_object(made)
     if where is None:
         raise CheckpointWriteError(f"cannot write sharded checkpoint {name}: {problem}")
-    tmp = Path(where)
-    mine: dict[str, dict[str, Any]] | str
+    return Path(where)
+
+
+def write_part(
+    world: Any, tmp: Path, tensors: dict[str, Any], process_group: Any = None
+) -> dict[str, dict[str, Any]] | str:
+    """This rank's ``dcp.save`` of *tensors* into *tmp* (its collectives on *process_group*,
+    default: torch's default group), then its files checksummed and fsynced: their entries,
+    or one line saying why not (each rank reports, none waits for a rank that failed)."""
+    import torch.distributed.checkpoint as dcp
+
     try:
         writer = dcp.FileSystemWriter(tmp, sync_files=True, single_file_per_rank=True, overwrite=False)
         with warnings.catch_warnings():  # DCP's note that one process saves alone: that is intended
             warnings.filterwarnings("ignore", "torch.distributed is ", UserWarning)
-            dcp.save(tensors, storage_writer=writer, no_dist=not _distributed())
-        mine = files.describe(tmp, world.rank, coordinator=world.is_zero)
-    except Exception as error:  # said by every rank below: none waits for a rank that failed
-        mine = f"rank {world.rank}: {type(error).__name__}: {' '.join(str(error).split())}"[:600]
-    every = world.all_gather_object(mine)  # the barrier: every rank's files are durable (or not)
+            dcp.save(tensors, storage_writer=writer, process_group=process_group, no_dist=not _distributed())
+        return files.describe(tmp, world.rank, coordinator=world.is_zero)
+    except Exception as error:
+        return f"rank {world.rank}: {type(error).__name__}: {' '.join(str(error).split())}"[:600]
+
+
+def agree(
+    every: list[dict[str, dict[str, Any]] | str], tmp: Path, directory: Path | None, name: str
+) -> dict[str, dict[str, Any]]:
+    """Every rank's files from *every* rank's :func:`write_part` (gathered: the barrier after
+    which every file is durable), merged.
+
+    :raises CheckpointWriteError: on every rank, naming each rank that failed; rank 0 removes
+        the temporary directory.
+    """
     failed = [entry for entry in every if isinstance(entry, str)]
     if failed:
         if directory is not None:
@@ -125,5 +153,4 @@ def write_tensors(
             f"cannot write sharded checkpoint {str(tmp.parent / name)!r}: {'; '.join(failed)}; "
             "earlier checkpoints are kept"
         )
-    merged = {file: entry for part in every if isinstance(part, dict) for file, entry in part.items()}
-    return tmp, merged
+    return {file: entry for part in every if isinstance(part, dict) for file, entry in part.items()}
