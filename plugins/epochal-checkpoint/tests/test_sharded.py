@@ -392,3 +392,42 @@ def test_a_kill_during_an_async_sharded_write_leaves_nothing_that_looks_complete
     assert_same(np.load(where / "resumed.npz"), saved(trained / "run" / "version_0" / "checkpoints" / MID))
     assert_same(np.load(where / "final.npz"), np.load(trained / "final.npz"))
     assert not list(checkpoints.glob("*.epochal-tmp-*"))  # the killed write's leftovers were cleaned
+
+
+FAILER = """
+
+class FailWhileWriting:
+    \"\"\"Rank 1's writer thread fails (an OSError, as a full disk gives) in the second save.\"\"\"
+
+    @hookimpl
+    def before_training(self, loop):
+        from epochal_checkpoint.storage import sharded as files
+
+        describe, calls = files.describe, []
+
+        def failing(directory, rank, coordinator):
+            calls.append(directory)
+            if rank == 1 and len(calls) == 2:
+                raise OSError(28, "No space left on device")
+            return describe(directory, rank, coordinator)
+
+        files.describe = failing
+"""
+
+
+def test_a_failed_async_sharded_write_is_said_once_on_every_rank(tmp_path: Path) -> None:
+    from epochal_checkpoint import list_checkpoints
+
+    where = project(tmp_path)
+    (where / "shardmodel.py").write_text(MODULE + FAILER)
+    config = (where / "run.toml").read_text()
+    failing = config.replace('order = ["probe", "checkpoint"]', 'order = ["probe", "failer", "checkpoint"]')
+    (where / "run.toml").write_text(failing + '\n[plugins.failer]\nfactory = "shardmodel:FailWhileWriting"\n')
+    done = run(where, "run", "run.toml", "--nproc", "2", *ASYNC)
+    assert done.returncode != 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    said = [line for line in done.stderr.splitlines() if "No space left on device" in line]
+    assert len(said) == 1 and "rank 1: OSError" in said[0] and "earlier checkpoints are kept" in said[0], said
+    checkpoints = where / "run" / "version_0" / "checkpoints"
+    assert [info.name for info in list_checkpoints(checkpoints)[0]] == [MID]  # kept; nothing else
+    assert not list(checkpoints.glob("*.epochal-tmp-*"))
