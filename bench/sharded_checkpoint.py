@@ -165,7 +165,7 @@ def worker(rank: int, strategy: str, case: str, mb: int, rounds: int, base: str,
             target.mkdir()
         if case == "epochal sharded async":
             began = time.perf_counter()
-            tmp = temporary(world, target if world.is_zero else None, name)
+            tmp, _ = temporary(world, target if world.is_zero else None, name)
             staged = shards.stage(model.sharded_state_dict())
             writer.append(threading.Thread(target=write_later, args=(target, tmp, staged, i, began)))
             writer[-1].start()

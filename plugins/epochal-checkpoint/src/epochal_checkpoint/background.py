@@ -88,13 +88,20 @@ class AsyncShards:
         return staged
 
     def write(
-        self, world: Any, tmp: Path, staged: dict[str, Any], directory: Path | None, name: str
+        self,
+        world: Any,
+        tmp: Path,
+        staged: dict[str, Any],
+        directory: Path | None,
+        name: str,
+        remote: Any = None,
     ) -> dict[str, dict[str, Any]]:
-        """In the writer thread: this rank's part into *tmp*, then every rank's files, durable.
+        """In the writer thread: this rank's part into *tmp* (uploaded to *remote*, a store
+        written from several machines), then every rank's files, durable.
 
         :raises CheckpointWriteError: on every rank, when any rank failed (see :func:`shards.agree`).
         """
-        mine = shards.write_part(world, tmp, staged, self.group)
+        mine = shards.write_part(world, tmp, staged, self.group, shards.uploader(remote, name))
         every: list[Any] = [mine]
         if world.distributed:
             import torch.distributed as dist

@@ -9,6 +9,7 @@ hooks and the options); the writer thread and its back-pressure are in
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +56,7 @@ class Saving(BackgroundWrites):
     keep_last: int | None
     keep_best: int
     last_saved: Path | None
+    _store: Callable[[], store.RemoteStore | None]
 
     def _save(
         self, loop: Loop, reason: str, error: BaseException | None = None, periodic: bool = False
@@ -71,13 +73,15 @@ class Saving(BackgroundWrites):
         if background:
             self._meet(loop)  # every rank's previous write done; a failure raised on every rank
         name = self._checkpoint_name(loop)
+        # on several machines writing to a URL, every rank uploads its own files (its store)
+        spread = self._store() if self.sharded and loop.world.several_nodes else None
         if self._directory is None:
             if not self._writer:  # another rank: its part of the state goes to rank 0, which writes
                 if background:  # its own tensors it writes itself
-                    _, (tmp, staged) = self._stage_shards(loop, None, name)
-                    self._start(self._shards.write, loop.world, tmp, staged, None, name)
+                    _, (tmp, staged), name = self._stage_shards(loop, None, name, spread)
+                    self._start(self._shards.write, loop.world, tmp, staged, None, name, spread)
                 elif self.sharded:
-                    shards.save_part(loop, None, name)
+                    shards.save_part(loop, None, name, spread)
                 else:
                     loop.state_dict(log_rows=False)
                 self._last_key = key
@@ -87,9 +91,9 @@ class Saving(BackgroundWrites):
         prepared = None
         later: tuple[Path, dict[str, Any]] | None = None  # the staged tensors a thread writes
         if background:
-            state, later = self._stage_shards(loop, self._directory, name)
+            state, later, name = self._stage_shards(loop, self._directory, name, spread)
         elif self.sharded:
-            state, prepared = shards.save_part(loop, self._directory, name)
+            state, prepared, name = shards.save_part(loop, self._directory, name, spread)
         else:
             state = loop.state_dict(log_rows=False)  # the rows go into segments: only what changed
         # plan() updates the base in place: until this write completes there is none, so a save
@@ -137,14 +141,14 @@ class Saving(BackgroundWrites):
         if self.async_save:
             self._spare = snapshot.arrays  # reused by the next save, once this write is done
             if later is not None:
-                shards_later = (loop.world, *later, best)
+                shards_later = (loop.world, *later, best, spread)
                 self._start(
                     self._write_later, self._directory, name, snapshot, manifest, log_save, shards_later
                 )
             else:
                 self._start(self._write, self._directory, name, snapshot, manifest, log_save)
         else:
-            self._write(self._directory, name, snapshot, manifest, log_save, prepared)
+            self._write(self._directory, name, snapshot, manifest, log_save, prepared, spread is not None)
 
     def _checkpoint_name(self, loop: Loop) -> str:
         """This save's name: the counters and the formatted ``filename`` template.
@@ -176,16 +180,10 @@ class Saving(BackgroundWrites):
         return storage.checkpoint_name(loop.epoch, loop.iteration, tag)
 
     def _check_sharded(self, loop: Loop) -> None:
-        """Refuse what a sharded save cannot do yet; with ``async_save``, make the writers' group."""
+        """Refuse a model that cannot give its tensors to DCP; with ``async_save``, make the
+        writers' group."""
         where = f"[plugins.{self._name}]"
         shards.check_model(loop.model, where)
-        if loop.world.several_nodes and store.is_remote(self.dir):
-            # every rank writes into rank 0's staging directory, which only its machine has
-            raise ConfigError(
-                f'{where} format = "sharded" on several machines needs dir on a filesystem they all '
-                f"mount, not the URL {str(self.dir)!r} (sharded uploads from every machine are not "
-                'done yet): use format = "single", or a shared directory'
-            )
         if self.async_save:
             self._shards.open(loop.world)  # every rank, here: a collective
 
@@ -207,16 +205,16 @@ class Saving(BackgroundWrites):
         }
 
     def _stage_shards(
-        self, loop: Loop, directory: Path | None, name: str
-    ) -> tuple[dict[str, Any], tuple[Path, dict[str, Any]]]:
+        self, loop: Loop, directory: Path | None, name: str, spread: store.RemoteStore | None
+    ) -> tuple[dict[str, Any], tuple[Path, dict[str, Any]], str]:
         """Every rank, on the training thread: the plain state, the temporary directory (made
         by rank 0) and this rank's tensors copied to host memory, for its writer thread."""
         model: Any = loop.model  # checked by check_model: it has the methods of a sharded save
         state = loop.state_dict(log_rows=False, model=False)
         state["model"] = model.rest_state_dict()
-        tmp = shards.temporary(loop.world, directory, name)
+        tmp, name = shards.temporary(loop.world, directory, name, spread)
         self._unmet = True  # every rank starts its thread now: they meet before the next save
-        return state, (tmp, self._shards.stage(model.sharded_state_dict()))
+        return state, (tmp, self._shards.stage(model.sharded_state_dict())), name
 
     def _write_later(
         self,
@@ -225,16 +223,16 @@ class Saving(BackgroundWrites):
         snapshot: storage.Snapshot,
         manifest: dict[str, Any],
         log_save: incremental.LogSave,
-        shards_later: tuple[Any, Path, dict[str, Any], dict[str, Any] | None],
+        shards_later: tuple[Any, Path, dict[str, Any], dict[str, Any] | None, store.RemoteStore | None],
     ) -> None:
         """Rank 0's writer thread of a sharded save: every rank's files, then the rest and the
         manifest (the commit) once the gather said every rank's files are durable."""
-        world, tmp, staged, best = shards_later
-        files = self._shards.write(world, tmp, staged, directory, name)
+        world, tmp, staged, best, spread = shards_later
+        files = self._shards.write(world, tmp, staged, directory, name, spread)
         del staged, shards_later  # the staging buffers stay with the stager, for the next save
         if best is not None:
             self._export_best({"dcp": str(tmp)}, best)
-        self._write(directory, name, snapshot, manifest, log_save, (tmp, files))
+        self._write(directory, name, snapshot, manifest, log_save, (tmp, files), spread is not None)
 
     def _export_best(self, weights: Any, meta: dict[str, Any]) -> None:
         assert self._directory is not None
@@ -250,19 +248,23 @@ class Saving(BackgroundWrites):
         manifest: dict[str, Any],
         log_save: incremental.LogSave,
         prepared: tuple[Path, dict[str, dict[str, Any]]] | None = None,
+        uploaded: bool = False,
     ) -> None:
+        """Write checkpoint *name* (and upload it to the store); *uploaded*: the DCP files of
+        *prepared* are in the store already, under *name*, which :func:`shards.temporary`
+        settled there."""
         # the name is settled by write_checkpoint (-vN when taken): record the own list after it
         manifest[storage.OWN] = list(self._own)
         sources = log_save.sources()
         remote = self._remote
-        if remote is not None:  # free in the store too (an unfinished upload may hold the name)
+        if remote is not None and not uploaded:  # free in the store too (an unfinished upload may hold it)
             name = remote.free_name(name)
         info = storage.write_checkpoint(
             directory, name, snapshot, manifest, segments=sources, prepared=prepared
         )
         if remote is not None:  # committed by its manifest, uploaded last
             linked = {s.segment.name: s.where.name for s in sources if isinstance(s, storage.LinkedSegment)}
-            remote.upload(info, linked)
+            remote.upload(info, linked, uploaded=set(prepared[1]) if uploaded and prepared else ())
         self._own.append(info.name)
         log_save.base.path, log_save.base.segments = info.path, list(info.segments or [])
         self._base = log_save.base

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import shutil
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +38,16 @@ from epochal_checkpoint.storage import sharded as files
 if TYPE_CHECKING:
     from epochal.loop import Loop
 
-__all__ = ["agree", "check_model", "save_part", "temporary", "wanted", "write_part", "write_tensors"]
+__all__ = [
+    "agree",
+    "check_model",
+    "save_part",
+    "temporary",
+    "uploader",
+    "wanted",
+    "write_part",
+    "write_tensors",
+]
 
 _METHODS = ("sharded_state_dict", "rest_state_dict")
 
@@ -71,20 +81,23 @@ def check_model(model: Any, where: str) -> None:
 
 
 def save_part(
-    loop: Loop, directory: Path | None, name: str
-) -> tuple[dict[str, Any], tuple[Path, dict[str, dict[str, Any]]]]:
+    loop: Loop, directory: Path | None, name: str, remote: Any = None
+) -> tuple[dict[str, Any], tuple[Path, dict[str, dict[str, Any]]], str]:
     """Every rank's part of a sharded save (a collective: every rank calls it at the same point).
 
-    *directory* is the checkpoint directory on rank 0 (the writer), None elsewhere. Returns the
-    plain state (model: its rest) and ``(temporary directory, {file: {size, crc32}})`` of every
-    rank's DCP files, all durable.
+    *directory* is the checkpoint directory on rank 0 (the writer), None elsewhere; *remote*,
+    this process's store when the run spans several machines (see :func:`temporary`). Returns
+    the plain state (model: its rest), ``(temporary directory, {file: {size, crc32}})`` of every
+    rank's DCP files, all durable, and the checkpoint's name.
 
     :raises CheckpointWriteError: on every rank, when any rank failed to write or fsync its files.
     """
     model: Any = loop.model  # checked by check_model: it has the methods of a sharded save
     state = loop.state_dict(log_rows=False, model=False)
     state["model"] = model.rest_state_dict()
-    return state, write_tensors(loop.world, model.sharded_state_dict(), directory, name)
+    tmp, name = temporary(loop.world, directory, name, remote)
+    mine = write_part(loop.world, tmp, model.sharded_state_dict(), upload=uploader(remote, name))
+    return state, (tmp, agree(loop.world.all_gather_object(mine), tmp, directory, name)), name
 
 
 def write_tensors(
@@ -93,37 +106,59 @@ def write_tensors(
     """Every rank writes its *tensors* with ``dcp.save`` into a temporary directory that rank 0
     (*directory* given: the checkpoint directory) makes for checkpoint *name*; return it and
     every rank's files ``{file: {size, crc32}}``, durable (a collective)."""
-    tmp = temporary(world, directory, name)
+    tmp, _ = temporary(world, directory, name)
     mine = write_part(world, tmp, tensors)
     return tmp, agree(world.all_gather_object(mine), tmp, directory, name)
 
 
-def temporary(world: Any, directory: Path | None, name: str) -> Path:
+def temporary(world: Any, directory: Path | None, name: str, remote: Any = None) -> tuple[Path, str]:
     """Rank 0 (*directory* given) makes checkpoint *name*'s temporary directory; every rank
-    gets its path (a collective on the loop's process group).
+    gets its path and the checkpoint's name (a collective on the loop's process group).
+
+    With *remote* (this process's :class:`~epochal_checkpoint.storage.store.RemoteStore`, on
+    every rank: a run on several machines writing to a URL), rank 0 settles the name in the
+    store first and writes its upload marker, and every other rank makes a temporary directory
+    of its own in its local staging directory (its machine has no view of rank 0's).
 
     :raises CheckpointWriteError: on every rank, when rank 0 cannot make it.
     """
-    made: tuple[str | None, str | None] = (None, None)
+    made: tuple[str | None, str, str | None] = (None, name, None)
     if directory is not None:
-        tmp = directory / storage.temp_name(name)
         try:
+            final = remote.reserve(name) if remote is not None else name
+            tmp = directory / storage.temp_name(final)
             tmp.mkdir()
-            made = (str(tmp), None)
-        except OSError as error:
-            made = (None, f"cannot create {str(tmp)!r}: {error.strerror or error}")
-    where, problem = world.broadcast_object(made)
+            made = (str(tmp), final, None)
+        except Exception as error:  # an OSError, or whatever the store's client raises
+            made = (None, name, f"cannot create its temporary directory: {type(error).__name__}: {error}")
+    where, name, problem = world.broadcast_object(made)
     if where is None:
         raise CheckpointWriteError(f"cannot write sharded checkpoint {name}: {problem}")
-    return Path(where)
+    if remote is not None and directory is None:
+        own = remote.staging / storage.temp_name(name)
+        own.mkdir()
+        return own, name
+    return Path(where), name
+
+
+def uploader(remote: Any, name: str) -> Callable[[Path, list[str]], None] | None:
+    """What uploads a rank's own files of checkpoint *name* to *remote* (None: no store)."""
+    if remote is None:
+        return None
+    return lambda tmp, written: remote.put_files(name, tmp, written)
 
 
 def write_part(
-    world: Any, tmp: Path, tensors: dict[str, Any], process_group: Any = None
+    world: Any,
+    tmp: Path,
+    tensors: dict[str, Any],
+    process_group: Any = None,
+    upload: Callable[[Path, list[str]], None] | None = None,
 ) -> dict[str, dict[str, Any]] | str:
     """This rank's ``dcp.save`` of *tensors* into *tmp* (its collectives on *process_group*,
-    default: torch's default group), then its files checksummed and fsynced: their entries,
-    or one line saying why not (each rank reports, none waits for a rank that failed)."""
+    default: torch's default group), then its files checksummed and fsynced (and, with
+    *upload*, uploaded): their entries, or one line saying why not (each rank reports, none
+    waits for a rank that failed)."""
     import torch.distributed.checkpoint as dcp
 
     try:
@@ -131,9 +166,15 @@ def write_part(
         with warnings.catch_warnings():  # DCP's note that one process saves alone: that is intended
             warnings.filterwarnings("ignore", "torch.distributed is ", UserWarning)
             dcp.save(tensors, storage_writer=writer, process_group=process_group, no_dist=not _distributed())
-        return files.describe(tmp, world.rank, coordinator=world.is_zero)
+        described = files.describe(tmp, world.rank, coordinator=world.is_zero)
+        if upload is not None:
+            upload(tmp, sorted(described))
+        return described
     except Exception as error:
         return f"rank {world.rank}: {type(error).__name__}: {' '.join(str(error).split())}"[:600]
+    finally:
+        if upload is not None and not world.is_zero:  # uploaded: no local copy is kept
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def agree(
