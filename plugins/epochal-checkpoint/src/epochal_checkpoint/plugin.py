@@ -93,7 +93,9 @@ class Checkpoint(Saving):
         end after that write finished (several due meanwhile make one save). So the loop never
         waits longer than one in-memory copy; a warning says so once per run and
         :attr:`deferred` (and each manifest's ``deferred_saves``) counts them. Saves at the end,
-        on interrupt and on error wait for the write in flight and are always written.
+        on interrupt and on error wait for the write in flight and are always written. Sharded
+        saves too: every rank writes its own part in its own thread, committed by rank 0 once
+        every rank's files are durable (:mod:`epochal_checkpoint.background`).
     :param export: also write the model's weights as a ``.safetensors`` file in the checkpoint
         directory: ``"last"`` (``last.safetensors`` when training ends), ``"best"``
         (``best.safetensors`` whenever a save has the best ``monitor`` value so far), ``"both"``

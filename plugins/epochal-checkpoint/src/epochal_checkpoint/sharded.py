@@ -12,6 +12,13 @@ scaler) and the manifest listing every file with its size and CRC-32, commit rec
 renames the directory into place (:func:`epochal_checkpoint.storage.write_checkpoint`). No
 rank ever holds another rank's tensors.
 
+With ``async_save`` the same steps run in every rank's writer thread, from a copy of its
+tensors in host memory (:mod:`epochal_checkpoint.background`). With the checkpoint directory
+an fsspec URL and a run on several machines, rank 0 first settles the checkpoint's name in the
+store (its upload marker), every other rank writes into a temporary directory of its own
+machine, and every rank uploads its own files before the all-gather (:func:`temporary`,
+:func:`uploader`); rank 0's upload of the rest, manifest last, commits.
+
 Reading (:func:`epochal_checkpoint.storage.read_checkpoint_info`) verifies every DCP file
 against the manifest, then puts the checkpoint's path in the model state (``model["dcp"]``):
 the model's ``load_state_dict`` reads its tensors with ``dcp.load`` on every rank (DCP
