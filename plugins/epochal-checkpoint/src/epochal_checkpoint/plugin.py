@@ -238,7 +238,7 @@ class Checkpoint(Saving):
             state, where = read_from(mode, storage_options=self.storage_options, known=remote, into=into)
             manifest = storage.read_manifest(where)
             check_fits(loop, state, where)
-            self._read_from_store(loop, state)
+            shards.read_from_store(loop.world, state, self.storage_options)
             self._adopt(loop, directory, storage.CheckpointInfo(where, manifest), state, [])
             return state
         try:
@@ -264,20 +264,10 @@ class Checkpoint(Saving):
             raise CheckpointNotFoundError(f"cannot resume: {error}") from None
         state = read.state
         check_fits(loop, state, read.path)
-        self._read_from_store(loop, state)
+        shards.read_from_store(loop.world, state, self.storage_options)
         info = storage.CheckpointInfo(read.path, read.manifest, read.segments, read.inline_rows)
         self._adopt(loop, directory, info, state, failures)
         return state
-
-    def _read_from_store(self, loop: Loop, state: dict[str, Any]) -> None:
-        """On several machines, a sharded checkpoint downloaded from a URL is read by every
-        rank from the store (rank 0's staging copy, verified, is on its machine only)."""
-        model = state.get("model")
-        if not (loop.world.several_nodes and isinstance(model, dict) and isinstance(model.get("dcp"), str)):
-            return
-        url = store.shown(Path(model["dcp"]))
-        if "://" in url:
-            model["dcp"], model["dcp_storage"] = url, dict(self.storage_options or {})
 
     def _adopt(
         self,

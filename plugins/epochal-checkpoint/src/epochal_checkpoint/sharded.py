@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import shutil
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +41,7 @@ from epochal.errors import ConfigError
 from epochal_checkpoint import storage
 from epochal_checkpoint.errors import CheckpointWriteError
 from epochal_checkpoint.storage import sharded as files
+from epochal_checkpoint.storage.store import shown
 
 if TYPE_CHECKING:
     from epochal.loop import Loop
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
 __all__ = [
     "agree",
     "check_model",
+    "read_from_store",
     "save_part",
     "temporary",
     "uploader",
@@ -202,3 +204,15 @@ def agree(
             "earlier checkpoints are kept"
         )
     return {file: entry for part in every if isinstance(part, dict) for file, entry in part.items()}
+
+
+def read_from_store(world: Any, state: dict[str, Any], storage_options: Mapping[str, Any] | None) -> None:
+    """On several machines, make a sharded checkpoint downloaded from a URL read by every rank
+    from the store: *state*'s ``model["dcp"]`` (rank 0's staging copy, verified, is on its
+    machine only) becomes the checkpoint's URL, with the store's options."""
+    model = state.get("model")
+    if not (world.several_nodes and isinstance(model, dict) and isinstance(model.get("dcp"), str)):
+        return
+    url = shown(Path(model["dcp"]))
+    if "://" in url:
+        model["dcp"], model["dcp_storage"] = url, dict(storage_options or {})
