@@ -257,8 +257,10 @@ def test_load_weights_only_takes_the_modules_tensors_on_one_process(trained: Pat
     assert_same({k: final[k] for k in final.files if k.startswith("model/")}, expected)
 
 
-def test_a_sharded_checkpoint_on_a_memory_store_resumes_bitwise(tmp_path: Path) -> None:
-    """One process, in this one: the DCP files go to the store with the rest, and come back."""
+@pytest.mark.parametrize("background", [False, True], ids=["sync", "async"])
+def test_a_sharded_checkpoint_on_a_memory_store_resumes_bitwise(tmp_path: Path, background: bool) -> None:
+    """One process, in this one: the DCP files go to the store with the rest, and come back
+    (written in the loop's thread, or in the background with ``async_save``)."""
     import uuid
 
     from epochal_checkpoint import Checkpoint
@@ -270,7 +272,7 @@ def test_a_sharded_checkpoint_on_a_memory_store_resumes_bitwise(tmp_path: Path) 
     exec(compile(MODULE, "shardmodel", "exec"), namespace)  # the model and data of the CLI runs
 
     def train(url: str, where: Path, epochs: int, resume: bool = False) -> Loop:
-        plugin = Checkpoint(dir=url, format="sharded", keep_last=None)
+        plugin = Checkpoint(dir=url, format="sharded", keep_last=None, async_save=background)
         loop = Loop(
             namespace["make_model"](),
             namespace["make_data"](),
