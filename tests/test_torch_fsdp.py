@@ -349,3 +349,12 @@ def _stepped(model: TorchModel, batch: Any) -> dict[str, Any]:
     model.train_step(batch)
     model.train_step(batch)
     return model.state_dict()
+
+
+def test_a_sharded_state_may_name_a_url_with_its_stores_options() -> None:
+    model = fsdp_mlp.make_model()
+    assert (
+        model.check_state({"dcp": "s3://bucket/run/ckpt-e0001-i000004", "dcp_storage": {"anon": False}}) == []
+    )
+    problems = model.check_state({"dcp": "s3://bucket/run/ckpt-e0001-i000004", "dcp_storage": "anon"})
+    assert problems == ["dcp_storage must be a table of the URL's filesystem options"]
