@@ -17,6 +17,12 @@ case an untimed warm-up round, then ``--rounds`` timed ones (medians):
   every file (commit record last, fsyncs, rename). The load is a resume's: rank 0 reads and
   verifies the checkpoint (every file's CRC-32), broadcasts the small plain state, every rank
   loads its tensors through ``TorchModel.load_state_dict`` (``dcp.load``).
+- **epochal sharded async** (``async_save = true``): the time is the training thread's stall
+  per save (from a barrier before to a barrier after): rank 0 makes the temporary directory,
+  every rank copies its tensors into host memory (DCP's ``DefaultStager``, buffers reused
+  from the previous save) and starts its writer thread; the threads then write as **epochal
+  sharded** does, their collectives on their own gloo group, and rank 0's commits. The write's
+  own time (to the commit, joined before the next save) is given as ``write s``.
 - **DCP alone**: ``dcp.save(model.sharded_state_dict(), checkpoint_id=DIR)``; the load
   ``dcp.load`` + ``set_state_dict``. The floor: no checksums, no commit record.
 - **epochal single** (today's format 4): rank 0 flattens ``TorchModel.state_dict()`` and writes
@@ -52,7 +58,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 MB = 1 << 20
-CASES = ("epochal sharded", "DCP alone", "epochal single")
+CASES = ("epochal sharded", "epochal sharded async", "DCP alone", "epochal single")
 
 
 def rss() -> int:
@@ -118,7 +124,8 @@ def timed(world: Any, action: Callable[[], None]) -> float:
 def worker(rank: int, strategy: str, case: str, mb: int, rounds: int, base: str, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    from epochal_checkpoint.sharded import write_tensors
+    from epochal_checkpoint.background import AsyncShards
+    from epochal_checkpoint.sharded import temporary, write_tensors
     from epochal_checkpoint.storage import flatten, read_checkpoint, read_checkpoint_info, write_checkpoint
 
     from epochal.distributed.world import World
@@ -134,6 +141,18 @@ def worker(rank: int, strategy: str, case: str, mb: int, rounds: int, base: str,
         root.mkdir(parents=True)
     world.barrier()
     name = "ckpt-e0001-i000001"
+    shards = AsyncShards()
+    shards.open(world)  # a collective: every case opens it, so the processes stay in step
+    writes: list[float] = []
+    writer: list[threading.Thread] = []
+
+    def write_later(target: Path, tmp: Path, staged: dict[str, Any], i: int, began: float) -> None:
+        mine = target if world.is_zero else None
+        files = shards.write(world, tmp, staged, mine, name)
+        if world.is_zero:
+            snapshot = flatten({"model": model.rest_state_dict()})
+            write_checkpoint(target, name, snapshot, {"sequence": i}, prepared=(tmp, files))
+        writes.append(time.perf_counter() - began)
 
     def save(i: int) -> None:
         target = root / f"r{i}"
@@ -144,7 +163,13 @@ def worker(rank: int, strategy: str, case: str, mb: int, rounds: int, base: str,
             return
         if world.is_zero:
             target.mkdir()
-        if case == "epochal sharded":
+        if case == "epochal sharded async":
+            began = time.perf_counter()
+            tmp, _ = temporary(world, target if world.is_zero else None, name)
+            staged = shards.stage(model.sharded_state_dict())
+            writer.append(threading.Thread(target=write_later, args=(target, tmp, staged, i, began)))
+            writer[-1].start()
+        elif case == "epochal sharded":
             mine = target if world.is_zero else None
             prepared = write_tensors(world, model.sharded_state_dict(), mine, name)
             if world.is_zero:
@@ -163,7 +188,7 @@ def worker(rank: int, strategy: str, case: str, mb: int, rounds: int, base: str,
         state = None
         if world.is_zero:
             path = target / name
-            sharded = case == "epochal sharded"
+            sharded = case.startswith("epochal sharded")
             state = read_checkpoint_info(path).state if sharded else read_checkpoint(path)[0]
         state = world.broadcast_object(state)
         model.load_state_dict(state["model"])
@@ -175,6 +200,8 @@ def worker(rank: int, strategy: str, case: str, mb: int, rounds: int, base: str,
             os.sync()
         with Peak() as peak:
             seconds = timed(world, lambda i=i: save(i))  # type: ignore[misc]
+            while writer:  # the write in flight finishes before the load (and the next save)
+                writer.pop().join()
         save_peak = max(save_peak, peak.peak - before) if i else save_peak
         with Peak() as peak:
             loaded = timed(world, lambda i=i: load(i))  # type: ignore[misc]
@@ -192,6 +219,7 @@ def worker(rank: int, strategy: str, case: str, mb: int, rounds: int, base: str,
             "state_mb": state_bytes / MB,
             "held_mb": held_bytes / MB,
             "save_s": statistics.median(saves),
+            "write_s": statistics.median(writes[1:]) if len(writes) > 1 else None,
             "load_s": statistics.median(loads),
             "save_peak_mb": save_peak / MB,
             "load_peak_mb": load_peak / MB,
@@ -247,6 +275,16 @@ def main() -> None:
         print(
             f"({strategy}: rank 0's resident set before the saves: {before:.0f} MB, "
             "its part of the state included)"
+        )
+    for strategy in strategies:
+        sync, background = (
+            next(r for r in results if r["strategy"] == strategy and r["case"] == case)
+            for case in ("epochal sharded", "epochal sharded async")
+        )
+        print(
+            f"({strategy}: async_save stalls the training thread {background['save_s']:.3f} s per save, "
+            f"{background['save_s'] / sync['save_s']:.2f}x the synchronous save's {sync['save_s']:.3f} s; "
+            f"its write takes {background['write_s']:.3f} s in the background)"
         )
 
 

@@ -12,6 +12,7 @@ killed as a group when the test ends.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -423,3 +424,132 @@ def test_the_workers_do_not_get_the_launchers_node_options():
         "run",
         "run.toml",
     ]
+
+
+# -- sharded checkpoints to an object store from two nodes -------------------------------------
+
+SHARDED = """[loop]
+max_epochs = {epochs}
+seed = 0
+run_dir = "run"
+
+[distributed]
+backend = "gloo"
+timeout = 60
+
+[model]
+factory = "fsdp_mlp:make_model"
+strategy = "fsdp"
+
+[data]
+factory = "fsdp_mlp:make_data"
+
+[plugins]
+order = ["checkpoint", "record"]
+autoload = false
+
+[plugins.checkpoint]
+dir = "{url}"
+format = "sharded"
+every_n_batches = 3
+keep_last = 10
+async_save = {background}
+
+[plugins.record]
+factory = "fsdp_mlp:Record"
+"""
+
+
+@pytest.fixture(scope="module")
+def s3_store() -> Iterator[dict[str, str]]:
+    """moto's S3 server on 127.0.0.1 with a bucket: the environment that points s3fs at it."""
+    pytest.importorskip("s3fs", reason="s3fs is not installed (pip install 'epochal-checkpoint[s3]')")
+    server_module = pytest.importorskip("moto.server", reason="moto[server] is not installed")
+    import fsspec
+
+    server = server_module.ThreadedMotoServer("127.0.0.1", 0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    keys = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    endpoint = f"http://{host}:{port}"
+    fsspec.filesystem("s3", endpoint_url=endpoint, key="testing", secret="testing").mkdir("bucket")
+    yield {**keys, "AWS_ENDPOINT_URL": endpoint}
+    server.stop()
+
+
+def sharded_nodes(root: Path, url: str, epochs: int, background: bool) -> list[Path]:
+    """Two nodes' working directories, each with its own temporary directory (its local disk:
+    a store's staging directories go there) and the FSDP model's module."""
+    nodes = [root / "node0", root / "node1"]
+    for node in nodes:
+        (node / "tmp").mkdir(parents=True, exist_ok=True)
+        (node / "fsdp_mlp.py").write_text((HERE / "fsdp_mlp.py").read_text())
+        text = SHARDED.format(epochs=epochs, url=url, background=str(background).lower())
+        (node / "run.toml").write_text(text)
+    return nodes
+
+
+def run_sharded_nodes(nodes: list[Path], env: dict[str, str], *args: str) -> dict[str, Any]:
+    """Both launchers (torchrun, c10d on 127.0.0.1) to the end; rank 0's record."""
+    endpoint, rdzv_id = f"127.0.0.1:{free_port()}", uuid.uuid4().hex
+    launchers = []
+    for rank, node in enumerate(nodes):
+        (node / "record.json").unlink(missing_ok=True)
+        command = [
+            *TORCHRUN,
+            "--nnodes", "2", "--node-rank", str(rank), "--nproc-per-node", "1",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", rdzv_id,
+            "-m", "epochal", "run", "run.toml", *args,
+        ]  # fmt: skip
+        node_env = {**environment(), **env, "TMPDIR": str(node / "tmp")}
+        launchers.append(
+            subprocess.Popen(
+                command, cwd=node, env=node_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
+    outputs = []
+    try:
+        for launcher in launchers:
+            _, err = launcher.communicate(timeout=300)
+            outputs.append((launcher.returncode, err))
+    finally:
+        for launcher in launchers:
+            if launcher.poll() is None:
+                launcher.kill()
+    assert all(code == 0 for code, _ in outputs), [err[-3000:] for _, err in outputs]
+    (record,) = [node / "record.json" for node in nodes if (node / "record.json").is_file()]
+    result: dict[str, Any] = json.loads(record.read_text())
+    return result
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("background", [False, True], ids=["sync", "async"])
+def test_two_nodes_write_sharded_checkpoints_to_s3_and_both_resume_from_it(
+    tmp_path: Path, s3_store: dict[str, str], background: bool
+) -> None:
+    """Every rank uploads its own DCP files from its own machine's staging directory; rank 0
+    commits; a resume on both nodes reads them back from the store: the straight run's end."""
+    import fsspec
+
+    straight = run_sharded_nodes(
+        sharded_nodes(tmp_path / "straight", f"s3://bucket/{uuid.uuid4().hex}", 2, background), s3_store
+    )
+    url = f"s3://bucket/{uuid.uuid4().hex}"
+    nodes = sharded_nodes(tmp_path / "resumed", url, 1, background)
+    run_sharded_nodes(nodes, s3_store)
+    fs = fsspec.filesystem("s3", endpoint_url=s3_store["AWS_ENDPOINT_URL"], key="testing", secret="testing")
+    newest = sorted(p.rsplit("/", 1)[1] for p in fs.ls(url.removeprefix("s3://")) if "/ckpt-" in p)[-1]
+    stored = {p.rsplit("/", 1)[1] for p in fs.ls(f"{url.removeprefix('s3://')}/{newest}")}
+    manifest = json.loads(fs.cat_file(f"{url.removeprefix('s3://')}/{newest}/manifest.json"))
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata", "manifest.json"} <= stored
+    assert set(manifest["sharded"]) == {"__0_0.distcp", "__1_0.distcp", ".metadata"}
+    for node in nodes:  # every process's staging directory (on its own machine) is gone
+        assert not list((node / "tmp").glob("epochal-checkpoint-*"))
+    resumed = run_sharded_nodes(nodes, s3_store, "--set", "loop.max_epochs=2", "--resume")
+    assert resumed["module"] == straight["module"]
+    assert resumed["optimizer"] == straight["optimizer"]
+    assert resumed["losses"] == straight["losses"][len(straight["losses"]) - len(resumed["losses"]) :]

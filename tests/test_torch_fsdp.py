@@ -214,6 +214,17 @@ def test_check_resume_passes_under_fsdp_with_bf16_mixed(tmp_path: Path) -> None:
     assert "ok: interrupted after batch 6 of 8 and resumed" in done.stdout
 
 
+@pytest.mark.distributed
+def test_check_resume_passes_under_fsdp_with_sharded_saves_written_in_the_background(tmp_path: Path) -> None:
+    """async_save: every rank's shards are staged in host memory and written by its own thread."""
+    config = write_run(tmp_path, "fsdp", model=TRAINING)
+    background = ("--set", "plugins.checkpoint.async_save=true")
+    done = epochal(tmp_path, "check-resume", str(config), "--nproc", "2", "--at", "6", *background)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    assert "ok: interrupted after batch 6 of 8 and resumed" in done.stdout
+    assert "written synchronously" not in done.stderr
+
+
 # -- one process, bad input -----------------------------------------------------------------
 
 
@@ -338,3 +349,12 @@ def _stepped(model: TorchModel, batch: Any) -> dict[str, Any]:
     model.train_step(batch)
     model.train_step(batch)
     return model.state_dict()
+
+
+def test_a_sharded_state_may_name_a_url_with_its_stores_options() -> None:
+    model = fsdp_mlp.make_model()
+    assert (
+        model.check_state({"dcp": "s3://bucket/run/ckpt-e0001-i000004", "dcp_storage": {"anon": False}}) == []
+    )
+    problems = model.check_state({"dcp": "s3://bucket/run/ckpt-e0001-i000004", "dcp_storage": "anon"})
+    assert problems == ["dcp_storage must be a table of the URL's filesystem options"]

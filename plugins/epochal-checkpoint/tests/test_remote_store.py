@@ -525,3 +525,26 @@ def test_credentials_the_store_refuses_are_one_line_before_training(
 def _listening(port: int) -> bool:
     with socket.socket() as sock:
         return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_a_sharded_checkpoint_from_a_store_is_read_from_the_store_on_several_machines() -> None:
+    """Rank 0's verified copy is in its staging directory, on its machine only: on several
+    machines every rank reads the DCP files from the checkpoint's URL, with the store's options."""
+    from types import SimpleNamespace
+
+    from epochal_checkpoint.sharded import read_from_store
+
+    remote = RemoteStore(f"memory://epochal-tests/{uuid.uuid4().hex}")
+    try:
+        staged = str(remote.staging / "ckpt-e0001-i000008")
+        options = {"endpoint_url": "http://127.0.0.1:9"}
+        for nodes, expected in ((1, {"dcp": staged}), (2, {"dcp": remote.where("ckpt-e0001-i000008")})):
+            state: dict[str, Any] = {"model": {"dcp": staged}}
+            read_from_store(SimpleNamespace(several_nodes=nodes > 1), state, options)
+            storage = {"dcp_storage": options} if nodes > 1 else {}
+            assert state["model"] == {**expected, **storage}
+        local = {"model": {"dcp": "/shared/checkpoints/ckpt-e0001-i000008"}}  # a shared filesystem
+        read_from_store(SimpleNamespace(several_nodes=True), local, options)
+        assert local["model"] == {"dcp": "/shared/checkpoints/ckpt-e0001-i000008"}
+    finally:
+        remote.close()

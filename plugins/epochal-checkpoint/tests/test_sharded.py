@@ -257,8 +257,10 @@ def test_load_weights_only_takes_the_modules_tensors_on_one_process(trained: Pat
     assert_same({k: final[k] for k in final.files if k.startswith("model/")}, expected)
 
 
-def test_a_sharded_checkpoint_on_a_memory_store_resumes_bitwise(tmp_path: Path) -> None:
-    """One process, in this one: the DCP files go to the store with the rest, and come back."""
+@pytest.mark.parametrize("background", [False, True], ids=["sync", "async"])
+def test_a_sharded_checkpoint_on_a_memory_store_resumes_bitwise(tmp_path: Path, background: bool) -> None:
+    """One process, in this one: the DCP files go to the store with the rest, and come back
+    (written in the loop's thread, or in the background with ``async_save``)."""
     import uuid
 
     from epochal_checkpoint import Checkpoint
@@ -270,7 +272,7 @@ def test_a_sharded_checkpoint_on_a_memory_store_resumes_bitwise(tmp_path: Path) 
     exec(compile(MODULE, "shardmodel", "exec"), namespace)  # the model and data of the CLI runs
 
     def train(url: str, where: Path, epochs: int, resume: bool = False) -> Loop:
-        plugin = Checkpoint(dir=url, format="sharded", keep_last=None)
+        plugin = Checkpoint(dir=url, format="sharded", keep_last=None, async_save=background)
         loop = Loop(
             namespace["make_model"](),
             namespace["make_data"](),
@@ -294,3 +296,140 @@ def test_a_sharded_checkpoint_on_a_memory_store_resumes_bitwise(tmp_path: Path) 
     resumed = train(url, tmp_path / "b", 3, resume=True)
     assert resumed.resumed_source == f"checkpoint {url}/{newest.name}"
     assert_same(namespace["tensors"](resumed), namespace["tensors"](straight))
+
+
+# -- asynchronous sharded saves (async_save = true) -------------------------------------------
+
+ASYNC = ("--set", "plugins.checkpoint.async_save=true")
+
+#: a run that SIGKILLs rank 1 in its writer thread, after DCP wrote its files for the second
+#: save and before the ranks agree on them (no commit record can exist yet).
+KILLER = '''
+
+class KillWhileWriting:
+    """Rank 1 kills itself with SIGKILL in the background write of the checkpoint plugin's
+    second save, between DCP's files and the gather that precedes the commit."""
+
+    @hookimpl
+    def before_training(self, loop):
+        import os
+        import signal
+        import threading
+
+        from epochal_checkpoint.storage import sharded as files
+
+        describe, calls = files.describe, []
+
+        def dying(directory, rank, coordinator):
+            described = describe(directory, rank, coordinator)
+            calls.append(directory)
+            if rank == 1 and len(calls) == 2:
+                assert threading.current_thread() is not threading.main_thread()
+                os.kill(os.getpid(), signal.SIGKILL)
+            return described
+
+        files.describe = dying
+'''
+
+
+@pytest.fixture(scope="module")
+def written_async(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The straight 2-epoch run of :func:`trained`, its sharded saves written in the background."""
+    where = project(tmp_path_factory.mktemp("async"))
+    ok(run(where, "run", "run.toml", "--nproc", "2", *ASYNC))
+    return where
+
+
+def test_async_sharded_saves_hold_the_sync_saves_tensors_and_resume_bitwise(
+    trained: Path, written_async: Path, tmp_path: Path
+) -> None:
+    from epochal_checkpoint import list_checkpoints
+    from epochal_checkpoint.storage import read_manifest
+
+    background = written_async / "run" / "version_0" / "checkpoints"
+    synchronous = trained / "run" / "version_0" / "checkpoints"
+    names = [info.name for info in list_checkpoints(background)[0]]
+    # a save due while the previous write runs is deferred to a later batch: other names then
+    assert names[0] == MID and names[-1] == NEWEST, names
+    for name in names:
+        if (synchronous / name).is_dir():
+            assert_same(saved(background / name), saved(synchronous / name))
+        assert {n.split("_")[2] for n in read_manifest(background / name)["sharded"] if "_" in n} == {
+            "0",
+            "1",
+        }
+    assert not list(background.glob("*.epochal-tmp-*"))  # no temporary directory left
+    assert_same(np.load(written_async / "final.npz"), np.load(trained / "final.npz"))
+    # resumed mid-epoch from a checkpoint written in the background: the straight run's end
+    where = Path(shutil.copytree(written_async, tmp_path / "resumed", symlinks=True))
+    ok(run(where, "run", "run.toml", "--nproc", "2", *ASYNC, "--resume", f"run/version_0/checkpoints/{MID}"))
+    assert_same(np.load(where / "resumed.npz"), saved(synchronous / MID))
+    assert_same(np.load(where / "final.npz"), np.load(trained / "final.npz"))
+
+
+def test_check_resume_with_async_sharded_saves_is_bitwise_equal(tmp_path: Path) -> None:
+    where = project(tmp_path)
+    done = ok(run(where, "check-resume", "run.toml", "--nproc", "2", "--at", "11", *ASYNC))
+    assert "match the straight run bitwise" in done.stdout + done.stderr
+
+
+def test_a_kill_during_an_async_sharded_write_leaves_nothing_that_looks_complete(
+    trained: Path, tmp_path: Path
+) -> None:
+    from epochal_checkpoint import list_checkpoints
+
+    where = project(tmp_path)
+    (where / "shardmodel.py").write_text(MODULE + KILLER)
+    config = (where / "run.toml").read_text()
+    killing = config.replace('order = ["probe", "checkpoint"]', 'order = ["probe", "killer", "checkpoint"]')
+    (where / "run.toml").write_text(killing + '\n[plugins.killer]\nfactory = "shardmodel:KillWhileWriting"\n')
+    done = run(where, "run", "run.toml", "--nproc", "2", *ASYNC)
+    assert done.returncode != 0, done.stderr[-3000:]
+    checkpoints = where / "run" / "version_0" / "checkpoints"
+    assert [info.name for info in list_checkpoints(checkpoints)[0]] == [MID]  # the second never committed
+    assert not (checkpoints / FIRST).exists()
+    # resumed (without the killer) from the one complete checkpoint: the straight run's end
+    (where / "run.toml").write_text(config)
+    ok(run(where, "run", "run.toml", "--nproc", "2", *ASYNC, "--resume"))
+    assert_same(np.load(where / "resumed.npz"), saved(trained / "run" / "version_0" / "checkpoints" / MID))
+    assert_same(np.load(where / "final.npz"), np.load(trained / "final.npz"))
+    assert not list(checkpoints.glob("*.epochal-tmp-*"))  # the killed write's leftovers were cleaned
+
+
+FAILER = """
+
+class FailWhileWriting:
+    \"\"\"Rank 1's writer thread fails (an OSError, as a full disk gives) in the second save.\"\"\"
+
+    @hookimpl
+    def before_training(self, loop):
+        from epochal_checkpoint.storage import sharded as files
+
+        describe, calls = files.describe, []
+
+        def failing(directory, rank, coordinator):
+            calls.append(directory)
+            if rank == 1 and len(calls) == 2:
+                raise OSError(28, "No space left on device")
+            return describe(directory, rank, coordinator)
+
+        files.describe = failing
+"""
+
+
+def test_a_failed_async_sharded_write_is_said_once_on_every_rank(tmp_path: Path) -> None:
+    from epochal_checkpoint import list_checkpoints
+
+    where = project(tmp_path)
+    (where / "shardmodel.py").write_text(MODULE + FAILER)
+    config = (where / "run.toml").read_text()
+    failing = config.replace('order = ["probe", "checkpoint"]', 'order = ["probe", "failer", "checkpoint"]')
+    (where / "run.toml").write_text(failing + '\n[plugins.failer]\nfactory = "shardmodel:FailWhileWriting"\n')
+    done = run(where, "run", "run.toml", "--nproc", "2", *ASYNC)
+    assert done.returncode != 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    said = [line for line in done.stderr.splitlines() if "No space left on device" in line]
+    assert len(said) == 1 and "rank 1: OSError" in said[0] and "earlier checkpoints are kept" in said[0], said
+    checkpoints = where / "run" / "version_0" / "checkpoints"
+    assert [info.name for info in list_checkpoints(checkpoints)[0]] == [MID]  # kept; nothing else
+    assert not list(checkpoints.glob("*.epochal-tmp-*"))

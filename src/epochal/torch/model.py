@@ -482,7 +482,7 @@ class TorchModel:
         """
         sharded = isinstance(state, Mapping) and "dcp" in state
         tensors = {"dcp"} if sharded else {"module", "optimizer"}
-        extra = {"dcp_only"} if sharded else set()
+        extra = {"dcp_only", "dcp_storage"} if sharded else set()
         problems = compare_keys(
             "", {*tensors, *extra, "steps", "scaler", "train_metrics"}, state, missing_ok=True
         )
@@ -495,6 +495,8 @@ class TorchModel:
                 problems.append(f"dcp must be a checkpoint directory, not {state['dcp']!r:.100}")
             if state.get("dcp_only", "model") != "model":
                 problems.append(f"dcp_only must be 'model', not {state['dcp_only']!r:.100}")
+            if not isinstance(state.get("dcp_storage", {}), Mapping):
+                problems.append("dcp_storage must be a table of the URL's filesystem options")
         else:
             problems += check_module("module.", self.raw_module.state_dict(), state["module"])
             if not problems:
@@ -520,7 +522,10 @@ class TorchModel:
         module = self.raw_module
         if "dcp" in state:  # a sharded checkpoint: its tensors are in that DCP directory
             only = state.get("dcp_only") == "model"  # the weights only (fine-tuning)
-            sharded_state.load_from(module, self.optimizer, state["dcp"], model_only=only)
+            options = state.get("dcp_storage")  # dcp is a URL: its filesystem's options
+            sharded_state.load_from(
+                module, self.optimizer, state["dcp"], model_only=only, storage_options=options
+            )
             if not only:
                 self._load_rest(state)
             return

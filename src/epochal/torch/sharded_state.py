@@ -57,10 +57,18 @@ def load_sharded_state(
 
 
 def load_from(
-    module: torch.nn.Module, optimizer: torch.optim.Optimizer, path: str | Path, model_only: bool = False
+    module: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    path: str | Path,
+    model_only: bool = False,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> None:
     """Read the DCP checkpoint in directory *path* into *module* and *optimizer* (resharded to
     this world by DCP); with *model_only*, into *module* only.
+
+    *path* may be an fsspec URL (``s3://...``: each process reads what it needs from the store,
+    through DCP's ``FsspecReader``, with *storage_options*): on several machines, where no
+    local copy is on every one.
 
     :raises EpochalError: one line naming *path*, when DCP cannot read it or it does not fit.
     """
@@ -73,7 +81,12 @@ def load_from(
         single = not (torch.distributed.is_available() and torch.distributed.is_initialized())
         with warnings.catch_warnings():  # DCP's note that one process loads alone: intended
             warnings.filterwarnings("ignore", "torch.distributed is ", UserWarning)
-            dcp.load(state, checkpoint_id=str(path), no_dist=single)
+            reader = None
+            if "://" in str(path):  # DCP's reader for fsspec URLs (private in torch 2.13)
+                from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+                reader = FsspecReader(str(path), **dict(storage_options or {}))
+            dcp.load(state, checkpoint_id=str(path), storage_reader=reader, no_dist=single)
         if model_only:
             from torch.distributed.checkpoint.state_dict import set_model_state_dict
 

@@ -25,6 +25,7 @@ from epochal.errors import ConfigError
 from epochal.protocol import NonNegativeFloat, NonNegativeInt, Phase, Rank
 from epochal_checkpoint import incremental, naming, storage
 from epochal_checkpoint import sharded as shards
+from epochal_checkpoint.background import AsyncShards
 from epochal_checkpoint.errors import (
     CheckpointNotFoundError,
     CheckpointWriteError,
@@ -34,6 +35,7 @@ from epochal_checkpoint.fit import check_fits, check_model, structure_mismatches
 from epochal_checkpoint.load import Load, load_destinations, read_from
 from epochal_checkpoint.lock import DirectoryLock, live_holder
 from epochal_checkpoint.nodes import refuse_node_local
+from epochal_checkpoint.saving import BEST_WEIGHTS, LAST_WEIGHTS, Saving
 from epochal_checkpoint.storage import store
 
 if TYPE_CHECKING:
@@ -54,9 +56,6 @@ __all__ = [
     "structure_mismatches",
 ]
 
-#: the weights files ``export`` writes into the checkpoint directory.
-LAST_WEIGHTS, BEST_WEIGHTS = "last.safetensors", "best.safetensors"
-
 #: the hooks that raise at a batch boundary: an error from another plugin's implementation of
 #: one of them leaves the model, the streams and the counters consistent, so it can be saved.
 BOUNDARY_HOOKS = frozenset({"after_batch", "after_epoch", "on_interrupt", "after_training"})
@@ -66,7 +65,7 @@ def _plugin_name(loop: Loop, plugin: object, default: str) -> str:
     return next((name for name, p in loop.plugins.items() if p is plugin), default)
 
 
-class Checkpoint:
+class Checkpoint(Saving):
     """Save the loop's state atomically on triggers, keep the last/best, resume the newest.
 
     :param dir: the checkpoint directory (default ``<[loop] run_dir>/checkpoints``), or any
@@ -94,7 +93,9 @@ class Checkpoint:
         end after that write finished (several due meanwhile make one save). So the loop never
         waits longer than one in-memory copy; a warning says so once per run and
         :attr:`deferred` (and each manifest's ``deferred_saves``) counts them. Saves at the end,
-        on interrupt and on error wait for the write in flight and are always written.
+        on interrupt and on error wait for the write in flight and are always written. Sharded
+        saves too: every rank writes its own part in its own thread, committed by rank 0 once
+        every rank's files are durable (:mod:`epochal_checkpoint.background`).
     :param export: also write the model's weights as a ``.safetensors`` file in the checkpoint
         directory: ``"last"`` (``last.safetensors`` when training ends), ``"best"``
         (``best.safetensors`` whenever a save has the best ``monitor`` value so far), ``"both"``
@@ -190,6 +191,8 @@ class Checkpoint:
         self._name = "checkpoint"
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._shards = AsyncShards()
+        self._unmet = False
         self._spare: list[Any] = []
         #: the log as the newest complete checkpoint of this run holds it (None: save it whole).
         self._base: incremental.LogBase | None = None
@@ -235,6 +238,7 @@ class Checkpoint:
             state, where = read_from(mode, storage_options=self.storage_options, known=remote, into=into)
             manifest = storage.read_manifest(where)
             check_fits(loop, state, where)
+            shards.read_from_store(loop.world, state, self.storage_options)
             self._adopt(loop, directory, storage.CheckpointInfo(where, manifest), state, [])
             return state
         try:
@@ -260,6 +264,7 @@ class Checkpoint:
             raise CheckpointNotFoundError(f"cannot resume: {error}") from None
         state = read.state
         check_fits(loop, state, read.path)
+        shards.read_from_store(loop.world, state, self.storage_options)
         info = storage.CheckpointInfo(read.path, read.manifest, read.segments, read.inline_rows)
         self._adopt(loop, directory, info, state, failures)
         return state
@@ -310,7 +315,7 @@ class Checkpoint:
         """Lock and prepare the directory, clean leftovers, note the checkpoints already there."""
         self._name = _plugin_name(loop, self, "checkpoint")
         self._check_shared(loop.run_dir)  # on every rank: they all fail alike, before any save
-        self.sharded = shards.wanted(self.format, loop.model)
+        self.sharded, self._unmet = shards.wanted(self.format, loop.model), False
         if self.sharded:
             self._check_sharded(loop)
         # The one place where the rank matters: on several processes every rank takes part in
@@ -384,13 +389,15 @@ class Checkpoint:
             self._save(loop, "epoch", periodic=True)
         elif self._pending is not None and not self._busy(loop):
             self._save(loop, self._pending, periodic=True)
+        elif self._unmet and not self._busy(loop):  # sharded writes done: their failure said now
+            self._meet(loop)
 
     @hookimpl
     def on_interrupt(self, loop: Loop) -> None:
         """Save the state a signal stopped at; wait for the write."""
         if self.save_on_interrupt:
             self._save(loop, "interrupt")
-        self.wait()
+        self._meet(loop)
         storage.finish_deletions()
 
     @hookimpl
@@ -401,7 +408,7 @@ class Checkpoint:
             exports_last = self.export in ("last", "both")
             if self.save_at_end or self._pending is not None or (self.sharded and exports_last):
                 self._save(loop, "end" if self.save_at_end else self._pending or "end")
-            self.wait()
+            self._meet(loop)
             if exports_last and self._directory is not None:
                 model_state = (
                     {"dcp": str(self.last_saved)}
@@ -413,6 +420,7 @@ class Checkpoint:
                     self._remote.put_extra(last)
         finally:
             self._spare = []
+            self._shards.close()
             storage.finish_deletions()
             self._release()
             if self._remote is not None:
@@ -425,7 +433,8 @@ class Checkpoint:
             if self.save_on_error and self._directory is not None and self._at_boundary(loop, error):
                 self._save(loop, "error", error)
         finally:
-            failed = self.wait(raise_error=False)
+            failed = self.wait(raise_error=False)  # this rank's: its peers may not be here
+            self._shards.close()
             storage.finish_deletions()
             self._release()
             if self._remote is not None:
@@ -473,181 +482,6 @@ class Checkpoint:
         plugin = loop.error_plugin
         hook = getattr(error, "epochal_hook", None)
         return plugin is not None and plugin != self._name and hook in BOUNDARY_HOOKS
-
-    def _save(
-        self, loop: Loop, reason: str, error: BaseException | None = None, periodic: bool = False
-    ) -> None:
-        key = (loop.epoch, loop.iteration)
-        if key == self._last_key:
-            self._pending = None
-            return
-        if periodic and self._busy(loop):
-            self._defer(loop, reason)  # back-pressure: never wait for the disk on a periodic save
-            return
-        self._pending = None
-        name = self._checkpoint_name(loop)
-        if self._directory is None:
-            if not self._writer:  # another rank: its part of the state goes to rank 0, which writes
-                if self.sharded:  # its own tensors it writes itself
-                    shards.save_part(loop, None, name)
-                else:
-                    loop.state_dict(log_rows=False)
-                self._last_key = key
-            return
-        self.wait()
-        self._sequence += 1
-        prepared = None
-        if self.sharded:
-            state, prepared = shards.save_part(loop, self._directory, name)
-        else:
-            state = loop.state_dict(log_rows=False)  # the rows go into segments: only what changed
-        # plan() updates the base in place: until this write completes there is none, so a save
-        # that fails (or never starts) makes the next one write every row
-        base, self._base = self._base, None
-        log_save = incremental.plan(loop.log, base, self._sequence)
-        state["log"]["rows"] = log_save.inline
-        snapshot = storage.flatten(state, copy_arrays=self.async_save, reuse=self._spare)
-        metric = None
-        if self.monitor:
-            value = loop.log.last(self.monitor)
-            metric = float(value) if storage.is_finite_number(value) else None
-        if metric is not None and (self._best is None or self._better(metric, self._best["metric"])):
-            self._best = {"epoch": loop.epoch, "iteration": loop.iteration, "metric": metric}
-        manifest = {
-            "sequence": self._sequence,
-            "run_id": loop.run_id,
-            "resumed_from": loop.resumed_from,
-            "lineage": list(self._lineage),
-            "epoch": loop.epoch,
-            "iteration": loop.iteration,
-            "batch_in_epoch": loop.batch_in_epoch,
-            "reason": reason,
-            "monitor": self.monitor,
-            "mode": self.mode,
-            "greater_or_equal": self.greater_or_equal,
-            "metric": metric,
-            "best": self._best,  # the run family's best save: `epochal export --best` checks it is kept
-            "plugins": self._plugin_set,
-            "deferred_saves": self.deferred,
-        }
-        if self.export in ("best", "both") and metric is not None and self._improves(metric):
-            meta = {**self._metadata(loop), "epochal.monitor": self.monitor, "epochal.metric": repr(metric)}
-            weights = {"dcp": str(prepared[0])} if self.sharded and prepared is not None else state["model"]
-            best = export_weights(weights, self._directory / BEST_WEIGHTS, meta)
-            if self._remote is not None:
-                self._remote.put_extra(best)
-            self._best_exported = metric
-        if error is not None:  # --resume says so: plugins after this one had not seen the batch
-            manifest["error_plugin"] = getattr(error, "epochal_plugin", None)
-            manifest["error_hook"] = getattr(error, "epochal_hook", None)
-        self._last_key = key
-        if self.async_save:
-            self._spare = snapshot.arrays  # reused by the next save, once this write is done
-            self._thread = threading.Thread(
-                target=self._background_write,
-                args=(self._directory, name, snapshot, manifest, log_save),
-                name="epochal-checkpoint-writer",
-            )
-            self._thread.start()
-        else:
-            self._write(self._directory, name, snapshot, manifest, log_save, prepared)
-
-    def _checkpoint_name(self, loop: Loop) -> str:
-        """This save's name: the counters and the formatted ``filename`` template.
-
-        On several processes rank 0 formats it from its log (plugins that run on rank 0 only
-        log there only) and every rank takes rank 0's name, or its error (one collective).
-
-        :raises ConfigError: a key of the template that is not logged (see :mod:`.naming`).
-        """
-        if self._template is None:
-            return storage.checkpoint_name(loop.epoch, loop.iteration)
-        tag, error = "", None
-        if loop.world.is_zero:
-            log = loop.log
-
-            def logged() -> list[str]:
-                return sorted({key for _, row in log.rows() for key in row})
-
-            evaluated = {stream: stream in loop.last_metrics for stream in loop.eval_streams}
-            counters = {"epoch": loop.epoch, "iteration": loop.iteration}
-            try:
-                tag = self._template.format(counters, log.last, evaluated, logged)
-            except ConfigError as refused:
-                error = str(refused)
-        if loop.world.distributed:
-            tag, error = loop.world.all_gather_object((tag, error))[0]
-        if error is not None:
-            raise ConfigError(error)
-        return storage.checkpoint_name(loop.epoch, loop.iteration, tag)
-
-    def _check_sharded(self, loop: Loop) -> None:
-        """Refuse what a sharded save cannot do yet; say what it does instead."""
-        where = f"[plugins.{self._name}]"
-        shards.check_model(loop.model, where)
-        if loop.world.several_nodes and store.is_remote(self.dir):
-            # every rank writes into rank 0's staging directory, which only its machine has
-            raise ConfigError(
-                f'{where} format = "sharded" on several machines needs dir on a filesystem they all '
-                f"mount, not the URL {str(self.dir)!r} (sharded uploads from every machine are not "
-                'done yet): use format = "single", or a shared directory'
-            )
-        if self.async_save:
-            self.async_save = False
-            if loop.world.is_zero:
-                warnings.warn(
-                    f"{where} async_save: sharded checkpoints are written synchronously for now "
-                    "(every rank writes its own part in parallel)",
-                    RuntimeWarning,
-                    stacklevel=3,
-                )
-
-    def _writing(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def _busy(self, loop: Loop) -> bool:
-        """Whether the previous asynchronous write still runs: rank 0's answer on every rank.
-
-        Deferring is then agreed, so every rank takes its part of a deferred snapshot together.
-        """
-        if not self.async_save:
-            return False
-        busy = self._writing()
-        if loop.world.distributed:
-            busy = loop.world.all_reduce([busy], "max")[0] > 0
-        return busy
-
-    def _defer(self, loop: Loop, reason: str) -> None:
-        if self._pending is None:
-            self._pending = reason
-        self.deferred += 1
-        if self.deferred == 1 and self._writer:
-            warnings.warn(
-                f"epochal-checkpoint: a {reason} save at iteration {loop.iteration} came due while the "
-                "previous asynchronous write was still running; it is deferred to the first batch "
-                "end after that write finishes (saves come faster than the disk writes them: "
-                "save less often, or use async_save = false to wait instead). Said once per run; "
-                "Checkpoint.deferred and the manifests' deferred_saves count them",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-
-    def _improves(self, metric: float) -> bool:
-        best = self._best_exported
-        return best is None or self._better(metric, best)
-
-    def _better(self, metric: float, than: float) -> bool:
-        if self.greater_or_equal:
-            return metric <= than if self.mode == "min" else metric >= than
-        return metric < than if self.mode == "min" else metric > than
-
-    @staticmethod
-    def _metadata(loop: Loop) -> dict[str, Any]:
-        return {
-            "epochal.run_id": loop.run_id,
-            "epochal.epoch": loop.epoch,
-            "epochal.iteration": loop.iteration,
-        }
 
     @staticmethod
     @hookimpl
@@ -752,122 +586,6 @@ class Checkpoint:
             f"earlier run (newest: {found[-1]}). To continue that run: {again}. To start afresh: "
             f"choose another directory ({elsewhere}) or delete that one."
         )
-
-    def _background_write(
-        self,
-        directory: Path,
-        name: str,
-        snapshot: storage.Snapshot,
-        manifest: dict[str, Any],
-        log_save: incremental.LogSave,
-    ) -> None:
-        try:
-            self._write(directory, name, snapshot, manifest, log_save)
-        except BaseException as error:  # surfaces on the next save or at the end
-            self._error = error
-
-    def _write(
-        self,
-        directory: Path,
-        name: str,
-        snapshot: storage.Snapshot,
-        manifest: dict[str, Any],
-        log_save: incremental.LogSave,
-        prepared: tuple[Path, dict[str, dict[str, Any]]] | None = None,
-    ) -> None:
-        # the name is settled by write_checkpoint (-vN when taken): record the own list after it
-        manifest[storage.OWN] = list(self._own)
-        sources = log_save.sources()
-        remote = self._remote
-        if remote is not None:  # free in the store too (an unfinished upload may hold the name)
-            name = remote.free_name(name)
-        info = storage.write_checkpoint(
-            directory, name, snapshot, manifest, segments=sources, prepared=prepared
-        )
-        if remote is not None:  # committed by its manifest, uploaded last
-            linked = {s.segment.name: s.where.name for s in sources if isinstance(s, storage.LinkedSegment)}
-            remote.upload(info, linked)
-        self._own.append(info.name)
-        log_save.base.path, log_save.base.segments = info.path, list(info.segments or [])
-        self._base = log_save.base
-        self.last_saved = info.path
-        self._known.append(info)
-        self._prune(directory)
-
-    def wait(self, raise_error: bool = True) -> BaseException | None:
-        """Wait for the write in flight; raise (or return) its error.
-
-        :raises CheckpointWriteError: when the asynchronous write failed and *raise_error*.
-        """
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            thread.join()
-        error, self._error = self._error, None
-        if error is None or not raise_error:
-            return error
-        if isinstance(error, CheckpointWriteError):
-            raise error
-        raise CheckpointWriteError(
-            f"the asynchronous checkpoint save failed: {type(error).__name__}: {error}"
-        ) from error
-
-    def _prune(self, directory: Path) -> None:
-        """Delete old checkpoints of this run family beyond keep_last/keep_best.
-
-        With ``monitor`` set the best checkpoint (by the manifests' ``metric``) is always kept,
-        even with ``keep_best = 0``.
-
-        Only checkpoints this run family wrote (recorded in the manifests' ``written`` list),
-        still under the name they were written with, whose manifest verified, are candidates;
-        the order is the verified save sequence, and checkpoints found damaged are not counted
-        (so a damaged newer checkpoint never costs a valid older one).
-        """
-        lineage, own = set(self._lineage), set(self._own)
-        mine = [
-            info
-            for info in self._known
-            if info.name in own
-            and not info.renamed
-            and info.name not in self._damaged
-            and info.manifest.get("run_id") in lineage
-        ]
-        if self.keep_last is None or not mine:
-            return
-        keep = {mine[-1].name}  # the newest is what --resume continues from
-        if self.keep_last:
-            keep.update(info.name for info in mine[-self.keep_last :])
-        # whenever a best is tracked the best checkpoint stays, whatever keep_best says: it is
-        # what `epochal export --best` and a person looking for the best epoch want (issue 29)
-        best = max(self.keep_best, 1) if self.monitor else 0
-        if best:
-            scored = [info for info in mine if storage.is_finite_number(info.manifest.get("metric"))]
-            if self.greater_or_equal:  # ties: the newer first (the stable sort keeps this order)
-                scored.reverse()
-            scored.sort(key=lambda info: float(info.manifest["metric"]), reverse=self.mode == "max")
-            keep.update(info.name for info in scored[:best])
-        doomed = [info for info in mine if info.name not in keep]
-        storage.finish_deletions(keep=4)  # deletions slower than saves: bound the backlog
-        for info in doomed:
-            try:
-                if self._remote is not None:
-                    self._remote.delete(info.name)
-                else:
-                    storage.delete_checkpoint(info.path, wait=False)
-            except FileNotFoundError:
-                pass
-            except OSError as error:
-                warnings.warn(
-                    f"cannot delete old checkpoint {store.shown(info.path)!r}: {error.strerror or error}",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-                continue
-            self._known.remove(info)
-            self._own.remove(info.name)
-        # No directory fsync for the deletions: one lost to a power cut brings back an older
-        # checkpoint of this run family, listed as its own in the newest manifest (``written``,
-        # saved before this prune), so the next run prunes it again. The next save's fsync of
-        # the directory makes them durable anyway.
 
 
 def _same_dir(a: Path, b: Path) -> bool:

@@ -47,7 +47,7 @@ import socket
 import tempfile
 import uuid
 import warnings
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -397,6 +397,20 @@ class RemoteStore:
             candidate = f"{name}-v{version}"
         return candidate
 
+    def reserve(self, name: str) -> str:
+        """Settle checkpoint *name*'s name in the store (:meth:`free_name`) and write its upload
+        marker, before several processes upload their files into it (a sharded checkpoint
+        written from several machines); :meth:`upload` then commits it."""
+        final = self.free_name(name)
+        self._mark(final, "upload")
+        return final
+
+    def put_files(self, name: str, directory: Path, files: list[str]) -> None:
+        """Upload *files* of *directory* into checkpoint *name*'s prefix (not committed: only
+        :meth:`upload` writes its manifest)."""
+        for file in files:
+            self.fs.put_file(str(directory / file), self._key(name, file))
+
     def _mark(self, name: str, doing: str) -> None:
         record = {
             "doing": doing,
@@ -406,12 +420,15 @@ class RemoteStore:
         }
         self.fs.pipe_file(self._key(name, UPLOAD), json.dumps(record).encode())
 
-    def upload(self, info: CheckpointInfo, linked: Mapping[str, str] | None = None) -> None:
+    def upload(
+        self, info: CheckpointInfo, linked: Mapping[str, str] | None = None, uploaded: Collection[str] = ()
+    ) -> None:
         """Upload checkpoint *info* (written in the staging directory): the marker, its files,
         the manifest last, then ``latest``; drop the older checkpoints from staging.
 
         *linked* maps a log segment's name to the checkpoint in the store that already holds
-        it: copied there inside the store instead of uploaded.
+        it: copied there inside the store instead of uploaded. Files in *uploaded* are in the
+        store already (:meth:`put_files` by every process of a sharded save).
 
         :raises CheckpointWriteError: naming the URL; the objects of this upload are deleted
             and every earlier checkpoint is kept.
@@ -420,6 +437,8 @@ class RemoteStore:
         try:
             self._mark(name, "upload")
             for file in info.manifest["files"]:
+                if file in uploaded:
+                    continue
                 origin = (linked or {}).get(file)
                 if origin is not None:
                     try:
