@@ -49,6 +49,7 @@ from epochal_checkpoint.storage.sharded import SHARDED
 __all__ = [
     "Flushes",
     "fsync_dir",
+    "in_background",
     "make_directory",
     "write_checkpoint",
     "write_file",
@@ -125,6 +126,12 @@ def _submit(function: Callable[..., Any], *args: Any) -> Any:
     except OSError as error:
         done.set_exception(error)
     return done
+
+
+def in_background(function: Callable[..., Any], *args: Any) -> Any:
+    """``function(*args)`` on the threads that run the fsyncs (started once, kept idle); a
+    ``concurrent.futures.Future``."""
+    return _submit(function, *args)
 
 
 def _before_fork() -> None:
