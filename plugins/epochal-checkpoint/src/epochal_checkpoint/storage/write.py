@@ -10,7 +10,6 @@ cleaned up (:func:`~epochal_checkpoint.storage.layout.clean_temporaries`).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime
 import os
 import shutil
@@ -225,8 +224,9 @@ def _add_segment(tmp: Path, source: LinkedSegment | NewSegment | MergedSegment) 
         rows = [int(i) for i in source.rows]
         written = write_file(tmp / source.name, [encode_segment(source.rows)], sync=False)
         return Segment(source.name, written["size"], written["crc32"], rows), True
-    segment, target = dataclasses.replace(source.segment, origin=None), tmp / source.segment.name
-    origin = source.where / segment.name
+    linked = source.segment  # the same file here: its own bytes (no origin elsewhere)
+    segment = Segment(linked.name, linked.size, linked.crc32, linked.rows, None, linked.mac)
+    target, origin = tmp / segment.name, source.where / segment.name
     try:
         os.link(origin, target)  # its bytes were fsynced when first written; the checksum is reused
     except FileNotFoundError:
