@@ -22,6 +22,8 @@ then builds it afresh and looks at the second run call only:
   metadata operation). These are exact counts, not timings: the same on any machine.
 - **CPU time of one run** (``time.process_time`` in the child, no strace), median over
   ``--rounds`` interleaved rounds, and its ratio epochal / Ignite.
+- With ``--ops``: the CPU time of each kind of file-system operation alone (200 of each in a
+  new directory beside the runs', median), which says what a count above costs on this disk.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 os.environ.setdefault("BENCH_STEPS", "10")
@@ -126,10 +129,57 @@ def run_child(case: str, mark: bool = False, trace: Path | None = None) -> float
     return float(out.stdout.strip().splitlines()[-1])
 
 
+def file_ops(count: int = 200) -> dict[str, float]:
+    """CPU microseconds of one file-system operation of each kind (median of *count*), in a new
+    directory under the temporary directory the runs use."""
+
+    def timed(operation: Callable[[int], object], times: int = count) -> float:
+        spent = []
+        for i in range(times):
+            started = time.process_time()
+            operation(i)
+            spent.append(time.process_time() - started)
+        return statistics.median(spent) * 1e6
+
+    def sync(path: str) -> None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def create(i: int, prefix: str = "f") -> None:
+        os.close(os.open(f"{d}/{prefix}{i}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+
+    def written(i: int) -> None:
+        fd = os.open(f"{d}/w{i}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        os.write(fd, b"x" * 2000)
+        os.fsync(fd)
+        os.close(fd)
+
+    d = tempfile.mkdtemp(prefix="epochal-fixed-ops-")
+    try:
+        return {
+            "create a file (open O_CREAT)": timed(create),
+            "mkdir": timed(lambda i: os.mkdir(f"{d}/d{i}")),
+            "symlink": timed(lambda i: os.symlink("x", f"{d}/s{i}")),
+            "link": timed(lambda i: os.link(f"{d}/f{i}", f"{d}/l{i}")),
+            "rename": timed(lambda i: os.rename(f"{d}/l{i}", f"{d}/r{i}")),
+            "unlink": timed(lambda i: os.unlink(f"{d}/r{i}")),
+            "stat": timed(lambda i: os.stat(f"{d}/f{i}")),
+            "rmdir": timed(lambda i: os.rmdir(f"{d}/d{i}")),
+            "fsync a directory": timed(lambda i: sync(d), count // 4),
+            "create, write 2 kB, fsync": timed(written, count // 4),
+        }
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=peers.rounds, default=7, help="interleaved rounds (default 7)")
     parser.add_argument("--no-strace", action="store_true", help="leave out the system-call counts")
+    parser.add_argument("--ops", action="store_true", help="also the CPU of each file-system operation")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--mark", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -139,6 +189,10 @@ def main() -> None:
     import epochal
 
     print(f"epochal from {Path(epochal.__file__).parent}; {peers.EPOCHS} epochs of {peers.STEPS} batches")
+    if args.ops:
+        print(f"\n| file-system operation in {tempfile.gettempdir()} | CPU µs (median) |\n|---|---:|")
+        for name, micros in file_ops().items():
+            print(f"| {name} | {micros:.0f} |")
     if not args.no_strace and shutil.which("strace"):
         print("\n| case | part | fsyncs | metadata ops | new inodes | reads + writes | all system calls |")
         print("|---|---|---:|---:|---:|---:|---:|")
