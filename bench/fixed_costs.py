@@ -95,11 +95,11 @@ def owner(line: str) -> str:
 
 
 def creates(name: str, line: str) -> bool:
-    """Whether the call *line* (of system call *name*) makes a new inode."""
+    """Whether the call *line* (of system call *name*) made a new inode (a failed one did not)."""
+    if "= -1" in line:
+        return False
     return name in ("mkdir", "mkdirat", "symlink", "symlinkat") or (
-        name in ("open", "openat", "creat")
-        and ("O_CREAT" in line or "O_TMPFILE" in line)
-        and "= -1" not in line
+        name in ("open", "openat", "creat") and ("O_CREAT" in line or "O_TMPFILE" in line)
     )
 
 
