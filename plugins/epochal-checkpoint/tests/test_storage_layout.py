@@ -6,6 +6,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 from epochal_checkpoint import load_latest, read_checkpoint
 from epochal_checkpoint.storage.codec import flatten
 from epochal_checkpoint.storage.layout import (
@@ -107,14 +108,23 @@ def test_one_listing_removes_the_leftovers_and_finds_the_checkpoints(tmp_path: P
     ]
 
 
-def test_deletions_in_the_background_start_no_thread_of_their_own(tmp_path: Path) -> None:
+def test_deletions_in_the_background_start_no_thread_of_their_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Old checkpoints are deleted on the fsync threads: gone from their names at once, their
-    files gone once ``finish_deletions`` returns, and no thread started per deletion."""
+    files gone once ``finish_deletions`` returns, and no thread started for a deletion."""
     paths = [save(tmp_path, {"w": k}, f"ckpt-e000{k}-i00000{k}", sequence=k) for k in (1, 2, 3)]
-    before = threading.active_count()
+    started: list[str] = []
+    start = threading.Thread.start
+
+    def recording_start(thread: threading.Thread) -> None:
+        started.append(thread.name)
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", recording_start)
     for path in paths[:2]:
         delete_checkpoint(path, wait=False)
         assert not path.exists()
     finish_deletions()
     assert sorted(p.name for p in tmp_path.iterdir()) == [paths[2].name, "latest"]
-    assert threading.active_count() <= before
+    assert all(name.startswith("epochal-fsync") for name in started), started  # the pool's, if any
