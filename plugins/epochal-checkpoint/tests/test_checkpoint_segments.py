@@ -336,3 +336,20 @@ def test_few_new_rows_stay_in_the_state_until_enough_gathered_for_a_segment(
     )
     newest, _ = read_checkpoint(list_checkpoints(tmp_path / "b" / "checkpoints")[0][-1].path)
     assert rows_text(newest["log"]["rows"]) == rows_text(straight.log.state_dict()["rows"])
+
+
+def test_rows_kept_in_the_state_with_asynchronous_saves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same with ``async_save``: the rows in the state are the copies taken at the save."""
+    monkeypatch.setattr(incremental, "INLINE_VALUES", 100)
+    loop = run(tmp_path, max_iterations=60, every=10, async_save=True, edits=Edits(at=20))
+    infos, _ = list_checkpoints(tmp_path / "checkpoints")
+    assert any("log_segments" not in info.manifest for info in infos)
+    for info in infos:  # each holds the log as it was at its save
+        state, _ = read_checkpoint(info.path)
+        at = info.manifest["iteration"]
+        straight = run(tmp_path / f"straight-{at}", max_iterations=at, every=0, edits=Edits(at=20))
+        assert rows_text(state["log"]["rows"]) == rows_text(straight.log.state_dict()["rows"])
+    state, _ = read_checkpoint(infos[-1].path)
+    assert rows_text(state["log"]["rows"]) == rows_text(loop.log.state_dict()["rows"])

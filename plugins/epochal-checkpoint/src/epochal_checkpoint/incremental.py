@@ -246,7 +246,10 @@ def plan(log: TrainingLog, base: LogBase | None, sequence: int) -> LogSave:
                 del flat[key]
                 recheck.append(int(key))
     if not folded and flat and sum(map(len, flat.values())) + len(flat) <= INLINE_VALUES:
-        inline.update(flat)  # few: in the state, looked at again by the next save (recheck)
+        # few: in the state (in iteration order, as the log holds them), looked at again by
+        # the next save (recheck)
+        both = {**inline, **flat}
+        inline = {key: both[key] for key in sorted(both, key=int)}
         recheck.extend(map(int, flat))
         flat = {}
     # the copies to compare with next time: resident rows only (evicted ones cannot change)
