@@ -117,18 +117,27 @@ def test_resume_auto_refuses_when_every_checkpoint_is_damaged(trained: Path) -> 
     )
 
 
-def test_a_log_segment_missing_from_the_newest_is_taken_from_its_hard_link(trained: Path) -> None:
-    """Its rows were dropped; the older checkpoint holds the same file (same name and CRC-32)."""
-    directory = trained / "run" / "version_0" / "checkpoints"
-    segment = list_checkpoints(directory)[0][0].manifest["log_segments"][0]
-    rows = read_checkpoint(directory / NEWEST)[0]["log"]["rows"]
+def test_a_log_segment_missing_from_the_newest_is_taken_from_its_hard_link(tmp_path: Path) -> None:
+    """Its rows were dropped; the older checkpoint holds the same file (same name and CRC-32).
+
+    Ninety epochs: a short run's log rows stay in the state (few: see the checkpoint page); by
+    then they have gone into a segment that the last two checkpoints both hold."""
+    (tmp_path / "run.toml").write_text(TORTURE_CONFIG.format(size=1000, every=0, async_save="false"))
+    done = epochal_command("run", "run.toml", "--set", "loop.max_epochs=90", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    directory = tmp_path / "run" / "version_0" / "checkpoints"
+    older, newest = list_checkpoints(directory)[0]
+    assert (older.name, newest.name) == ("ckpt-e0089-i001424", "ckpt-e0090-i001440")
+    segment = older.manifest["log_segments"][0]
+    assert segment in newest.manifest["log_segments"]
+    rows = read_checkpoint(newest.path)[0]["log"]["rows"]
     assert "16" in rows and "32" in rows
-    (directory / NEWEST / segment).unlink()
-    resumed = epochal_command("run", "run.toml", "--resume", "--set", "loop.max_epochs=3", cwd=trained)
+    (newest.path / segment).unlink()
+    resumed = epochal_command("run", "run.toml", "--resume", "--set", "loop.max_epochs=91", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
-    assert f"log segment {segment} is missing or damaged; its intact copy in {OLDER}" in resumed.stderr
+    assert f"log segment {segment} is missing or damaged; its intact copy in {older.name}" in resumed.stderr
     assert "are lost" not in resumed.stderr
     state, info = load_latest(directory)
-    assert info.name == "ckpt-e0003-i000048"
+    assert info.name == "ckpt-e0091-i001456"
     assert {key: state["log"]["rows"][key] for key in rows} == rows  # rows 16 and 32 kept
     assert (directory / info.name / segment).is_file()  # linked into the new checkpoint

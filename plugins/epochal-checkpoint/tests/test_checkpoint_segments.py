@@ -21,6 +21,7 @@ from epochal_checkpoint import (
     Checkpoint,
     CorruptCheckpointError,
     Load,
+    incremental,
     list_checkpoints,
     load_latest,
     read_checkpoint,
@@ -29,6 +30,12 @@ from epochal_checkpoint.storage.load import read_state_document
 from epochal_checkpoint.testing import BatchRecorder, make_data, make_model, resign
 
 from epochal import Loop, hookimpl
+
+
+@pytest.fixture(autouse=True)
+def every_save_writes_a_segment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests look at segments: no rows kept in the state while few (see the last tests)."""
+    monkeypatch.setattr(incremental, "INLINE_VALUES", 0)
 
 
 class Edits:
@@ -291,4 +298,58 @@ def test_a_long_log_is_merged_on_disk_and_never_read_back(
     sizes = [len(segment_rows(newest.path, name)) for name in segments]
     assert len(segments) <= 7 * 3 and max(sizes) >= 32_000, sizes  # past the former 4,096-row limit
     state, _ = read_checkpoint(newest.path)
+    assert rows_text(state["log"]["rows"]) == rows_text(loop.log.state_dict()["rows"])
+
+
+def test_few_new_rows_stay_in_the_state_until_enough_gathered_for_a_segment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the rows new since the last segment hold at most ``INLINE_VALUES`` values (a row
+    counting one more), they stay in the state: the checkpoint is two files; then one segment
+    takes them all. Every checkpoint holds every row, and a resume from one whose rows are all in
+    the state equals a straight run."""
+    monkeypatch.setattr(incremental, "INLINE_VALUES", 100)
+    straight = run(tmp_path / "a", max_iterations=60, every=10)
+    infos, _ = list_checkpoints(tmp_path / "a" / "checkpoints")
+    first = infos[0]
+    assert sorted(p.name for p in first.path.iterdir()) == ["data.bin", "manifest.json"]
+    assert "log_segments" not in first.manifest and set(first.manifest["files"]) == {"data.bin"}
+    assert list(read_state_document(first.path)["tree"]["log"]["rows"]) == [str(i) for i in range(1, 11)]
+    assert any(info.manifest.get("log_segments") for info in infos)  # once enough had gathered
+    for info in infos:
+        inline = read_state_document(info.path)["tree"]["log"]["rows"]
+        assert sum(len(row) + 1 for row in inline.values()) <= 100
+        names = info.manifest.get("log_segments", [])
+        on_disk = set().union(*(segment_rows(info.path, name) for name in names))
+        assert on_disk | set(inline) == {str(i) for i in range(1, info.manifest["iteration"] + 1)}
+    state, _ = read_checkpoint(infos[-1].path)
+    assert rows_text(state["log"]["rows"]) == rows_text(straight.log.state_dict()["rows"])
+    run(tmp_path / "b", max_iterations=20, every=10)
+    second = list_checkpoints(tmp_path / "b" / "checkpoints")[0][-1]
+    assert (
+        second.manifest["iteration"] == 20 and "log_segments" not in second.manifest
+    )  # every row of the resumed checkpoint: in the state
+    resumed = run(tmp_path / "b", max_iterations=60, every=10, resume=True)
+    assert rows_text(resumed.log.state_dict()["rows"]) == rows_text(straight.log.state_dict()["rows"])
+    assert all(
+        resumed.model.params[k].tobytes() == straight.model.params[k].tobytes() for k in straight.model.params
+    )
+    newest, _ = read_checkpoint(list_checkpoints(tmp_path / "b" / "checkpoints")[0][-1].path)
+    assert rows_text(newest["log"]["rows"]) == rows_text(straight.log.state_dict()["rows"])
+
+
+def test_rows_kept_in_the_state_with_asynchronous_saves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same with ``async_save``: the rows in the state are the copies taken at the save."""
+    monkeypatch.setattr(incremental, "INLINE_VALUES", 100)
+    loop = run(tmp_path, max_iterations=60, every=10, async_save=True, edits=Edits(at=20))
+    infos, _ = list_checkpoints(tmp_path / "checkpoints")
+    assert any("log_segments" not in info.manifest for info in infos)
+    for info in infos:  # each holds the log as it was at its save
+        state, _ = read_checkpoint(info.path)
+        at = info.manifest["iteration"]
+        straight = run(tmp_path / f"straight-{at}", max_iterations=at, every=0, edits=Edits(at=20))
+        assert rows_text(state["log"]["rows"]) == rows_text(straight.log.state_dict()["rows"])
+    state, _ = read_checkpoint(infos[-1].path)
     assert rows_text(state["log"]["rows"]) == rows_text(loop.log.state_dict()["rows"])

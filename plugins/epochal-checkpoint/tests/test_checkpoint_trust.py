@@ -237,12 +237,15 @@ def test_a_wrong_key_or_a_missing_signature_is_refused(signed: Path, monkeypatch
     assert read_checkpoint(signed / NEWEST)[1]["name"] == NEWEST  # without a key: not looked at
 
 
-def test_a_forged_log_segment_costs_only_its_rows(signed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A segment changed in place with its CRC-32 kept (the manifest untouched)."""
-    segment = sorted((signed / NEWEST).glob("log-*.json"))[-1]
+def test_a_forged_log_segment_costs_only_its_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A segment changed in place with its CRC-32 kept (the manifest untouched); two signed
+    checkpoints, each writing a segment (``make_pristine``)."""
+    signed = make_pristine(tmp_path / "checkpoints", key=KEY)
+    newest = list_checkpoints(signed)[0][-1].name
+    segment = sorted((signed / newest).glob("log-*.json"))[-1]
     data = bytearray(segment.read_bytes())
     crc = zlib.crc32(data)
-    at = data.index(b'"epochs_done":2')
+    at = data.index(b'"epochs_done":1')
     data[at : at + 15] = b'"epochs_done":7'
     force_crc32(data, data.index(b"}}") - 4, crc)  # 4 bytes of the last value: what CRC-32 misses
     segment.write_bytes(data)
@@ -250,7 +253,7 @@ def test_a_forged_log_segment_costs_only_its_rows(signed: Path, monkeypatch: pyt
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         read, failures = find_latest(signed)
-    assert read.name == NEWEST and failures == []
+    assert read.name == newest and failures == []
     assert [name for name, _ in read.damaged] == [segment.name]
     assert all(row.get("epochs_done") != 7 for row in read.state["log"]["rows"].values())
     assert any(f"{segment.name} does not match its signature" in str(w.message) for w in caught)

@@ -92,6 +92,28 @@ def test_lists_of_numbers_flatten_as_their_items_one_by_one(items: list[Any], as
     ]
 
 
+_SCALAR = st.one_of(_NUMBER, st.none(), st.text(max_size=5))
+
+
+@settings(max_examples=300, deadline=None)
+@given(row=st.dictionaries(st.text(max_size=4), _SCALAR, max_size=12))
+def test_dicts_of_scalars_flatten_as_their_values_one_by_one(row: dict[str, Any]) -> None:
+    # A dict of scalars (a log row, a plugin's counters) is copied at C speed: the same tree and
+    # the same big ints (by key path) as each value flattened on its own, and a copy.
+    snapshot = flatten({"row": row})
+    one_by_one = {key: flatten(value) for key, value in row.items()}
+    assert repr(snapshot.tree["row"]) == repr({key: s.tree for key, s in one_by_one.items()})
+    assert snapshot.tree["row"] is not row
+    assert snapshot.ints == [
+        {"path": ["row", key], "hex": entry["hex"]} for key, s in one_by_one.items() for entry in s.ints
+    ]
+
+
+def test_a_dict_of_scalars_with_a_key_not_a_str_is_still_refused() -> None:
+    with pytest.raises(UnsupportedStateError, match=re.escape("'rows'") + ".*dict key 3 is an int"):
+        flatten({"rows": {"a": 1.0, 3: 2.0}})
+
+
 def test_data_file_starts_with_a_sequence_of_npy_records(tmp_path: Path) -> None:
     path = save(tmp_path, {"a": np.arange(3), "b": {"c": np.ones((2, 2), np.float32)}})
     with open(path / "data.bin", "rb") as file:

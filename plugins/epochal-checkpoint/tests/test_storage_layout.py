@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 from epochal_checkpoint import load_latest, read_checkpoint
 from epochal_checkpoint.storage.codec import flatten
-from epochal_checkpoint.storage.layout import clean_temporaries, list_checkpoints, read_pointer
+from epochal_checkpoint.storage.layout import (
+    clean_temporaries,
+    delete_checkpoint,
+    finish_deletions,
+    list_checkpoints,
+    read_pointer,
+)
 from epochal_checkpoint.storage.write import write_checkpoint
 
 
@@ -76,3 +84,47 @@ def test_list_checkpoints_is_public_where_it_always_was() -> None:
 
     assert epochal_checkpoint.list_checkpoints is storage.list_checkpoints is layout.list_checkpoints
     assert "list_checkpoints" in epochal_checkpoint.__all__ and "list_checkpoints" in storage.__all__
+
+
+def test_one_listing_removes_the_leftovers_and_finds_the_checkpoints(tmp_path: Path) -> None:
+    """``list_checkpoints(clean=True)`` (a run's start) deletes our temporary names, a tagged
+    one too (its name would otherwise read as a tag), and lists only what is left."""
+    kept = save(tmp_path, {"w": 1}, "ckpt-e0001-i000010")
+    leftovers = [
+        tmp_path / ("ckpt-e0002-i000020.epochal-tmp-" + "a" * 32),
+        tmp_path / ("ckpt-e0003-i000030_loss=0.5.epochal-tmp-" + "b" * 32),
+    ]
+    for leftover in leftovers:
+        leftover.mkdir()
+        (leftover / "data.bin").write_bytes(b"partial")
+    (tmp_path / ("latest.epochal-tmp-" + "c" * 32)).write_text("x")
+    (tmp_path / "ckpt-moved-by-user").mkdir()
+    found, ignored = list_checkpoints(tmp_path, clean=True)
+    assert [info.name for info in found] == [kept.name] and ignored == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "ckpt-e0001-i000010",
+        "ckpt-moved-by-user",
+        "latest",
+    ]
+
+
+def test_deletions_in_the_background_start_no_thread_of_their_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Old checkpoints are deleted on the fsync threads: gone from their names at once, their
+    files gone once ``finish_deletions`` returns, and no thread started for a deletion."""
+    paths = [save(tmp_path, {"w": k}, f"ckpt-e000{k}-i00000{k}", sequence=k) for k in (1, 2, 3)]
+    started: list[str] = []
+    start = threading.Thread.start
+
+    def recording_start(thread: threading.Thread) -> None:
+        started.append(thread.name)
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", recording_start)
+    for path in paths[:2]:
+        delete_checkpoint(path, wait=False)
+        assert not path.exists()
+    finish_deletions()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [paths[2].name, "latest"]
+    assert all(name.startswith("epochal-fsync") for name in started), started  # the pool's, if any

@@ -118,6 +118,7 @@ def make_pristine(directory: Path, key: str | None = None) -> Path:
     """Write two checkpoints (with log segments) of a small run into *directory*; return it.
     With *key*, they are signed with it."""
     from epochal import Loop
+    from epochal_checkpoint import incremental
     from epochal_checkpoint.plugin import Checkpoint
     from epochal_checkpoint.storage.sign import KEY_ENV
     from epochal_checkpoint.testing import BatchRecorder, make_data, make_model
@@ -133,9 +134,11 @@ def make_pristine(directory: Path, key: str | None = None) -> Path:
     saved = os.environ.pop(KEY_ENV, None)
     if key is not None:
         os.environ[KEY_ENV] = key
+    inline, incremental.INLINE_VALUES = incremental.INLINE_VALUES, 0  # every save: a segment to damage
     try:
         loop.run()
     finally:
+        incremental.INLINE_VALUES = inline
         os.environ.pop(KEY_ENV, None)
         if saved is not None:
             os.environ[KEY_ENV] = saved

@@ -17,6 +17,11 @@ are copied (verified, not parsed) into the new segment before the new rows, so i
 back into memory and costs about a file copy; the log is asked for a folded segment's rows only
 when its file fails verification. So the files a save links, and what it costs, stay about flat
 over a long run.
+
+While the rows new since the last segment are few (:data:`INLINE_VALUES` values), they stay in
+the state instead, as rows that plain JSON cannot hold always do, and the next save looks at them
+again: a short run's checkpoints are two files each (``data.bin``, ``manifest.json``), and the
+rows go into a segment once enough have gathered.
 """
 
 from __future__ import annotations
@@ -46,6 +51,11 @@ if TYPE_CHECKING:
 
 #: segments fold into the new one when FANOUT - 1 at the tail are not larger than it.
 FANOUT = 8
+#: the rows not yet in a segment stay in the state (``data.bin``) while they hold at most this
+#: many values: a checkpoint is then two new files, not three (one fsync and one new inode less
+#: per save; see bench/README.md, issue 32); each save writes them again, so the bound keeps that
+#: cheap (a few tens of microseconds of JSON).
+INLINE_VALUES = 256
 _FANOUT_BITS = FANOUT.bit_length() - 1
 _MUTABLE = (list, dict)
 #: row values JSON holds exactly and that cannot change in place: such rows skip flatten().
@@ -235,6 +245,13 @@ def plan(log: TrainingLog, base: LogBase | None, sequence: int) -> LogSave:
                 inline[key] = other[key]
                 del flat[key]
                 recheck.append(int(key))
+    if not folded and flat and sum(map(len, flat.values())) + len(flat) <= INLINE_VALUES:
+        # few: in the state (in iteration order, as the log holds them), looked at again by
+        # the next save (recheck)
+        both = {**inline, **flat}
+        inline = {key: both[key] for key in sorted(both, key=int)}
+        recheck.extend(map(int, flat))
+        flat = {}
     # the copies to compare with next time: resident rows only (evicted ones cannot change)
     saved: dict[int, dict[str, Any]] = {}
     new_absent: set[int] = set()

@@ -336,9 +336,12 @@ class Checkpoint(Saving):
                 f"cannot create checkpoint directory {str(directory)!r}: {error.strerror or error}"
             ) from None
         self._claim(directory, loop)
-        storage.clean_temporaries(directory)
+        if remote is not None:  # a local directory's leftovers go in the listing below (one listing)
+            storage.clean_temporaries(directory)
         self._directory = directory
-        self._known, _ignored = remote.checkpoints() if remote else storage.list_checkpoints(directory)
+        self._known, _ignored = (
+            remote.checkpoints() if remote else storage.list_checkpoints(directory, clean=True)
+        )
         if remote is not None:
             remote.clean_leftovers()
             if loop.resumed:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,13 +114,18 @@ class CheckpointInfo:
         return written is not None and written != self.path.name
 
 
-def list_checkpoints(directory: Path) -> tuple[list[CheckpointInfo], list[tuple[str, str]]]:
+def list_checkpoints(
+    directory: Path, clean: bool = False
+) -> tuple[list[CheckpointInfo], list[tuple[str, str]]]:
     """The complete checkpoints in *directory*, oldest first, and the ignored entries with why.
 
     A checkpoint counts as complete when its directory (not a link) has its final name and a
     manifest of this format that verifies against its commit record; the order is the verified
     manifests' save sequence. Its other files are verified when it is read. Every directory or
     link with a checkpoint's name that is not counted is in the ignored list, with why.
+
+    With *clean*, the leftovers of interrupted writes and deletions found in the same listing
+    are deleted first (what :func:`clean_temporaries` does, without listing the directory twice).
 
     :raises CheckpointNotFoundError: when *directory* exists but cannot be listed.
     """
@@ -135,6 +139,9 @@ def list_checkpoints(directory: Path) -> tuple[list[CheckpointInfo], list[tuple[
         raise CheckpointNotFoundError(
             f"cannot list checkpoint directory {str(directory)!r}: {error.strerror or error}"
         ) from None
+    if clean:
+        removed = set(_remove_temporaries(entries))
+        entries = [entry for entry in entries if entry.name not in removed]
     for entry in entries:
         if not NAME_RE.match(entry.name):
             continue
@@ -151,44 +158,48 @@ def list_checkpoints(directory: Path) -> tuple[list[CheckpointInfo], list[tuple[
     return found, ignored
 
 
-#: deletions still running in the background (see :func:`delete_checkpoint`).
-_reapers: list[threading.Thread] = []
+#: deletions still running in the background (see :func:`delete_checkpoint`): futures.
+_reapers: list[Any] = []
 
 
 def delete_checkpoint(path: Path, wait: bool = True) -> None:
     """Remove a checkpoint: rename it to a temporary name (atomic), then delete that.
 
-    With *wait* false the files are deleted in a background thread (unlinking a directory
-    costs as much as a save on a busy disk, and nothing waits for it): the checkpoint is gone
-    from its name at once, the temporary leftovers are removed later, or at the next start
-    after a crash. :func:`finish_deletions` waits for them.
+    With *wait* false the files are deleted in the background, on the threads that run the
+    saves' fsyncs (unlinking a directory costs as much as a save on a busy disk, and nothing
+    waits for it; no thread is started per deletion): the checkpoint is gone from its name at
+    once, the temporary leftovers are removed later, or at the next start after a crash.
+    :func:`finish_deletions` waits for them.
     """
     doomed = path.parent / temp_name(path.name)
     os.rename(path, doomed)
     if wait:
         shutil.rmtree(doomed, ignore_errors=True)
         return
-    reaper = threading.Thread(
-        target=shutil.rmtree, args=(doomed,), kwargs={"ignore_errors": True}, name="epochal-checkpoint-reaper"
-    )
-    reaper.start()
-    _reapers.append(reaper)
+    from epochal_checkpoint.storage.write import in_background  # write imports this module
+
+    _reapers.append(in_background(shutil.rmtree, doomed, True))  # ignore_errors
 
 
 def finish_deletions(keep: int = 0) -> None:
     """Wait for the deletions :func:`delete_checkpoint` runs in the background (the oldest
     first) until at most *keep* are still running."""
     while len(_reapers) > keep:
-        _reapers.pop(0).join()
+        _reapers.pop(0).result()
 
 
 def clean_temporaries(directory: Path) -> list[str]:
     """Delete the leftovers of interrupted writes and deletions (only names with our suffix)."""
-    removed: list[str] = []
     try:
         entries = list(os.scandir(directory))
     except FileNotFoundError:
-        return removed
+        return []
+    return _remove_temporaries(entries)
+
+
+def _remove_temporaries(entries: list[os.DirEntry[str]]) -> list[str]:
+    """Delete the *entries* that carry our temporary suffix; their names."""
+    removed: list[str] = []
     for entry in entries:
         if TMP_RE.search(entry.name):
             if entry.is_dir(follow_symlinks=False):

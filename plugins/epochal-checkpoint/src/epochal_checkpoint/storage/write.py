@@ -10,7 +10,6 @@ cleaned up (:func:`~epochal_checkpoint.storage.layout.clean_temporaries`).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime
 import os
 import shutil
@@ -49,6 +48,7 @@ from epochal_checkpoint.storage.sharded import SHARDED
 __all__ = [
     "Flushes",
     "fsync_dir",
+    "in_background",
     "make_directory",
     "write_checkpoint",
     "write_file",
@@ -125,6 +125,12 @@ def _submit(function: Callable[..., Any], *args: Any) -> Any:
     except OSError as error:
         done.set_exception(error)
     return done
+
+
+def in_background(function: Callable[..., Any], *args: Any) -> Any:
+    """``function(*args)`` on the threads that run the fsyncs (started once, kept idle); a
+    ``concurrent.futures.Future``."""
+    return _submit(function, *args)
 
 
 def _before_fork() -> None:
@@ -218,8 +224,9 @@ def _add_segment(tmp: Path, source: LinkedSegment | NewSegment | MergedSegment) 
         rows = [int(i) for i in source.rows]
         written = write_file(tmp / source.name, [encode_segment(source.rows)], sync=False)
         return Segment(source.name, written["size"], written["crc32"], rows), True
-    segment, target = dataclasses.replace(source.segment, origin=None), tmp / source.segment.name
-    origin = source.where / segment.name
+    linked = source.segment  # the same file here: its own bytes (no origin elsewhere)
+    segment = Segment(linked.name, linked.size, linked.crc32, linked.rows, None, linked.mac)
+    target, origin = tmp / segment.name, source.where / segment.name
     try:
         os.link(origin, target)  # its bytes were fsynced when first written; the checksum is reused
     except FileNotFoundError:
