@@ -8,6 +8,8 @@ on one, 1 on the other).
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -18,6 +20,54 @@ from epochal.data import BatchStream
 from epochal.torch import TorchModel
 
 FEATURES, CLASSES = 6, 3
+
+
+def write_config(
+    directory: Path,
+    strategy: str,
+    *,
+    epochs: int = 2,
+    model: dict[str, Any] | None = None,
+    checkpoint: str = 'export = "last"',
+) -> Path:
+    """*directory*/run.toml: this module's model under *strategy* (more ``[model]`` keys in
+    *model*) and data on 2 gloo processes, the checkpoint plugin (its table's lines:
+    *checkpoint*) and this module's recording plugin; this module copied beside it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    shutil.copy(Path(__file__), directory / "fsdp_mlp.py")
+    keys = "\n".join(f"{k} = {json.dumps(v)}" for k, v in (model or {}).items())
+    config = directory / "run.toml"
+    config.write_text(
+        f"""[loop]
+max_epochs = {epochs}
+seed = 0
+run_dir = "run"
+
+[distributed]
+backend = "gloo"
+timeout = 60
+
+[model]
+factory = "fsdp_mlp:make_model"
+strategy = "{strategy}"
+{keys}
+
+[data]
+factory = "fsdp_mlp:make_data"
+
+[plugins]
+order = ["checkpoint", "record"]
+autoload = false
+
+[plugins.checkpoint]
+{checkpoint}
+
+[plugins.record]
+factory = "fsdp_mlp:Record"
+""",
+        encoding="utf-8",
+    )
+    return config
 
 
 def arrays(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

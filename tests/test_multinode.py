@@ -33,7 +33,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ddp_tiny import write_config as tiny_ddp_config
 from processes import wait_for, worker_pids
 
-HERE = Path(__file__).parent
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 #: batches per epoch on each of 2 ranks (64 examples, 4 per batch, 2 shards)
 PER_EPOCH = 8
@@ -428,36 +427,12 @@ def test_the_workers_do_not_get_the_launchers_node_options():
 
 # -- sharded checkpoints to an object store from two nodes -------------------------------------
 
-SHARDED = """[loop]
-max_epochs = {epochs}
-seed = 0
-run_dir = "run"
-
-[distributed]
-backend = "gloo"
-timeout = 60
-
-[model]
-factory = "fsdp_mlp:make_model"
-strategy = "fsdp"
-
-[data]
-factory = "fsdp_mlp:make_data"
-
-[plugins]
-order = ["checkpoint", "record"]
-autoload = false
-
-[plugins.checkpoint]
-dir = "{url}"
+#: the checkpoint table of the sharded two-node runs (fsdp_mlp.write_config's model, data, record)
+SHARDED_CHECKPOINT = """dir = "{url}"
 format = "sharded"
 every_n_batches = 3
 keep_last = 10
-async_save = {background}
-
-[plugins.record]
-factory = "fsdp_mlp:Record"
-"""
+async_save = {background}"""
 
 
 @pytest.fixture(scope="module")
@@ -484,12 +459,13 @@ def s3_store() -> Iterator[dict[str, str]]:
 def sharded_nodes(root: Path, url: str, epochs: int, background: bool) -> list[Path]:
     """Two nodes' working directories, each with its own temporary directory (its local disk:
     a store's staging directories go there) and the FSDP model's module."""
+    import fsdp_mlp  # imports torch: only in the tests that run it
+
     nodes = [root / "node0", root / "node1"]
     for node in nodes:
         (node / "tmp").mkdir(parents=True, exist_ok=True)
-        (node / "fsdp_mlp.py").write_text((HERE / "fsdp_mlp.py").read_text())
-        text = SHARDED.format(epochs=epochs, url=url, background=str(background).lower())
-        (node / "run.toml").write_text(text)
+        table = SHARDED_CHECKPOINT.format(url=url, background=str(background).lower())
+        fsdp_mlp.write_config(node, "fsdp", epochs=epochs, checkpoint=table)
     return nodes
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import shutil
 import subprocess
 import sys
 import types
@@ -42,41 +41,7 @@ TRAINING = {"accumulate_grad_batches": 2, "gradient_clip_val": 0.25}
 def write_run(
     directory: Path, strategy: str, *, epochs: int = 2, model: dict[str, Any] | None = None
 ) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    shutil.copy(HERE / "fsdp_mlp.py", directory / "fsdp_mlp.py")
-    keys = "\n".join(f"{k} = {json.dumps(v)}" for k, v in (model or {}).items())
-    config = directory / "run.toml"
-    config.write_text(
-        f"""[loop]
-max_epochs = {epochs}
-seed = 0
-run_dir = "run"
-
-[distributed]
-backend = "gloo"
-timeout = 60
-
-[model]
-factory = "fsdp_mlp:make_model"
-strategy = "{strategy}"
-{keys}
-
-[data]
-factory = "fsdp_mlp:make_data"
-
-[plugins]
-order = ["checkpoint", "record"]
-autoload = false
-
-[plugins.checkpoint]
-export = "last"
-
-[plugins.record]
-factory = "fsdp_mlp:Record"
-""",
-        encoding="utf-8",
-    )
-    return config
+    return fsdp_mlp.write_config(directory, strategy, epochs=epochs, model=model)
 
 
 def epochal(directory: Path, *args: str) -> subprocess.CompletedProcess[str]:
