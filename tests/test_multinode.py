@@ -451,7 +451,9 @@ def s3_store() -> Iterator[dict[str, str]]:
         "AWS_DEFAULT_REGION": "us-east-1",
     }
     endpoint = f"http://{host}:{port}"
-    fsspec.filesystem("s3", endpoint_url=endpoint, key="testing", secret="testing").mkdir("bucket")
+    # moto keeps its buckets process-wide: another test's server may have made this one already
+    store = fsspec.filesystem("s3", endpoint_url=endpoint, key="testing", secret="testing")
+    store.makedirs("bucket", exist_ok=True)
     yield {**keys, "AWS_ENDPOINT_URL": endpoint}
     server.stop()
 

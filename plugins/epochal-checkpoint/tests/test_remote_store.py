@@ -343,7 +343,8 @@ def s3() -> Iterator[dict[str, Any]]:
     import fsspec
 
     options = {"endpoint_url": endpoint, "key": "testing", "secret": "testing"}
-    fsspec.filesystem("s3", **options).mkdir("bucket")
+    # moto keeps its buckets process-wide: another test's server may have made this one already
+    fsspec.filesystem("s3", **options).makedirs("bucket", exist_ok=True)
     env = {**KEYS, "AWS_ENDPOINT_URL": endpoint}
     yield {"endpoint": endpoint, "env": env, "gate": gate, "options": options}
     gate.release.set()
