@@ -10,6 +10,10 @@ an untimed warm-up round first; medians):
 
 - **raw**: the same bytes (every parameter and momentum buffer) written to one new file with
   ``write`` + ``fsync``; read back with one ``readinto`` into a fresh buffer. The floor.
+- **raw, warm buffer**: the same read into a buffer allocated and touched once, before the
+  rounds: the floor without first touches of fresh memory (which, on a shared virtual machine,
+  swing by 10x between rounds), i.e. what a load into live tensors can reach; each table ends
+  with the loads' ratios to it.
 - **torch.save** of ``{"module": module.state_dict(), "optimizer": optimizer.state_dict()}`` +
   ``fsync``; **torch.load** (``weights_only=True``) + ``module.load_state_dict`` +
   ``optimizer.load_state_dict`` into a second model.
@@ -122,9 +126,12 @@ def raw_save(path: Path, arrays: list[np.ndarray]) -> None:
         os.close(fd)
 
 
-def raw_load(path: Path) -> np.ndarray:
+def raw_load(path: Path, buffer: np.ndarray | None = None) -> np.ndarray:
+    """The file read with ``readinto`` into *buffer* (memory already touched), else into a
+    fresh one (the first touches of fresh memory count)."""
     nbytes = path.stat().st_size
-    buffer = np.empty(nbytes, np.uint8)
+    if buffer is None:
+        buffer = np.empty(nbytes, np.uint8)
     view = memoryview(buffer.data)
     with open(path, "rb", buffering=0) as file:
         got = 0
@@ -193,7 +200,7 @@ def timed(call: Callable[[], Any]) -> tuple[float, float, int]:
 
 
 SAVES = ("raw", "torch.save", "safetensors", "epochal")
-LOADS = ("raw", "torch.load", "safetensors", "epochal", "epochal, fresh optimizer")
+LOADS = ("raw", "torch.load", "safetensors", "epochal", "epochal, fresh optimizer", "raw, warm buffer")
 
 
 def measure(directory: Path, size_mb: int, rounds: int) -> dict[str, Any]:
@@ -202,6 +209,7 @@ def measure(directory: Path, size_mb: int, rounds: int) -> dict[str, Any]:
     target_loop, target, target_optimizer = make_model(nbytes, 1, directory / "run-b")
     arrays = [t.detach().numpy() for t in tensors(module, optimizer).values()]
     state_bytes = sum(a.nbytes for a in arrays)
+    warm = np.ones(state_bytes, np.uint8)  # touched: the raw read's floor without fresh memory
     names = [f"save {k}" for k in SAVES] + [f"load {k}" for k in LOADS]
     times: dict[str, list[float]] = {k: [] for k in names}
     cpu: dict[str, list[float]] = {k: [] for k in names}
@@ -247,6 +255,7 @@ def measure(directory: Path, size_mb: int, rounds: int) -> dict[str, Any]:
             "safetensors": lambda: safetensors_load(paths["safetensors"], target, target_optimizer),  # noqa: B023
             "epochal": lambda: epochal_load(paths["epochal"], target_loop, parts),  # noqa: B023
             "epochal, fresh optimizer": lambda: epochal_load(paths["epochal"], fresh, parts),  # noqa: B023
+            "raw, warm buffer": lambda: raw_load(paths["raw"], warm),  # noqa: B023
         }
         for name in LOADS[number % len(LOADS) :] + LOADS[: number % len(LOADS)]:
             seconds, cpu_seconds, count = timed(loads[name])
@@ -303,6 +312,12 @@ def report(result: dict[str, Any]) -> None:
             f"| {load} | | | | | {ms[f'load {load}']:.1f} | **{ratio[f'load {load}']:.2f}x** "
             f"| {cpu[f'load {load}']:.2f}x | {faults[f'load {load}']} |"
         )
+    warm = ms["load raw, warm buffer"]
+    print(
+        f"\nagainst the raw read into memory already touched ({warm:.1f} ms: what a load into live "
+        f"tensors can reach): epochal {warm / ms['load epochal']:.2f}x, torch.load "
+        f"{warm / ms['load torch.load']:.2f}x, safetensors {warm / ms['load safetensors']:.2f}x"
+    )
     parts = result["adapter_ms"]
     print(
         f"\nepochal's adapter (TorchModel inside loop.state_dict / loop.load_state_dict): "
