@@ -81,3 +81,12 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def fsync_path(path: str | os.PathLike[str]) -> None:
+    """fsync the file or directory at *path* (opened read-only: enough for fsync on Linux)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

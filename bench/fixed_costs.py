@@ -45,6 +45,7 @@ os.environ.setdefault("BENCH_STEPS", "10")
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 import peers  # noqa: E402  (beside this file; reads BENCH_STEPS when imported)
+from _common import fsync_path  # noqa: E402
 
 CASES = {
     "epochal": lambda: peers.make_epochal_features(step_records=True),
@@ -141,13 +142,6 @@ def file_ops(count: int = 200) -> dict[str, float]:
             spent.append(time.process_time() - started)
         return statistics.median(spent) * 1e6
 
-    def sync(path: str) -> None:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
     def create(i: int, prefix: str = "f") -> None:
         os.close(os.open(f"{d}/{prefix}{i}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
 
@@ -168,7 +162,7 @@ def file_ops(count: int = 200) -> dict[str, float]:
             "unlink": timed(lambda i: os.unlink(f"{d}/r{i}")),
             "stat": timed(lambda i: os.stat(f"{d}/f{i}")),
             "rmdir": timed(lambda i: os.rmdir(f"{d}/d{i}")),
-            "fsync a directory": timed(lambda i: sync(d), count // 4),
+            "fsync a directory": timed(lambda i: fsync_path(d), count // 4),
             "create, write 2 kB, fsync": timed(written, count // 4),
         }
     finally:

@@ -61,6 +61,7 @@ from typing import Any
 import numpy as np
 import peers  # beside this file
 import torch
+from _common import fsync_path  # beside this file
 from epochal_checkpoint import plugin as checkpoint_plugin
 from epochal_checkpoint.storage import flatten, read_checkpoint, write_checkpoint
 from safetensors.torch import load_file, save_file
@@ -106,14 +107,6 @@ def tensors(module: Flat, optimizer: torch.optim.Optimizer) -> dict[str, torch.T
     return out
 
 
-def fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def raw_save(path: Path, arrays: list[np.ndarray]) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
@@ -155,7 +148,7 @@ def torch_load(path: Path, module: Flat, optimizer: torch.optim.Optimizer) -> No
 
 def safetensors_save(path: Path, module: Flat, optimizer: torch.optim.Optimizer) -> None:
     save_file(tensors(module, optimizer), str(path))
-    fsync_file(path)
+    fsync_path(path)
 
 
 def safetensors_load(path: Path, module: Flat, optimizer: torch.optim.Optimizer) -> None:

@@ -373,16 +373,23 @@ def test_check_resume_with_async_sharded_saves_is_bitwise_equal(tmp_path: Path) 
     assert "match the straight run bitwise" in done.stdout + done.stderr
 
 
+def with_plugin(where: Path, source: str, name: str, factory: str) -> str:
+    """*where*'s model module extended by *source*, and its run.toml with the plugin *name*
+    (``shardmodel:<factory>``) ordered before the checkpoint; returns the config as it was."""
+    (where / "shardmodel.py").write_text(MODULE + source)
+    config = (where / "run.toml").read_text()
+    changed = config.replace('order = ["probe", "checkpoint"]', f'order = ["probe", "{name}", "checkpoint"]')
+    (where / "run.toml").write_text(changed + f'\n[plugins.{name}]\nfactory = "shardmodel:{factory}"\n')
+    return config
+
+
 def test_a_kill_during_an_async_sharded_write_leaves_nothing_that_looks_complete(
     trained: Path, tmp_path: Path
 ) -> None:
     from epochal_checkpoint import list_checkpoints
 
     where = project(tmp_path)
-    (where / "shardmodel.py").write_text(MODULE + KILLER)
-    config = (where / "run.toml").read_text()
-    killing = config.replace('order = ["probe", "checkpoint"]', 'order = ["probe", "killer", "checkpoint"]')
-    (where / "run.toml").write_text(killing + '\n[plugins.killer]\nfactory = "shardmodel:KillWhileWriting"\n')
+    config = with_plugin(where, KILLER, "killer", "KillWhileWriting")
     done = run(where, "run", "run.toml", "--nproc", "2", *ASYNC)
     assert done.returncode != 0, done.stderr[-3000:]
     checkpoints = where / "run" / "version_0" / "checkpoints"
@@ -421,10 +428,7 @@ def test_a_failed_async_sharded_write_is_said_once_on_every_rank(tmp_path: Path)
     from epochal_checkpoint import list_checkpoints
 
     where = project(tmp_path)
-    (where / "shardmodel.py").write_text(MODULE + FAILER)
-    config = (where / "run.toml").read_text()
-    failing = config.replace('order = ["probe", "checkpoint"]', 'order = ["probe", "failer", "checkpoint"]')
-    (where / "run.toml").write_text(failing + '\n[plugins.failer]\nfactory = "shardmodel:FailWhileWriting"\n')
+    with_plugin(where, FAILER, "failer", "FailWhileWriting")
     done = run(where, "run", "run.toml", "--nproc", "2", *ASYNC)
     assert done.returncode != 0, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
