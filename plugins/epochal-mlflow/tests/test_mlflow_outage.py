@@ -87,10 +87,10 @@ OUTAGE_PLUGIN = '''
 plugin has sent something (its MLflow run exists)."""
 import os
 import signal
-import socket
 import time
 
 from epochal import hookimpl
+from epochal_mlflow.testing import wait_until_closed
 
 
 class Outage:
@@ -106,12 +106,7 @@ class Outage:
         while tracker.sent == 0 and time.monotonic() < deadline:
             time.sleep(0.1)
         os.killpg(self.pgid, signal.SIGKILL)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", self.port)) != 0:
-                    return
-            time.sleep(0.1)
+        wait_until_closed(self.port)
 '''
 
 

@@ -18,7 +18,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-__all__ = ["Server", "free_port"]
+__all__ = ["Server", "free_port", "wait_until_closed"]
 
 
 def free_port() -> int:
@@ -26,6 +26,16 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def wait_until_closed(port: int, seconds: float = 20.0) -> None:
+    """Wait until nothing accepts connections on 127.0.0.1:*port* (at most *seconds*)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) != 0:
+                return
+        time.sleep(0.1)
 
 
 class Server:
@@ -87,9 +97,4 @@ class Server:
                 break
             except subprocess.TimeoutExpired:
                 continue
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            with socket.socket() as sock:
-                if sock.connect_ex(("127.0.0.1", self.port)) != 0:
-                    return
-            time.sleep(0.1)
+        wait_until_closed(self.port)
