@@ -195,6 +195,24 @@ def test_batch_size_helper() -> None:
     assert batch_size("abcd") == 4
 
 
+def test_batch_size_of_an_array_like_reads_its_shape_not_its_len() -> None:
+    # a tensor's shape[0] is read in C, its len() in Python; an array-like whose len() refuses
+    # (a scipy.sparse matrix: "length is ambiguous") still counts its rows
+    class Sparse:
+        ndim, shape = 2, (6, 4)
+
+        def __len__(self) -> int:
+            raise TypeError("sparse array length is ambiguous")
+
+    class Scalar(Sparse):
+        ndim, shape = 0, ()
+
+    assert batch_size(Sparse()) == 6 and batch_size((Sparse(), np.zeros(2))) == 6
+    assert batch_size({"x": Sparse()}) == 6 and batch_size(Scalar()) == 1
+    torch = pytest.importorskip("torch")
+    assert batch_size((torch.zeros(5, 3), torch.zeros(5))) == 5 and batch_size(torch.zeros(0, 2)) == 0
+
+
 def test_batch_size_of_arrays_tuples_lists_and_dicts_counts_the_first_array() -> None:
     from collections import namedtuple
 

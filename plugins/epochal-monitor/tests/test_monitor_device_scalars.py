@@ -71,6 +71,23 @@ def test_device_scalars_are_read_once_per_record_and_averaged_exactly() -> None:
     assert loop.log.last("train.loss") == expected / sum(sizes)
 
 
+def test_with_running_records_each_device_scalar_is_read_once() -> None:
+    # windows of 4 batches over epochs of 6: the values a running record read are added to the
+    # epoch's means as read, so the epoch's end reads only those since the last record
+    DeviceScalar.reads = 0
+    loop = Loop(Model(), data(), plugins={"monitor": Monitor(every_n_batches=4)}, max_epochs=2)
+    loop.run()
+    assert DeviceScalar.reads == 2 * 6 * 2  # two metrics, six batches, two epochs: each value once
+    sizes = [3, 5, 2, 4, 6, 1]
+    for epoch in (0, 1):
+        steps = range(epoch * 6 + 1, epoch * 6 + 7)
+        expected = sum((1.0 / step) * size for step, size in zip(steps, sizes)) / sum(sizes)
+        assert loop.log.history("train.loss")[epoch][1] == expected
+    # the first window: batches 1-4 of epoch 1, sizes 3, 5, 2, 4
+    first = sum((1.0 / step) * size for step, size in zip(range(1, 5), sizes)) / 14
+    assert loop.log.history("train.loss.running")[0] == (4, first)
+
+
 @pytest.mark.parametrize("at", [1, 3, 5, 7])
 def test_a_run_resumed_mid_epoch_writes_the_same_bits(at: int) -> None:
     # windows of 4 batches: 1, 3, 5 and 7 are each inside one (1, 3 and 5 inside an epoch too)

@@ -232,3 +232,43 @@ def test_the_bar_and_the_block_show_running_means(capsys: pytest.CaptureFixture[
     assert "valid loss 0.5" in text and "test loss 0.5" in text
     assert "a_rather_long_metric_name_for_accuracy 0.25" in text  # wrapped, never cut
     assert all(len(line) <= 60 for line in block if line.strip())
+
+
+class TensorCounting(Counting):
+    """:class:`Counting` whose loss is a 0-d tensor, as a device's loss is left unread."""
+
+    def train_step(self, batch: Any) -> dict[str, Any]:
+        import torch
+
+        self.n += 1
+        return {"loss": torch.tensor(float(self.n))}
+
+
+def test_tensor_losses_are_summed_in_one_reduction_per_fold(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountOps(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            self.ops.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    opts = {"progress": {"force": True, "mininterval": 3600.0, "ncols": 200}}
+    plugins = load_plugins(order=["progress"], autoload=False, options=opts)
+    batches = 2000
+    data = {"train": [[0]] * batches}
+    loop = Loop(TensorCounting(), data, plugins=plugins, max_epochs=1, handle_signals=False)
+    with CountOps() as counted:
+        loop.run()
+    additions = [op for op in counted.ops if op.startswith("add")]
+    stacks = [op for op in counted.ops if op.startswith(("stack", "cat"))]
+    # one addition per batch before: now one stacked sum (and one addition) per fold of up to
+    # 1024 batches; the 2000 tensors made by the model are the only per-batch ops
+    assert 1 <= len(stacks) <= 12 and len(additions) <= 12, (len(stacks), len(additions))
+    block = capsys.readouterr().err.replace("\r", "\n")
+    mean = sum(range(1, batches + 1)) / batches
+    assert f"train loss {mean:.4g}" in block, block[-300:]

@@ -126,8 +126,13 @@ class Monitor:
         #: batches), for the metrics not skipped: what the hot paths of after_batch look up.
         #: Reset with _epoch.
         self._hot: dict[str, tuple[list[Any], Any]] = {}
-        #: the same since the last running record (only with every_n_batches).
+        #: the same since the last running record (only with every_n_batches). With running
+        #: records a device scalar is kept in its window's accumulator alone, and added to the
+        #: epoch's when the window is read (_fold_window): each value is read from the device once.
         self._window: dict[str, list[Any]] = {}
+        #: metric → its window accumulator, for the metrics whose values were device scalars:
+        #: what the hot path of n > 1 appends the next device scalar to.
+        self._lazy: dict[str, list[Any]] = {}
         self._skip: set[str] = set()
         self._warned: set[str] = set()
         #: set by load_state_dict: the next run, if it is a resumed one, continues this state.
@@ -265,9 +270,16 @@ class Monitor:
             # first value, a non-number).
             hot = self._hot
             size = -1
+            lazy = self._lazy
             for key, raw in outputs.items():
                 entry = hot.get(key)
                 if entry is None or type(raw) is not float:
+                    window = lazy.get(key)
+                    if window is not None and _on_device(raw):  # kept, read with the window
+                        if size < 0:
+                            size = self._batch_size(batch)
+                        window.append((raw, size))
+                        continue
                     self._accumulate(loop, batch, {key: raw})
                     if entry is None and key not in self._skip and key in self._epoch and key in self._window:
                         hot[key] = (self._epoch[key], self._window[key])
@@ -369,6 +381,7 @@ class Monitor:
         """
         row = loop.log.current_row
         prefix = self.prefix
+        self._fold_window()
         window = self._window
         seen = {key: acc for key, acc in window.items() if acc[2] or len(acc) > 3}
         for key, value in self._results(seen, self._reduce_steps).items():
@@ -392,11 +405,13 @@ class Monitor:
                     # epoch's device scalars are read together, in one copy, when a record is due.
                     if size < 0:
                         size = self._batch_size(batch)
-                    for accs in (epoch, window) if running else (epoch,):
-                        acc = accs.get(key)
-                        if acc is None:
-                            acc = accs[key] = self._start(self._kind(key))
-                        acc.append((raw, size))
+                    accs = window if running else epoch  # running: added to the epoch's when read
+                    acc = accs.get(key)
+                    if acc is None:
+                        acc = accs[key] = self._start(self._kind(key))
+                    acc.append((raw, size))
+                    if running:
+                        self._lazy[key] = acc
                     continue
                 try:
                     value = float(raw)
@@ -422,6 +437,22 @@ class Monitor:
                     acc = window[key] = self._start(self._kind(key))
                 self._update(acc, value, size)
 
+    def _fold_window(self) -> None:
+        """Read the device scalars kept in the window's accumulators (one copy per metric) and
+        add them, in batch order, to the window's and to the epoch's accumulators."""
+        epoch = self._epoch
+        for key, acc in self._window.items():
+            if len(acc) <= 3:
+                continue
+            pending = acc[3:]
+            del acc[3:]
+            total = epoch.get(key)
+            if total is None:
+                total = epoch[key] = self._start(acc[0])
+            for value, (_, size) in zip(_read_all([value for value, _ in pending]), pending):
+                self._update(acc, value, size)
+                self._update(total, value, size)
+
     @hookimpl
     def after_evaluation(self, loop: Any, stream: str, metrics: Mapping[str, float]) -> None:
         """Report a non-finite evaluation metric once."""
@@ -437,6 +468,7 @@ class Monitor:
         """Write ``train.<metric>`` for the epoch that just ended."""
         row = loop.log.current_row
         prefix = self.prefix
+        self._fold_window()
         for key, value in self._results(self._epoch).items():
             row[f"{prefix}.{key}"] = value
             if value - value != 0.0 and key not in self._skip:  # NaN or infinite, summed lazily
@@ -467,6 +499,7 @@ class Monitor:
                 for key, (kind, a, b) in accs.items()
             }
 
+        self._fold_window()
         return {"epoch": dump(self._epoch), "window": dump(self._window), "warned": sorted(self._warned)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -479,6 +512,6 @@ class Monitor:
             }
 
         self._epoch, self._hot, self._skip = load(state.get("epoch", {})), {}, set()
-        self._window = load(state.get("window", {}))
+        self._window, self._lazy = load(state.get("window", {})), {}
         self._warned = set(state.get("warned", []))
         self._restored = True

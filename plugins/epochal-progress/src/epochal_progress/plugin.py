@@ -36,6 +36,21 @@ def _format(value: Any) -> str | None:
         return None
 
 
+def _total(values: list[Any]) -> Any:
+    """The sum of one metric's values over the batches of a fold.
+
+    Numbers are added in C by ``sum``. Tensors (a loss left on the device, where reading it
+    makes the host wait) are added in one stacked reduction: two kernels per fold instead of
+    one addition kernel per batch, and the sum stays on the device until the bar shows it.
+    """
+    if type(values[0]).__module__.startswith("torch"):
+        import torch
+
+        with contextlib.suppress(RuntimeError, TypeError):  # shapes or devices that differ
+            return torch.stack(values).sum(0)
+    return sum(values)
+
+
 def _length(stream: Any) -> int | None:
     """The number of batches of *stream* when it has a ``len()``, else None."""
     try:
@@ -226,8 +241,9 @@ class Progress:
         """Add the outputs of the batches since the last fold to the running means' sums.
 
         Per batch, ``after_batch`` only appends the outputs mapping to a list; the sums are made
-        here, every ``stride`` batches (at most :data:`_FOLD_EVERY`), one ``sum(map(...))`` per
-        key in C, so the means cost next to nothing per batch.
+        here, every ``stride`` batches (at most :data:`_FOLD_EVERY`), one sum per key in C (or
+        one stacked reduction of tensors, :func:`_total`), so the means cost next to nothing per
+        batch.
         """
         buffer = self._buffer
         if not buffer:
@@ -241,7 +257,7 @@ class Progress:
             )
         if not self._irregular:
             try:
-                totals = {name: sum(map(itemgetter(name), buffer)) for name in self._keys}
+                totals = {name: _total(list(map(itemgetter(name), buffer))) for name in self._keys}
             except (KeyError, TypeError):  # a batch without a key, or with a non-number
                 pass
             else:
