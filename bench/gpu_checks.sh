@@ -7,6 +7,8 @@
 # no plugins and six plugins, against a raw loop and Lightning, in one run). Output and JSON go to
 # $OUT (default /tmp/epochal-gpu). Where a folder .whl holds wheels (epochal, its plugins and the
 # dependencies the machine lacks), they are installed into /tmp/site first, without the network.
+# With GPU_SPLIT=1 the bench runs first, four times: both models with epochs of 300 steps and with
+# epochs ten (MLP) or three (ResNet-18) times longer, which splits per-step from per-epoch costs.
 # Usage: bash bench/gpu_checks.sh   (BENCH_* variables as bench/torch_loop.py documents them)
 set -u
 OUT=${OUT:-/tmp/epochal-gpu}
@@ -19,10 +21,30 @@ if [ -d .whl ]; then
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv 2>&1 | tee "$OUT/device.txt"
 $PY -c "import torch, epochal; print('torch', torch.__version__, torch.cuda.get_device_name(), 'epochal', epochal.__file__)" 2>&1 | tee -a "$OUT/device.txt"
-start=$SECONDS
-timeout "${GPU_TEST_TIMEOUT:-240}" $PY -m pytest -q -p no:cacheprovider tests/test_torch_gpu.py \
-    plugins/epochal-monitor/tests/test_monitor_device_scalars.py 2>&1 | tee "$OUT/tests.log" | tail -25
-echo "tests: $((SECONDS - start)) s"
-start=$SECONDS
-BENCH_JSON="$OUT/torch_loop.json" timeout "${GPU_BENCH_TIMEOUT:-300}" $PY bench/torch_loop.py 2>&1 | tee "$OUT/torch_loop.log"
-echo "torch_loop: $((SECONDS - start)) s"
+tests() {
+    local start=$SECONDS
+    timeout "${GPU_TEST_TIMEOUT:-240}" $PY -m pytest -q -p no:cacheprovider tests/test_torch_gpu.py \
+        plugins/epochal-monitor/tests/test_monitor_device_scalars.py 2>&1 | tee "$OUT/tests.log" | tail -25
+    echo "tests: $((SECONDS - start)) s"
+}
+bench() {  # bench NAME [VAR=value...]: one run of bench/torch_loop.py, its figures in $OUT/NAME.json
+    local name=$1 start=$SECONDS
+    shift
+    env "$@" BENCH_JSON="$OUT/$name.json" timeout "${GPU_BENCH_TIMEOUT:-300}" $PY bench/torch_loop.py 2>&1 \
+        | tee "$OUT/$name.log"
+    echo "$name: $((SECONDS - start)) s"
+}
+if [ "${GPU_SPLIT:-0}" = 1 ]; then
+    # per step or per epoch? The same cases with epochs of 300 steps and of 3,000 (MLP) / 1,000
+    # (ResNet-18) steps, no Lightning (its figures are in bench/README.md); then the tests.
+    cases=raw,bare,six,async
+    bench mlp_300 BENCH_MODELS=mlp BENCH_STEPS=300 BENCH_EPOCHS=3 BENCH_REPEATS=5 BENCH_CASES=$cases
+    bench mlp_3000 BENCH_MODELS=mlp BENCH_STEPS=3000 BENCH_EPOCHS=2 BENCH_REPEATS=3 BENCH_CASES=$cases
+    bench resnet_300 BENCH_MODELS=resnet18 BENCH_STEPS=300 BENCH_EPOCHS=3 BENCH_REPEATS=3 BENCH_CASES=$cases
+    bench resnet_1000 BENCH_MODELS=resnet18 BENCH_STEPS=1000 BENCH_EPOCHS=2 BENCH_REPEATS=3 \
+        BENCH_CASES=raw,six,async
+    tests
+else
+    tests
+    bench torch_loop
+fi

@@ -18,9 +18,17 @@ Models: a small MLP (launch-bound: the framework's per-step cost shows) and torc
 ResNet-18 on 3x32x32 images (compute-bound), where torchvision is installed. Rounds are
 interleaved (every case once per round, the order rotating) and the median is reported, with
 each case's ratio to the raw loop and the median of its per-round ratios (with their spread).
+Where the six plugins' time goes: the ``timing`` plugin (one of the six) logs every plugin's
+hooks; after the rounds, the medians of its records are printed per step (batch hooks) and per
+epoch (epoch hooks), beside the run's wall time outside its epochs (start-up and the end of
+training: the log's creation, the last checkpoint's wait). Runs with longer epochs
+(``BENCH_STEPS=3000``) split what a plugin costs per step from what it costs per epoch.
+
 Run ``python bench/torch_loop.py`` (CUDA when available, else the CPU);
 ``BENCH_DEVICE``, ``BENCH_EPOCHS``, ``BENCH_STEPS``, ``BENCH_REPEATS``, ``BENCH_MODELS``
-(``mlp,resnet18``), ``BENCH_JSON`` (a file for the figures) override the defaults.
+(``mlp,resnet18``), ``BENCH_CASES`` (some of ``raw,bare,six,async,pl,pl+cb``; the raw loop always
+runs), ``BENCH_JSON`` (a file for the figures) override the defaults. The warm-up runs each case
+once for one epoch of at most 100 steps.
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ EPOCHS = int(os.environ.get("BENCH_EPOCHS", 3))
 STEPS = int(os.environ.get("BENCH_STEPS", 300 if ON_GPU else 200))
 REPEATS = int(os.environ.get("BENCH_REPEATS", 3 if ON_GPU else 5))
 MODELS = os.environ.get("BENCH_MODELS", "mlp,resnet18" if ON_GPU else "mlp").split(",")
+CASES = os.environ.get("BENCH_CASES", "raw,bare,six,async,pl,pl+cb").split(",")
 
 
 def sync() -> None:
@@ -79,20 +88,23 @@ def make_resnet18() -> tuple[torch.nn.Module, list[tuple[torch.Tensor, torch.Ten
     return module.to(DEVICE), data
 
 
-def batches(data: list[Any]) -> list[Any]:
-    return [data[i % len(data)] for i in range(STEPS)]
+def batches(data: list[Any], steps: int) -> list[Any]:
+    return [data[i % len(data)] for i in range(steps)]
 
 
-#: a case builds its objects (untimed) and returns the run to time.
-Case = Callable[[torch.nn.Module, list[Any], Path], Callable[[], None]]
+#: a case builds its objects (untimed) for (module, data, workdir, epochs, steps) and returns
+#: the run to time.
+Case = Callable[[torch.nn.Module, list[Any], Path, int, int], Callable[[], None]]
 
 
-def raw_loop(module: torch.nn.Module, data: list[Any], workdir: Path) -> Callable[[], None]:
+def raw_loop(
+    module: torch.nn.Module, data: list[Any], workdir: Path, epochs: int, steps_: int
+) -> Callable[[], None]:
     optimizer = torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9)
-    steps = batches(data)
+    steps = batches(data, steps_)
 
     def run() -> None:
-        for _ in range(EPOCHS):
+        for _ in range(epochs):
             for i, (x, y) in enumerate(steps):
                 optimizer.zero_grad(set_to_none=True)
                 loss = torch.nn.functional.cross_entropy(module(x), y)
@@ -106,7 +118,9 @@ def raw_loop(module: torch.nn.Module, data: list[Any], workdir: Path) -> Callabl
 
 
 def epochal_loop(plugins: str, async_save: bool = False) -> Case:
-    def prepare(module: torch.nn.Module, data: list[Any], workdir: Path) -> Callable[[], None]:
+    def prepare(
+        module: torch.nn.Module, data: list[Any], workdir: Path, epochs: int, steps: int
+    ) -> Callable[[], None]:
         from epochal import Loop, load_plugins
         from epochal.torch import TorchModel
 
@@ -125,8 +139,8 @@ def epochal_loop(plugins: str, async_save: bool = False) -> Case:
                     "progress": {"force": True},
                 },
             )
-        loop = Loop(model, {"train": batches(data)}, plugins=plugin_set, max_epochs=EPOCHS, run_dir=workdir,
-                    handle_signals=False)  # fmt: skip
+        loop = Loop(model, {"train": batches(data, steps)}, plugins=plugin_set, max_epochs=epochs,
+                    run_dir=workdir, handle_signals=False)  # fmt: skip
 
         def run() -> None:
             loop.run()
@@ -138,7 +152,9 @@ def epochal_loop(plugins: str, async_save: bool = False) -> Case:
 
 
 def lightning_loop(callbacks: bool) -> Case:
-    def prepare(module: torch.nn.Module, data: list[Any], workdir: Path) -> Callable[[], None]:
+    def prepare(
+        module: torch.nn.Module, data: list[Any], workdir: Path, epochs: int, steps: int
+    ) -> Callable[[], None]:
         import lightning
 
         class Wrapped(lightning.LightningModule):
@@ -171,13 +187,13 @@ def lightning_loop(callbacks: bool) -> Case:
                 "logger": CSVLogger(workdir),
             }
         trainer = lightning.Trainer(
-            max_epochs=EPOCHS, accelerator="gpu" if ON_GPU else "cpu", devices=1, num_sanity_val_steps=0,
+            max_epochs=epochs, accelerator="gpu" if ON_GPU else "cpu", devices=1, num_sanity_val_steps=0,
             enable_model_summary=False, default_root_dir=workdir, **extra,
         )  # fmt: skip
         from torch.utils.data import DataLoader
 
         # batch_size=None: the batches as they are (a plain list would read as several loaders)
-        loader = DataLoader(batches(data), batch_size=None)
+        loader = DataLoader(batches(data, steps), batch_size=None)
         wrapped = Wrapped()
 
         def run() -> None:
@@ -190,21 +206,42 @@ def lightning_loop(callbacks: bool) -> Case:
 
 
 def cases() -> dict[str, Case]:
-    found: dict[str, Case] = {
-        "raw loop": raw_loop,
-        "epochal, no plugins": epochal_loop("none"),
-        "epochal, six plugins": epochal_loop("six"),
-        "epochal, six, async ckpt": epochal_loop("six", async_save=True),
+    found: dict[str, Case] = {"raw loop": raw_loop}
+    wanted = {
+        "bare": ("epochal, no plugins", lambda: epochal_loop("none")),
+        "six": ("epochal, six plugins", lambda: epochal_loop("six")),
+        "async": ("epochal, six, async ckpt", lambda: epochal_loop("six", async_save=True)),
+        "pl": ("lightning, bare", lambda: lightning_loop(False)),
+        "pl+cb": ("lightning + callbacks", lambda: lightning_loop(True)),
     }
-    if os.environ.get("BENCH_LIGHTNING", "1") == "1":
-        try:
-            import lightning  # noqa: F401
-
-            found["lightning, bare"] = lightning_loop(False)
-            found["lightning + callbacks"] = lightning_loop(True)
-        except ImportError:
-            pass
+    for key, (name, make) in wanted.items():
+        if key not in CASES or (key.startswith("pl") and os.environ.get("BENCH_LIGHTNING", "1") != "1"):
+            continue
+        if key.startswith("pl"):
+            try:
+                import lightning  # noqa: F401
+            except ImportError:
+                continue
+        found[name] = make()
     return found
+
+
+def timing_records(workdir: Path) -> dict[str, float]:
+    """The ``timing`` plugin's records of the run in *workdir*: ``{key: seconds}`` per step (keys
+    of batch hooks, ``train_step``, ``read_data``) or per epoch (the others, ``epoch`` itself),
+    each the mean over the epochs whose row holds the key."""
+    from epochal_sqlite.reader import Reader
+
+    totals: dict[str, list[float]] = {}
+    with Reader(workdir / "log.sqlite") as db:
+        run = db.resolve("latest")
+        for _, key, value in db.records(run.run_id, keys=["timing.*"]):
+            totals.setdefault(key.removeprefix("timing."), []).append(float(value))
+    per_step = ("after_batch", "before_batch", "train_step", "read_data")
+    return {
+        key: statistics.fmean(values) / (STEPS if key.endswith(per_step) else 1)
+        for key, values in totals.items()
+    }
 
 
 def main() -> None:
@@ -219,11 +256,12 @@ def main() -> None:
             continue
         initial = {k: v.clone() for k, v in module.state_dict().items()}
         times: dict[str, list[float]] = {case: [] for case in cases()}
+        profiles: dict[str, list[dict[str, float]]] = {}
         for prepare in cases().values():  # warm-up: kernels, cuDNN autotuning, imports
             module.load_state_dict(initial)
             module.to(DEVICE)
             with tempfile.TemporaryDirectory() as tmp, _quiet():
-                prepare(module, data, Path(tmp))()
+                prepare(module, data, Path(tmp), 1, min(STEPS, 100))()
         for round_ in range(REPEATS):
             ordered = list(cases().items())
             shift = round_ % len(ordered)  # the order rotates: no case always runs first
@@ -231,12 +269,17 @@ def main() -> None:
                 module.load_state_dict(initial)
                 module.to(DEVICE)  # Lightning moves the module back to the CPU when it ends
                 with tempfile.TemporaryDirectory() as tmp, _quiet():
-                    run = prepare(module, data, Path(tmp))  # objects are built before the clock
+                    run = prepare(module, data, Path(tmp), EPOCHS, STEPS)  # objects built before the clock
                     gc.collect()
                     sync()
                     start = time.perf_counter()
                     run()
-                    times[case].append((time.perf_counter() - start) / (EPOCHS * STEPS))
+                    wall = time.perf_counter() - start
+                    times[case].append(wall / (EPOCHS * STEPS))
+                    if "six" in case:
+                        profile = timing_records(Path(tmp))
+                        profile["outside epochs"] = wall - EPOCHS * profile.get("epoch", 0.0)
+                        profiles.setdefault(case, []).append(profile)
         medians = {case: statistics.median(t) for case, t in times.items()}
         results[name] = dict(medians)
         floor = medians["raw loop"]
@@ -251,8 +294,36 @@ def main() -> None:
                 f"{statistics.median(paired):.3f}x [{paired[0]:.3f}-{paired[-1]:.3f}]"
             )
             results[name][f"{case} / raw, per round"] = statistics.median(paired)
+        for case, runs in profiles.items():
+            results[name][f"{case}: timing"] = _print_profile(case, runs, floor)
     if path := os.environ.get("BENCH_JSON"):
         Path(path).write_text(json.dumps({"device": _device_name(), "results": results}, indent=2))
+
+
+def _print_profile(case: str, runs: list[dict[str, float]], floor: float) -> dict[str, float]:
+    """Print where *case*'s time went (medians over its rounds), as µs per step and as a share of
+    the raw loop's step (*floor*), the largest first; returns the medians."""
+    keys = {key for run in runs for key in run}
+    medians = {key: statistics.median(run.get(key, 0.0) for run in runs) for key in keys}
+    per_step = ("after_batch", "before_batch", "train_step", "read_data")
+
+    def step_share(key: str) -> float:  # seconds per step
+        value = medians[key]
+        if key.endswith(per_step):
+            return value
+        return value / (STEPS * EPOCHS) if key == "outside epochs" else value / STEPS
+
+    print(f"  where {case!r} spends its time (timing plugin, medians), per step of the run:")
+    for key in sorted(keys, key=step_share, reverse=True):
+        if key in ("epoch", "train_step") or key.startswith("hook.") or step_share(key) < 0.5e-6:
+            continue
+        unit = "per step" if key.endswith(per_step) else "per run" if key == "outside epochs" else "per epoch"
+        share = step_share(key)
+        print(
+            f"    {key:44s} {share * 1e6:8.1f} µs/step ({share / floor:6.2%} of a raw step;"
+            f" {medians[key] * 1e3:.3f} ms {unit})"
+        )
+    return medians
 
 
 def _device_name() -> str:
