@@ -1,6 +1,6 @@
 """PyTorch checkpoints through ``TorchModel`` against raw I/O, torch.save and safetensors (issue 32).
 
-Run: ``python bench/torch_checkpoint.py [--rounds N] [--big] [--dir DIR]`` (needs torch,
+Run: ``python bench/torch_checkpoint.py [--rounds N] [--big] [--sizes MB,...] [--dir DIR]`` (needs torch,
 safetensors and epochal-checkpoint installed).
 
 A CPU module of float32 parameters and its SGD optimizer with momentum (the state is half
@@ -323,6 +323,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=peers.rounds, default=5, help="interleaved rounds (default 5)")
     parser.add_argument("--big", action="store_true", help="also 1 GB")
+    parser.add_argument(
+        "--sizes", help="comma-separated state sizes in MB instead (e.g. 8,96: a small MLP's and ResNet-18's)"
+    )
     parser.add_argument("--dir", default=".", help="where the files go (a temporary directory inside)")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -331,7 +334,8 @@ def main() -> None:
 
     print(f"epochal from {Path(epochal.__file__).parent}, torch {torch.__version__}, {os.cpu_count()} cores")
     try:
-        for size in [64, 256] + ([1024] if args.big else []):
+        sizes = [int(mb) for mb in args.sizes.split(",")] if args.sizes else [64, 256] + [1024] * args.big
+        for size in sizes:
             report(measure(directory, size, args.rounds))
     finally:
         shutil.rmtree(directory, ignore_errors=True)
