@@ -6,7 +6,8 @@
 # device-scalar tests; then bench/torch_loop.py (a small MLP and ResNet-18 through TorchModel,
 # no plugins and six plugins, against a raw loop and Lightning, in one run). Output and JSON go to
 # $OUT (default /tmp/epochal-gpu). Where a folder .whl holds wheels (epochal, its plugins and the
-# dependencies the machine lacks), they are installed into /tmp/site first, without the network.
+# dependencies the machine lacks: bench/gpu_wheels.sh builds it), they are installed into
+# /tmp/site first, without the network; the run stops if zlib-ng, stevedore or pydantic is missing.
 # With GPU_SPLIT=1 the bench runs first, four times: both models with epochs of 300 steps and with
 # epochs ten (MLP) or three (ResNet-18) times longer, which splits per-step from per-epoch costs.
 # Usage: bash bench/gpu_checks.sh   (BENCH_* variables as bench/torch_loop.py documents them)
@@ -19,6 +20,11 @@ if [ -d .whl ]; then
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
+# the dependencies whose absence would change the figures (zlib-ng: the checkpoint's CRC-32)
+$PY -c "import zlib_ng, stevedore, pydantic" 2>&1 || {
+    echo "missing dependencies: build .whl with bench/gpu_wheels.sh" >&2
+    exit 1
+}
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv 2>&1 | tee "$OUT/device.txt"
 $PY -c "import torch, epochal; print('torch', torch.__version__, torch.cuda.get_device_name(), 'epochal', epochal.__file__)" 2>&1 | tee -a "$OUT/device.txt"
 tests() {

@@ -63,7 +63,7 @@ import peers  # beside this file
 import torch
 from _common import fsync_path  # beside this file
 from epochal_checkpoint import plugin as checkpoint_plugin
-from epochal_checkpoint.storage import flatten, read_checkpoint, write_checkpoint
+from epochal_checkpoint.storage import codec, flatten, read_checkpoint, write_checkpoint
 from safetensors.torch import load_file, save_file
 
 from epochal import Loop
@@ -332,7 +332,9 @@ def main() -> None:
     directory = Path(tempfile.mkdtemp(prefix="bench-torch-checkpoint-", dir=args.dir))
     import epochal
 
+    crc = "zlib-ng" if "zlib_ng" in (codec.crc32.__module__ or "") else "zlib (no zlib-ng: ~5x slower)"
     print(f"epochal from {Path(epochal.__file__).parent}, torch {torch.__version__}, {os.cpu_count()} cores")
+    print(f"CRC-32 of the checkpoint: {crc}")
     try:
         sizes = [int(mb) for mb in args.sizes.split(",")] if args.sizes else [64, 256] + [1024] * args.big
         for size in sizes:
