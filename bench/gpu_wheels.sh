@@ -12,7 +12,7 @@ PYVER=${PYVER:-3.12}
 PIP=${PIP:-python3 -m pip}
 rm -rf .whl && mkdir .whl
 for dist in . $(ls -d plugins/epochal-* | grep -v mlflow); do
-    $PIP wheel -q --no-deps --no-build-isolation -w .whl "$dist"
+    $PIP wheel -q --no-deps -w .whl "$dist"  # hatchling, the build backend, fetched by pip
 done
 $PIP download -q --only-binary=:all: --python-version "$PYVER" --platform manylinux2014_x86_64 \
     --platform manylinux_2_17_x86_64 -d .whl stevedore pydantic zlib-ng safetensors
