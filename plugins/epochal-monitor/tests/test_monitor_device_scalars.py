@@ -145,3 +145,30 @@ def test_the_inline_paths_equal_the_general_path_bit_for_bit(every: int) -> None
     assert all(len(history) == epochs for key, history in records[Monitor] if not key.endswith(".running"))
     running = dict(records[Monitor])["train.loss.running"]
     assert len(running) == (epochs * 6 // every if every else 0)
+
+
+def test_a_window_of_torch_scalars_is_read_in_one_stack_with_no_op_per_value() -> None:
+    # 50 values (the default window): one stack, one reshape, one conversion and the copy to the
+    # host; before, a detach and a reshape per value (100 ops) cost more than the read itself
+    torch = pytest.importorskip("torch")
+    from epochal_monitor.plugin import _read_all
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountOps(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            self.ops.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    values = [torch.tensor(step / 3.0, requires_grad=True) * 2 for step in range(50)]
+    with CountOps() as counted:
+        read = _read_all(values)
+    assert len(counted.ops) <= 5, counted.ops
+    assert read == [float(value.detach()) for value in values]  # the bits float() reads, one by one
+    # half precision, integers and booleans are widened exactly; () and (1,) mixed are read too
+    mixed = [torch.tensor(1.1, dtype=torch.bfloat16), torch.tensor([2.2], dtype=torch.float16)]
+    assert _read_all(mixed) == [float(value) for value in mixed]
+    assert _read_all([torch.tensor(True), torch.tensor(3)]) == [1.0, 3.0]

@@ -55,11 +55,21 @@ def _on_device(value: Any) -> bool:
 
 
 def _read_all(values: list[Any]) -> list[float]:
-    """Device scalars as floats, read in one copy (torch tensors) or one by one."""
+    """Device scalars as floats, read in one copy (torch tensors) or one by one.
+
+    Tensors are stacked as they are (no op per value: a detach and a reshape each cost more than
+    the stack of a 50-batch window), widened to float64 (exact, as ``float()`` of each) and
+    copied to the host once; scalars of shapes that differ are reshaped one by one first.
+    """
     if values and type(values[0]).__module__.startswith("torch"):
         import torch
 
-        return [float(v) for v in torch.stack([v.detach().reshape(()) for v in values]).tolist()]
+        with torch.no_grad():
+            try:
+                stacked = torch.stack(values)
+            except RuntimeError:  # shapes that differ, e.g. () and (1,)
+                stacked = torch.stack([v.reshape(()) for v in values])
+            return stacked.reshape(len(values)).to(torch.float64).tolist()
     return [float(v) for v in values]
 
 
