@@ -18,11 +18,15 @@ Models: a small MLP (launch-bound: the framework's per-step cost shows) and torc
 ResNet-18 on 3x32x32 images (compute-bound), where torchvision is installed. Rounds are
 interleaved (every case once per round, the order rotating) and the median is reported, with
 each case's ratio to the raw loop and the median of its per-round ratios (with their spread).
-Where the six plugins' time goes: the ``timing`` plugin (one of the six) logs every plugin's
-hooks; after the rounds, the medians of its records are printed per step (batch hooks) and per
-epoch (epoch hooks), beside the run's wall time outside its epochs (start-up and the end of
-training: the log's creation, the last checkpoint's wait). Runs with longer epochs
-(``BENCH_STEPS=3000``) split what a plugin costs per step from what it costs per epoch.
+Where the six plugins' time goes: the ``timing`` plugin (one of the six) times every plugin's
+hooks; after the rounds, the medians of its totals for the whole run are printed per step of
+the run: the model's step, each plugin's hooks (every save and the end of training each
+counted once) and the rest (the plugins' start-up: their ``before_training`` runs in the call
+that starts the timing plugin's clocks; the loop's own work, the timing plugin's, the final
+wait for the device); the parts add up to the run's wall time, i.e. to the case's ratio to the
+raw loop.
+Runs with longer epochs (``BENCH_STEPS=3000``) split what a plugin costs per step from what it
+costs per epoch.
 
 Run ``python bench/torch_loop.py`` (CUDA when available, else the CPU);
 ``BENCH_DEVICE``, ``BENCH_EPOCHS``, ``BENCH_STEPS``, ``BENCH_REPEATS``, ``BENCH_MODELS``
@@ -146,6 +150,7 @@ def epochal_loop(plugins: str, async_save: bool = False) -> Case:
             loop.run()
             sync()
 
+        run.loop = loop  # type: ignore[attr-defined]  # the breakdown reads its timing totals
         return run
 
     return prepare
@@ -226,22 +231,20 @@ def cases() -> dict[str, Case]:
     return found
 
 
-def timing_records(workdir: Path) -> dict[str, float]:
-    """The ``timing`` plugin's records of the run in *workdir*: ``{key: seconds}`` per step (keys
-    of batch hooks, ``train_step``, ``read_data``) or per epoch (the others, ``epoch`` itself),
-    each the mean over the epochs whose row holds the key."""
-    from epochal_sqlite.reader import Reader
-
-    totals: dict[str, list[float]] = {}
-    with Reader(workdir / "log.sqlite") as db:
-        run = db.resolve("latest")
-        for _, key, value in db.records(run.run_id, keys=["timing.*"]):
-            totals.setdefault(key.removeprefix("timing."), []).append(float(value))
-    per_step = ("after_batch", "before_batch", "train_step", "read_data")
-    return {
-        key: statistics.fmean(values) / (STEPS if key.endswith(per_step) else 1)
-        for key, values in totals.items()
-    }
+def breakdown(run: Callable[[], None], wall: float) -> dict[str, float]:
+    """Where a run's *wall* seconds went, from the ``timing`` plugin's totals of the whole run
+    (``log.status["timing"]``): ``train_step`` (the model's step), ``read_data``, each plugin's
+    hooks (``<plugin>.<hook>``, end of training included, every epoch's save counted once) and
+    ``rest`` (the plugins' ``before_training``, run in the call that starts the clocks; the
+    loop's own work between hooks, the timing plugin's, the final wait for the device). They
+    add up to *wall*."""
+    summary = run.loop.log.status["timing"]  # type: ignore[attr-defined]
+    parts = {"train_step": summary["train_step"]["seconds"], "read_data": summary["read_data"]["seconds"]}
+    for key, cell in summary.items():
+        if key.startswith("plugin."):
+            parts[key.removeprefix("plugin.")] = cell["seconds"]
+    parts["rest"] = wall - sum(parts.values())
+    return parts
 
 
 def main() -> None:
@@ -281,9 +284,7 @@ def main() -> None:
                     wall = time.perf_counter() - start
                     times[case].append(wall / (EPOCHS * STEPS))
                     if "six" in case:
-                        profile = timing_records(Path(tmp))
-                        profile["outside epochs"] = wall - EPOCHS * profile.get("epoch", 0.0)
-                        profiles.setdefault(case, []).append(profile)
+                        profiles.setdefault(case, []).append(breakdown(run, wall))
         medians = {case: statistics.median(t) for case, t in times.items()}
         results[name] = dict(medians)
         floor = medians["raw loop"]
@@ -305,28 +306,22 @@ def main() -> None:
 
 
 def _print_profile(case: str, runs: list[dict[str, float]], floor: float) -> dict[str, float]:
-    """Print where *case*'s time went (medians over its rounds), as µs per step and as a share of
-    the raw loop's step (*floor*), the largest first; returns the medians."""
+    """Print where *case*'s time went (medians over its rounds of :func:`breakdown`), each part
+    per step of the run and as a share of the raw loop's step (*floor*), the largest first;
+    returns the medians (seconds per run)."""
     keys = {key for run in runs for key in run}
     medians = {key: statistics.median(run.get(key, 0.0) for run in runs) for key in keys}
-    per_step = ("after_batch", "before_batch", "train_step", "read_data")
-
-    def step_share(key: str) -> float:  # seconds per step
-        value = medians[key]
-        if key.endswith(per_step):
-            return value
-        return value / (STEPS * EPOCHS) if key == "outside epochs" else value / STEPS
-
-    print(f"  where {case!r} spends its time (timing plugin, medians), per step of the run:")
-    for key in sorted(keys, key=step_share, reverse=True):
-        if key in ("epoch", "train_step") or key.startswith("hook.") or step_share(key) < 0.5e-6:
+    steps = EPOCHS * STEPS
+    print(f"  where {case!r} spends its time (timing plugin's totals, medians), per step of the run:")
+    shown = 0.0
+    for key in sorted(keys, key=lambda k: -abs(medians[k])):
+        share = medians[key] / steps / floor
+        shown += share
+        if abs(share) < 0.0005:
             continue
-        unit = "per step" if key.endswith(per_step) else "per run" if key == "outside epochs" else "per epoch"
-        share = step_share(key)
-        print(
-            f"    {key:44s} {share * 1e6:8.1f} µs/step ({share / floor:6.2%} of a raw step;"
-            f" {medians[key] * 1e3:.3f} ms {unit})"
-        )
+        print(f"    {key:40s} {medians[key] / steps * 1e6:8.1f} µs/step ({share:7.2%} of a raw step;"
+              f" {medians[key] * 1e3:8.3f} ms per run)")  # fmt: skip
+    print(f"    {'(all parts)':40s} {'':8s}          ({shown:7.2%} of a raw step)")
     return medians
 
 
