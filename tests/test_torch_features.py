@@ -562,3 +562,6 @@ def test_a_synchronous_save_hands_the_tensors_memory_and_an_asynchronous_one_cop
         # no copy, but of a transposed tensor (made contiguous once: the checkpoint's layout)
         assert _overlap(arrays[path], tensor) == tensor.is_contiguous(), name
         assert not _overlap(copies[path], tensor), name
+        # the snapshot copies a view of a live tensor; the transposed tensor's array, a copy
+        # made for this state alone, is written as it is (as a GPU tensor's copy on the host)
+        assert (copies[path] is arrays[path]) == (not tensor.is_contiguous()), name

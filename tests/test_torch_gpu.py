@@ -102,3 +102,24 @@ def test_check_resume_on_the_gpu(tmp_path: Path) -> Any:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr + result.stdout
     assert "ok: interrupted after batch 50" in result.stdout
+
+
+def test_an_asynchronous_save_copies_each_gpu_tensor_once(tmp_path: Path) -> None:
+    # the host copy of a GPU tensor is made for the state alone: the asynchronous save's
+    # snapshot writes that array as it is (one copy per save, the device-to-host one)
+    from epochal_checkpoint import storage
+
+    trained = model()
+    Loop(trained, {"train": numpy_batches(2)}, plugins={}, max_epochs=1).run()  # AdamW has moments
+    state = Loop(trained, {"train": []}, plugins={}, run_dir=tmp_path).state_dict(log_rows=False)
+    snapshot = storage.flatten(state, copy_arrays=True)
+    moments = state["model"]["optimizer"]["state"].values()
+    on_device = list(state["model"]["module"].values())
+    on_device += [entry[key] for entry in moments for key in ("exp_avg", "exp_avg_sq")]
+    kept = {id(array) for array in snapshot.arrays}
+    assert on_device and all(id(array) in kept for array in on_device)
+    plugins = {"checkpoint": Checkpoint(dir=str(tmp_path / "ckpt"), async_save=True)}
+    Loop(trained, {"train": numpy_batches()}, plugins=plugins, max_epochs=1, run_dir=tmp_path).run()
+    saved, _ = read_from(tmp_path / "ckpt")
+    for name, tensor in trained.module.state_dict().items():
+        assert np.array_equal(saved["model"]["module"][name], tensor.cpu().numpy()), name

@@ -152,6 +152,22 @@ def test_snapshot_does_not_follow_later_changes_with_copy_arrays() -> None:
     assert snapshot.tree["rows"]["1"]["loss"] == 1.0
 
 
+def test_copy_arrays_keeps_an_array_made_for_the_state_alone() -> None:
+    # a GPU tensor's copy on the host (marked private by TorchModel) is written as it is; a
+    # view of live memory is copied, into the previous snapshot's arrays where they fit
+    from epochal.private_arrays import private
+
+    made, live = private(np.arange(3.0)), np.zeros(3)
+    first = flatten({"made": made, "live": live}, copy_arrays=True)
+    assert first.arrays[0] is made and first.arrays[1] is not live
+    live += 1
+    assert first.arrays[1].tolist() == [0, 0, 0]
+    again = private(np.arange(3.0))
+    second = flatten({"made": again, "live": live}, copy_arrays=True, reuse=first.arrays)
+    assert second.arrays[0] is again and second.arrays[1] is first.arrays[1]
+    assert second.arrays[1].tolist() == [1, 1, 1] and first.arrays[0] is made
+
+
 def test_a_python_generator_state_saved_as_a_list_restores_and_is_saved_as_an_array(tmp_path: Path) -> None:
     # states written before Python's generator state became an array held its 625 words as a
     # list (the fast path of flatten): such a list round-trips as a list and still restores

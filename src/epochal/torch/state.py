@@ -15,7 +15,9 @@ not be:
 - :func:`to_plain` hands out **read-only views** of contiguous CPU tensors, as torch's own
   ``state_dict`` hands out aliases: they change when the tensors do (a synchronous checkpoint
   writes them before training goes on; an asynchronous one snapshots them once). A tensor on
-  another device is copied to the host once, a non-contiguous one made contiguous once.
+  another device is copied to the host once, a non-contiguous one made contiguous once: those
+  copies are marked :func:`~epochal.private_arrays.private`, so that an asynchronous save
+  writes them without copying them again.
 - :func:`from_plain` makes tensors **on** writable, aligned, C-contiguous arrays of native byte
   order (a checkpoint just read) and marks each such array read-only: the tensor now owns that
   memory, and a second load of the same array copies instead of sharing it with a second model.
@@ -35,6 +37,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from epochal.private_arrays import private
 
 __all__ = [
     "TENSOR_TAG",
@@ -86,6 +90,8 @@ def tensor_to_plain(tensor: torch.Tensor, share: bool = False) -> np.ndarray | d
         raw = tensor.view(bits).numpy()
     if not fresh:
         raw = _read_only(raw) if share else np.array(raw, copy=True)
+    elif share:  # made for this state alone: an asynchronous save writes it without a copy
+        private(raw)
     if tensor.dtype in _NUMPY_DTYPES:
         return raw
     return {TENSOR_TAG: str(tensor.dtype).removeprefix("torch."), "bits": raw}

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from epochal.private_arrays import is_private
 from epochal_checkpoint.errors import UnsupportedStateError
 from epochal_checkpoint.storage.npy import npy_header
 
@@ -128,7 +129,9 @@ def flatten(state: Any, copy_arrays: bool = False, reuse: Sequence[np.ndarray] =
     Containers are rebuilt (later changes to *state* do not reach the snapshot); arrays are
     copied only when *copy_arrays* is true (asynchronous saves), into the arrays of *reuse*
     (a previous snapshot's, no longer in use) where shape and dtype match: copying into memory
-    already touched is 2x faster than into fresh pages. Tuples become lists.
+    already touched is 2x faster than into fresh pages. An array the model made for this state
+    alone (marked :func:`epochal.private_arrays.private`: a GPU tensor's copy on the host) is
+    kept as it is even then. Tuples become lists.
 
     :raises UnsupportedStateError: for a value that is not a numpy array or scalar, a number,
         a string, a bool, None, a list, a tuple or a dict with string keys, naming its key path.
@@ -149,7 +152,7 @@ def flatten(state: Any, copy_arrays: bool = False, reuse: Sequence[np.ndarray] =
         array = np.asarray(value)
         if array.dtype.hasobject or not getattr(type(array.dtype), "_legacy", True):
             raise fail(f"arrays of dtype {array.dtype} cannot be saved without pickle")
-        if copy_arrays:
+        if copy_arrays and not is_private(array):
             k = len(snapshot.arrays)
             spare = reuse[k] if k < len(reuse) else None
             if spare is not None and spare.shape == array.shape and spare.dtype == array.dtype:
