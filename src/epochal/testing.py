@@ -19,7 +19,8 @@ writes a run configuration of the digits example for the plugins a test names.
 a plugin writing the train steps' outputs into the log (``train.<key>``), :class:`SaveAt` a plugin
 keeping ``loop.state_dict()`` after a given epoch, and :class:`ResumeFrom` a plugin handing the
 loop a saved ``loop.state_dict()`` (what a checkpoint plugin does), to test that your plugin's
-state survives a resume::
+state survives a resume. :func:`counting_torch_ops` lists the torch operators run inside a
+block, to test that a plugin does no work per batch on the device::
 
     first = epochal_run({"mine": Mine()}, max_iterations=5)
     resumed = epochal_run({"mine": Mine(), "resume": ResumeFrom(first.loop.state_dict())})
@@ -38,12 +39,13 @@ pytest to rewrite (PYTEST_DONT_REWRITE), so importing it first raises no warning
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -273,6 +275,23 @@ def epochal_cli(tmp_path: Path) -> EpochalCli:
         return epochal_command(*args, cwd=tmp_path, env=env, timeout=timeout)
 
     return run
+
+
+@contextlib.contextmanager
+def counting_torch_ops() -> Iterator[list[str]]:
+    """Collect the name of every torch operator run inside the block (``"add.Tensor"``,
+    ``"stack.default"``...) into the list it yields: ``with counting_torch_ops() as ops: ...``."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    names: list[str] = []
+
+    class Counting(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            names.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    with Counting():
+        yield names
 
 
 @pytest.fixture

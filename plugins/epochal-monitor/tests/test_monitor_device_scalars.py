@@ -152,21 +152,13 @@ def test_a_window_of_torch_scalars_is_read_in_one_stack_with_no_op_per_value() -
     # host; before, a detach and a reshape per value (100 ops) cost more than the read itself
     torch = pytest.importorskip("torch")
     from epochal_monitor.plugin import _read_all
-    from torch.utils._python_dispatch import TorchDispatchMode
 
-    class CountOps(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ops: list[str] = []
-
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            self.ops.append(func.__name__)
-            return func(*args, **(kwargs or {}))
+    from epochal.testing import counting_torch_ops
 
     values = [torch.tensor(step / 3.0, requires_grad=True) * 2 for step in range(50)]
-    with CountOps() as counted:
+    with counting_torch_ops() as ops:
         read = _read_all(values)
-    assert len(counted.ops) <= 5, counted.ops
+    assert len(ops) <= 5, ops
     assert read == [float(value.detach()) for value in values]  # the bits float() reads, one by one
     # half precision, integers and booleans are widened exactly; () and (1,) mixed are read too
     mixed = [torch.tensor(1.1, dtype=torch.bfloat16), torch.tensor([2.2], dtype=torch.float16)]

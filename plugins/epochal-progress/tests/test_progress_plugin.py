@@ -246,26 +246,17 @@ class TensorCounting(Counting):
 
 def test_tensor_losses_are_summed_in_one_reduction_per_fold(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("torch")
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class CountOps(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.ops: list[str] = []
-
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-            self.ops.append(func.__name__)
-            return func(*args, **(kwargs or {}))
+    from epochal.testing import counting_torch_ops
 
     opts = {"progress": {"force": True, "mininterval": 3600.0, "ncols": 200}}
     plugins = load_plugins(order=["progress"], autoload=False, options=opts)
     batches = 2000
     data = {"train": [[0]] * batches}
     loop = Loop(TensorCounting(), data, plugins=plugins, max_epochs=1, handle_signals=False)
-    with CountOps() as counted:
+    with counting_torch_ops() as ops:
         loop.run()
-    additions = [op for op in counted.ops if op.startswith("add")]
-    stacks = [op for op in counted.ops if op.startswith(("stack", "cat"))]
+    additions = [op for op in ops if op.startswith("add")]
+    stacks = [op for op in ops if op.startswith(("stack", "cat"))]
     # one addition per batch before: now one stacked sum (and one addition) per fold of up to
     # 1024 batches; the 2000 tensors made by the model are the only per-batch ops
     assert 1 <= len(stacks) <= 12 and len(additions) <= 12, (len(stacks), len(additions))
