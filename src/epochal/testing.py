@@ -19,12 +19,14 @@ writes a run configuration of the digits example for the plugins a test names.
 a plugin writing the train steps' outputs into the log (``train.<key>``), :class:`SaveAt` a plugin
 keeping ``loop.state_dict()`` after a given epoch, and :class:`ResumeFrom` a plugin handing the
 loop a saved ``loop.state_dict()`` (what a checkpoint plugin does), to test that your plugin's
-state survives a resume. :func:`counting_torch_ops` lists the torch operators run inside a
-block, to test that a plugin does no work per batch on the device::
+state survives a resume::
 
     first = epochal_run({"mine": Mine()}, max_iterations=5)
     resumed = epochal_run({"mine": Mine(), "resume": ResumeFrom(first.loop.state_dict())})
     assert resumed.loop.resumed and resumed.calls_of("before_batch")[0].iteration == 5
+
+:func:`counting_torch_ops` lists the torch operators run inside a block, to test that a plugin
+does no work per batch on the device.
 
 ``epochal_run(plugins, **loop_options)`` takes plugin objects by name (in call order) or the
 names of installed plugins (``epochal_run(["monitor"], options={"monitor": {...}})``), runs a
