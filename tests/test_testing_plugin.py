@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from epochal import hookimpl
 
 pytest_plugins = ["epochal.testing"]
@@ -78,3 +80,15 @@ def test_save_at_keeps_the_state_of_its_epoch_for_resume_from(epochal_run):
     assert first.loop.iteration == 8
     resumed = epochal_run({"resume": ResumeFrom(save.state)}, max_epochs=2)
     assert [c.iteration for c in resumed.calls_of("after_batch")] == [5, 6, 7, 8]
+
+
+def test_counting_torch_ops_lists_the_operators_run_inside_its_block():
+    torch = pytest.importorskip("torch")
+    from epochal.testing import counting_torch_ops
+
+    x = torch.ones(3)
+    with counting_torch_ops() as ops:
+        y = torch.stack([x, x]).sum(0) + 1
+    after = x * 2  # outside the block: not counted
+    assert [op.split(".")[0] for op in ops] == ["stack", "sum", "add"], ops
+    assert y.tolist() == [3.0, 3.0, 3.0] and after.tolist() == [2.0, 2.0, 2.0] and len(ops) == 3
