@@ -58,8 +58,9 @@ def _read_all(values: list[Any]) -> list[float]:
     """Device scalars as floats, read in one copy (torch tensors) or one by one.
 
     Tensors are stacked as they are (no op per value: a detach and a reshape each cost more than
-    the stack of a 50-batch window), widened to float64 (exact, as ``float()`` of each) and
-    copied to the host once; scalars of shapes that differ are reshaped one by one first.
+    the stack of a 50-batch window) and copied to the host once; scalars of shapes that differ
+    are reshaped one by one first. Floating values come back as ``float()`` reads each; integers
+    and booleans are converted on the host (an MPS device has no float64 to widen them to).
     """
     if values and type(values[0]).__module__.startswith("torch"):
         import torch
@@ -69,7 +70,8 @@ def _read_all(values: list[Any]) -> list[float]:
                 stacked = torch.stack(values)
             except RuntimeError:  # shapes that differ, e.g. () and (1,)
                 stacked = torch.stack([v.reshape(()) for v in values])
-            return stacked.reshape(len(values)).to(torch.float64).tolist()
+            read = stacked.reshape(len(values)).tolist()
+        return read if stacked.is_floating_point() else [float(v) for v in read]
     return [float(v) for v in values]
 
 
