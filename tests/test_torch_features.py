@@ -72,12 +72,15 @@ def regression_batches(count: int = 4, size: int = 8, seed: int = 0) -> list[tup
 
 
 @pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
-def test_every_dtype_round_trips_bitwise_through_a_checkpoint(tmp_path: Path) -> None:
+@pytest.mark.parametrize("async_save", [False, True])
+def test_every_dtype_round_trips_bitwise_through_a_checkpoint(tmp_path: Path, async_save: bool) -> None:
+    # asynchronous: the transposed buffers' arrays (copies made for the state) are written as
+    # they are, the other tensors' views copied into the snapshot
     module = Buffers()
     model = TorchModel(
         module, torch.optim.Adam(module.parameters()), torch.nn.functional.cross_entropy, device="cpu"
     )
-    plugins = {"checkpoint": Checkpoint(dir=str(tmp_path / "ckpt"))}
+    plugins = {"checkpoint": Checkpoint(dir=str(tmp_path / "ckpt"), async_save=async_save)}
     Loop(model, {"train": regression_batches()}, plugins=plugins, max_epochs=1, run_dir=tmp_path).run()
     state, _ = read_from(tmp_path / "ckpt")
     fresh_module = Buffers(seed=1)  # other values everywhere, until loaded
