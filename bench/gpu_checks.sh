@@ -8,8 +8,10 @@
 # $OUT (default /tmp/epochal-gpu). Where a folder .whl holds wheels (epochal, its plugins and the
 # dependencies the machine lacks: bench/gpu_wheels.sh builds it), they are installed into
 # /tmp/site first, without the network; the run stops if zlib-ng, stevedore or pydantic is missing.
-# With GPU_SPLIT=1 the bench runs first, four times: both models with epochs of 300 steps and with
-# epochs ten (MLP) or three (ResNet-18) times longer, which splits per-step from per-epoch costs.
+# With GPU_SPLIT=1 the bench runs four times: both models with epochs of 300 steps and with epochs
+# ten (MLP) or three (ResNet-18) times longer, which splits per-step from per-epoch costs; between
+# them run the tests and bench/torch_checkpoint.py on the GPU at a small MLP's and ResNet-18's
+# state sizes (8 and 96 MB: the save's device-to-host copy split from its write).
 # Usage: bash bench/gpu_checks.sh   (BENCH_* variables as bench/torch_loop.py documents them)
 set -u
 OUT=${OUT:-/tmp/epochal-gpu}
@@ -44,12 +46,16 @@ if [ "${GPU_SPLIT:-0}" = 1 ]; then
     # per step or per epoch? The same cases with epochs of 300 steps and of 3,000 (MLP) / 1,000
     # (ResNet-18) steps, no Lightning (its figures are in bench/README.md); then the tests.
     cases=raw,bare,six,async
-    bench mlp_300 BENCH_MODELS=mlp BENCH_STEPS=300 BENCH_EPOCHS=3 BENCH_REPEATS=5 BENCH_CASES=$cases
-    bench mlp_3000 BENCH_MODELS=mlp BENCH_STEPS=3000 BENCH_EPOCHS=2 BENCH_REPEATS=3 BENCH_CASES=$cases
-    bench resnet_300 BENCH_MODELS=resnet18 BENCH_STEPS=300 BENCH_EPOCHS=3 BENCH_REPEATS=3 BENCH_CASES=$cases
-    bench resnet_1000 BENCH_MODELS=resnet18 BENCH_STEPS=1000 BENCH_EPOCHS=2 BENCH_REPEATS=3 \
-        BENCH_CASES=raw,six,async
+    bench mlp_300 BENCH_MODELS=mlp BENCH_STEPS=300 BENCH_EPOCHS=3 BENCH_REPEATS=11 BENCH_CASES=$cases
+    start=$SECONDS
+    (cd bench && timeout 120 $PY torch_checkpoint.py --device cuda --sizes 8,96 --rounds 5 --dir /tmp) 2>&1 \
+        | tee "$OUT/checkpoint.log"
+    echo "checkpoint: $((SECONDS - start)) s"
     tests
+    bench resnet_300 BENCH_MODELS=resnet18 BENCH_STEPS=300 BENCH_EPOCHS=3 BENCH_REPEATS=3 BENCH_CASES=$cases
+    bench mlp_3000 BENCH_MODELS=mlp BENCH_STEPS=3000 BENCH_EPOCHS=2 BENCH_REPEATS=3 BENCH_CASES=$cases
+    bench resnet_1000 BENCH_MODELS=resnet18 BENCH_STEPS=1000 BENCH_EPOCHS=2 BENCH_REPEATS=2 \
+        BENCH_CASES=raw,six,async
 else
     tests
     bench torch_loop

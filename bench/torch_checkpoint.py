@@ -1,7 +1,7 @@
 """PyTorch checkpoints through ``TorchModel`` against raw I/O, torch.save and safetensors (issue 32).
 
-Run: ``python bench/torch_checkpoint.py [--rounds N] [--big] [--sizes MB,...] [--dir DIR]`` (needs torch,
-safetensors and epochal-checkpoint installed).
+Run: ``python bench/torch_checkpoint.py [--rounds N] [--big] [--sizes MB,...] [--dir DIR] [--device D]``
+(needs torch, safetensors and epochal-checkpoint installed).
 
 A CPU module of float32 parameters and its SGD optimizer with momentum (the state is half
 module, half optimizer: 64 MB and 256 MB in all, 1 GB too with ``--big``) is saved and loaded,
@@ -40,6 +40,15 @@ case also gives the median of its minor page faults (``ru_minflt``: fresh memory
 a buffer allocated per save).
 From 256 MB on, ``os.sync()`` runs (untimed) before each save, so no case pays for the
 previous one's writeback. Loads read from the page cache (the files were just written).
+
+With ``--device cuda`` the module and its optimizer live on the GPU (the loads go back into a
+GPU model): torch.save, safetensors and epochal then each copy the state to the host in their
+save, and two more save cases split that copy from the write (both floors of a save from a GPU):
+
+- **raw + copy**: each tensor copied to fresh host memory (``tensor.cpu()``, what a
+  hand-written save does), then written as **raw** writes;
+- **raw + pinned copy**: each tensor copied into page-locked host buffers allocated once before
+  the rounds (``copy_(non_blocking=True)``, one synchronisation), then written the same way.
 
 To compare with another epochal (e.g. before a change), run the script twice with that
 epochal's ``src`` first on ``PYTHONPATH``: only the ``epochal`` columns depend on it.
@@ -86,15 +95,17 @@ class Flat(torch.nn.Module):
         )
 
 
-def make_model(nbytes: int, seed: int, run_dir: Path) -> tuple[Loop, Flat, torch.optim.Optimizer]:
-    """A loop around a TorchModel whose state (module + momentum) is *nbytes*."""
-    module = Flat(nbytes // 2, seed)
+def make_model(
+    nbytes: int, seed: int, run_dir: Path, device: str = "cpu"
+) -> tuple[Loop, Flat, torch.optim.Optimizer]:
+    """A loop around a TorchModel on *device* whose state (module + momentum) is *nbytes*."""
+    module = Flat(nbytes // 2, seed).to(device)
     optimizer = torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9)
     for param in module.parameters():
         param.grad = torch.ones_like(param)
     optimizer.step()  # the momentum buffers exist
     optimizer.zero_grad(set_to_none=True)
-    model = TorchModel(module, optimizer, torch.nn.functional.mse_loss, device="cpu")
+    model = TorchModel(module, optimizer, torch.nn.functional.mse_loss, device=device)
     loop = Loop(model, {"train": []}, plugins={}, run_dir=run_dir, handle_signals=False)
     return loop, module, optimizer
 
@@ -131,6 +142,18 @@ def raw_load(path: Path, buffer: np.ndarray | None = None) -> np.ndarray:
         while got < nbytes:
             got += file.readinto(view[got:])
     return buffer
+
+
+def copies(
+    module: Flat, optimizer: torch.optim.Optimizer, pinned: list[torch.Tensor] | None
+) -> list[np.ndarray]:
+    """The state's tensors on the host: fresh copies, or copied into the *pinned* buffers."""
+    if pinned is None:
+        return [t.detach().cpu().numpy() for t in tensors(module, optimizer).values()]
+    for buffer, tensor in zip(pinned, tensors(module, optimizer).values(), strict=True):
+        buffer.copy_(tensor.detach(), non_blocking=True)
+    torch.cuda.synchronize()
+    return [buffer.numpy() for buffer in pinned]
 
 
 def torch_save(path: Path, module: Flat, optimizer: torch.optim.Optimizer) -> None:
@@ -193,17 +216,25 @@ def timed(call: Callable[[], Any]) -> tuple[float, float, int]:
 
 
 SAVES = ("raw", "torch.save", "safetensors", "epochal")
+GPU_SAVES = ("raw + copy", "raw + pinned copy")
 LOADS = ("raw", "torch.load", "safetensors", "epochal", "epochal, fresh optimizer", "raw, warm buffer")
 
 
-def measure(directory: Path, size_mb: int, rounds: int) -> dict[str, Any]:
+def measure(directory: Path, size_mb: int, rounds: int, device: str = "cpu") -> dict[str, Any]:
     nbytes = size_mb * MB
-    loop, module, optimizer = make_model(nbytes, 0, directory / "run-a")
-    target_loop, target, target_optimizer = make_model(nbytes, 1, directory / "run-b")
-    arrays = [t.detach().numpy() for t in tensors(module, optimizer).values()]
+    loop, module, optimizer = make_model(nbytes, 0, directory / "run-a", device)
+    target_loop, target, target_optimizer = make_model(nbytes, 1, directory / "run-b", device)
+    arrays = [t.detach().cpu().numpy() for t in tensors(module, optimizer).values()]
     state_bytes = sum(a.nbytes for a in arrays)
     warm = np.ones(state_bytes, np.uint8)  # touched: the raw read's floor without fresh memory
-    names = [f"save {k}" for k in SAVES] + [f"load {k}" for k in LOADS]
+    on_gpu = torch.device(device).type == "cuda"
+    save_cases = SAVES + GPU_SAVES if on_gpu else SAVES
+    pinned = (
+        [torch.empty_like(a, device="cpu").pin_memory() for a in tensors(module, optimizer).values()]
+        if on_gpu
+        else []
+    )
+    names = [f"save {k}" for k in save_cases] + [f"load {k}" for k in LOADS]
     times: dict[str, list[float]] = {k: [] for k in names}
     cpu: dict[str, list[float]] = {k: [] for k in names}
     faults: dict[str, list[int]] = {k: [] for k in times}
@@ -212,14 +243,19 @@ def measure(directory: Path, size_mb: int, rounds: int) -> dict[str, Any]:
     for number in range(-1, rounds):  # round -1 warms up (first touches of memory, files), untimed
         here = directory / f"round{number}"
         here.mkdir()
-        paths = {k: here / f"{k}.bin" for k in SAVES}
+        paths = {k: here / f"{k}.bin" for k in save_cases}
         saves: dict[str, Callable[[], Any]] = {
             "raw": lambda: raw_save(paths["raw"], arrays),  # noqa: B023 (called in this round)
             "torch.save": lambda: torch_save(paths["torch.save"], module, optimizer),  # noqa: B023
             "safetensors": lambda: safetensors_save(paths["safetensors"], module, optimizer),  # noqa: B023
             "epochal": lambda: paths.update(epochal=epochal_save(here, CHECKPOINT, loop, parts)),  # noqa: B023
+            "raw + copy": lambda: raw_save(paths["raw + copy"], copies(module, optimizer, None)),  # noqa: B023
+            "raw + pinned copy": lambda: raw_save(
+                paths["raw + pinned copy"],  # noqa: B023
+                copies(module, optimizer, pinned),
+            ),
         }
-        order = SAVES[number % len(SAVES) :] + SAVES[: number % len(SAVES)]  # no case always first
+        order = save_cases[number % len(save_cases) :] + save_cases[: number % len(save_cases)]
         for name in order:
             if size_mb >= 256:
                 os.sync()
@@ -235,7 +271,7 @@ def measure(directory: Path, size_mb: int, rounds: int) -> dict[str, Any]:
                 target,
                 torch.optim.SGD(target.parameters(), lr=0.01, momentum=0.9),
                 torch.nn.functional.mse_loss,
-                device="cpu",
+                device=device,
             ),
             {"train": []},
             plugins={},
@@ -265,6 +301,7 @@ def measure(directory: Path, size_mb: int, rounds: int) -> dict[str, Any]:
     cpu_medians = {k: statistics.median(v) for k, v in cpu.items()}
     return {
         "MB": size_mb,
+        "device": device,
         "bytes": state_bytes,
         "rounds": rounds,
         "ms": {k: v * 1e3 for k, v in medians.items()},
@@ -290,6 +327,9 @@ def report(result: dict[str, Any]) -> None:
         "| load ms | load: raw / case | load, CPU: raw / case | load faults |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for save in GPU_SAVES if f"save {GPU_SAVES[0]}" in ms else ():
+        key = f"save {save}"
+        print(f"| {save} | {ms[key]:.1f} | **{ratio[key]:.2f}x** | {cpu[key]:.2f}x | {faults[key]} | | | | |")
     for save, load in zip(SAVES, LOADS[: len(SAVES)], strict=True):
         label = save if save == load else f"{save} / {load}"
         save_ratio = "1" if save == "raw" else f"**{ratio[f'save {save}']:.2f}x**"
@@ -327,6 +367,7 @@ def main() -> None:
         "--sizes", help="comma-separated state sizes in MB instead (e.g. 8,96: a small MLP's and ResNet-18's)"
     )
     parser.add_argument("--dir", default=".", help="where the files go (a temporary directory inside)")
+    parser.add_argument("--device", default="cpu", help="where the model lives (cpu, cuda)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     directory = Path(tempfile.mkdtemp(prefix="bench-torch-checkpoint-", dir=args.dir))
@@ -334,11 +375,11 @@ def main() -> None:
 
     crc = "zlib-ng" if "zlib_ng" in (codec.crc32.__module__ or "") else "zlib (no zlib-ng: ~5x slower)"
     print(f"epochal from {Path(epochal.__file__).parent}, torch {torch.__version__}, {os.cpu_count()} cores")
-    print(f"CRC-32 of the checkpoint: {crc}")
+    print(f"CRC-32 of the checkpoint: {crc}; the model on {args.device}")
     try:
         sizes = [int(mb) for mb in args.sizes.split(",")] if args.sizes else [64, 256] + [1024] * args.big
         for size in sizes:
-            report(measure(directory, size, args.rounds))
+            report(measure(directory, size, args.rounds, args.device))
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 

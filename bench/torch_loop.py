@@ -32,7 +32,8 @@ Run ``python bench/torch_loop.py`` (CUDA when available, else the CPU);
 ``BENCH_DEVICE``, ``BENCH_EPOCHS``, ``BENCH_STEPS``, ``BENCH_REPEATS``, ``BENCH_MODELS``
 (``mlp,resnet18``), ``BENCH_CASES`` (some of ``raw,bare,six,async,pl,pl+cb``; the raw loop always
 runs), ``BENCH_JSON`` (a file for the figures) override the defaults. The warm-up runs each case
-once for one epoch of at most 100 steps.
+once for one epoch of at most 100 steps; on a GPU the raw loop first runs for ``BENCH_WARMUP_S``
+seconds (default 3), so that the first round does not run at the clocks of an idle GPU.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ STEPS = int(os.environ.get("BENCH_STEPS", 300 if ON_GPU else 200))
 REPEATS = int(os.environ.get("BENCH_REPEATS", 3 if ON_GPU else 5))
 MODELS = os.environ.get("BENCH_MODELS", "mlp,resnet18" if ON_GPU else "mlp").split(",")
 CASES = os.environ.get("BENCH_CASES", "raw,bare,six,async,pl,pl+cb").split(",")
+WARMUP_S = float(os.environ.get("BENCH_WARMUP_S", 3 if ON_GPU else 0))
 
 
 def sync() -> None:
@@ -264,6 +266,10 @@ def main() -> None:
         initial = {k: v.clone() for k, v in module.state_dict().items()}
         times: dict[str, list[float]] = {case: [] for case in cases()}
         profiles: dict[str, list[dict[str, float]]] = {}
+        with tempfile.TemporaryDirectory() as tmp:  # the GPU's clocks up from idle
+            started = time.perf_counter()
+            while time.perf_counter() - started < WARMUP_S:
+                raw_loop(module, data, Path(tmp), 1, min(STEPS, 100))()
         for prepare in cases().values():  # warm-up: kernels, cuDNN autotuning, imports
             module.load_state_dict(initial)
             module.to(DEVICE)
