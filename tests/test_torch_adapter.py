@@ -239,6 +239,8 @@ def test_bad_options_are_one_clear_error_each() -> None:
         make(gradient_clip_val=-1.0)
     with pytest.raises(ConfigError, match="gradient_clip_algorithm must be 'norm' or 'value'"):
         make(gradient_clip_algorithm="l2")
+    with pytest.raises(ConfigError, match="pinned_state_copies must be bool, not 'yes'"):
+        make(pinned_state_copies="yes")
 
 
 def test_torch_rng_helpers_round_trip() -> None:

@@ -123,3 +123,74 @@ def test_an_asynchronous_save_copies_each_gpu_tensor_once(tmp_path: Path) -> Non
     saved, _ = read_from(tmp_path / "ckpt")
     for name, tensor in trained.module.state_dict().items():
         assert np.array_equal(saved["model"]["module"][name], tensor.cpu().numpy()), name
+
+
+def host_arrays(state: dict[str, Any]) -> list[np.ndarray]:
+    """The arrays of a TorchModel state's module and optimizer moments (its GPU tensors' copies)."""
+    moments = state["optimizer"]["state"].values()
+    arrays = list(state["module"].values())
+    return arrays + [entry[key] for entry in moments for key in ("exp_avg", "exp_avg_sq")]
+
+
+def big_model(pinned: bool = True) -> TorchModel:
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 3))
+    optimizer = torch.optim.AdamW(module.parameters(), lr=0.01)
+    return TorchModel(
+        module, optimizer, torch.nn.functional.cross_entropy, device="cuda", pinned_state_copies=pinned
+    )
+
+
+def batches_on_gpu(count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    inputs = [torch.randn(256, 512, device="cuda", generator=generator) for _ in range(count)]
+    return [(x, torch.randint(0, 3, (256,), device="cuda", generator=generator)) for x in inputs]
+
+
+def test_a_save_copies_gpu_tensors_into_page_locked_memory_once_the_queued_steps_ran() -> None:
+    trained = big_model()
+    for batch in batches_on_gpu(20):  # queued: the state is taken while the device still works
+        trained.train_step(batch)
+    state = trained.state_dict()
+    arrays = host_arrays(state)
+    assert arrays and all(torch.from_numpy(array).is_pinned() for array in arrays)
+    expected = host_arrays(big_model_state_by_cpu_copies(trained))
+    assert all(np.array_equal(a, b) for a, b in zip(arrays, expected, strict=True))
+    # the page-locked memory of one save serves the next (torch's caching host allocator)
+    first = {array.__array_interface__["data"][0] for array in arrays}
+    del state, arrays
+    again = {array.__array_interface__["data"][0] for array in host_arrays(trained.state_dict())}
+    assert again == first
+
+
+def big_model_state_by_cpu_copies(trained: TorchModel) -> dict[str, Any]:
+    """The state as ``tensor.cpu()`` copies it (after a wait for the device)."""
+    torch.cuda.synchronize()
+    optimizer = trained.optimizer.state_dict()
+    return {
+        "module": {k: v.cpu().numpy() for k, v in trained.raw_module.state_dict().items()},
+        "optimizer": {
+            "state": {
+                pid: {k: v.cpu().numpy() for k, v in entry.items() if k != "step"}
+                for pid, entry in optimizer["state"].items()
+            }
+        },
+    }
+
+
+def test_pinned_state_copies_false_copies_through_pageable_memory(tmp_path: Path) -> None:
+    trained = big_model(pinned=False)
+    for batch in batches_on_gpu(3):
+        trained.train_step(batch)
+    arrays = host_arrays(trained.state_dict())
+    assert arrays and not any(torch.from_numpy(array).is_pinned() for array in arrays)
+    expected = host_arrays(big_model_state_by_cpu_copies(trained))
+    assert all(np.array_equal(a, b) for a, b in zip(arrays, expected, strict=True))
+    # and a checkpoint of either kind resumes bitwise
+    plugins = {"checkpoint": Checkpoint(dir=str(tmp_path / "ckpt"))}
+    Loop(trained, {"train": batches_on_gpu(4)}, plugins=plugins, max_epochs=1, run_dir=tmp_path).run()
+    saved, _ = read_from(tmp_path / "ckpt")
+    fresh = big_model()
+    fresh.load_state_dict(saved["model"])
+    for a, b in zip(trained.module.parameters(), fresh.module.parameters(), strict=True):
+        assert torch.equal(a, b)

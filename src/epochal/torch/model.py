@@ -35,6 +35,7 @@ from epochal.torch.state import (
     destinations,
     from_plain,
     from_plain_or_live,
+    pinned_host_copies,
     to_plain,
 )
 from epochal.torch.train_metrics import TrainMetrics
@@ -80,6 +81,12 @@ class TorchModel:
         (updated with every training batch, computed and reset at the epoch's end, logged as
         ``train.<name>`` in the epoch's row; Lightning's ``self.log(metric, on_epoch=True)``):
         :mod:`epochal.torch.train_metrics`. False: metric objects serve evaluation only.
+    :param pinned_state_copies: on CUDA, :meth:`state_dict` (a checkpoint's save) copies the
+        tensors into page-locked host memory, all copies queued before one wait, and torch's
+        caching host allocator keeps that memory for the next save: about the state's size of
+        host memory that cannot be swapped out, held from the first save on (what
+        ``torch.distributed.checkpoint``'s asynchronous stager does). False: pageable copies
+        made and freed at each save (``tensor.cpu()``, what ``torch.save`` does), slower.
 
     A batch is ``(inputs, targets)`` or a mapping with ``"inputs"`` and ``"targets"``; arrays
     and tensors in it (nested in tuples, lists, dicts) are moved to the device. Each step
@@ -112,6 +119,7 @@ class TorchModel:
         ddp_options: Mapping[str, Any] | None = None,
         strategy: Strategy = "ddp",
         train_stream_metrics: bool = False,
+        pinned_state_copies: bool = True,
     ) -> None:
         options = {
             "accumulate_grad_batches": accumulate_grad_batches,
@@ -119,6 +127,7 @@ class TorchModel:
             "gradient_clip_algorithm": gradient_clip_algorithm,
             "strategy": strategy,
             "train_stream_metrics": train_stream_metrics,
+            "pinned_state_copies": pinned_state_copies,
         }
         check_options("TorchModel", TorchModel, options, "TorchModel", ConfigError, keys=list(options))
         check_strategy(strategy, precision, ddp_options)
@@ -147,6 +156,7 @@ class TorchModel:
             if train_stream_metrics and self._stream_metrics
             else None
         )
+        self.pinned_state_copies = pinned_state_copies
         #: batches whose gradients are accumulated but not yet applied.
         self.accumulated = 0
         #: optimizer steps taken; ``optimizer_stepped`` tells whether the last batch took one.
@@ -384,13 +394,14 @@ class TorchModel:
             return self._sharded_state()
         module = self.raw_module
         optimizer = self.optimizer.state_dict()
-        state: dict[str, Any] = {
-            "module": {k: to_plain(v, share=True) for k, v in module.state_dict().items()},
-            "optimizer": {
-                "state": {str(pid): to_plain(s, share=True) for pid, s in optimizer["state"].items()},
-                "param_groups": [to_plain(group) for group in optimizer["param_groups"]],
-            },
-        }
+        with pinned_host_copies(self.pinned_state_copies and self.device.type == "cuda"):
+            state: dict[str, Any] = {
+                "module": {k: to_plain(v, share=True) for k, v in module.state_dict().items()},
+                "optimizer": {
+                    "state": {str(pid): to_plain(s, share=True) for pid, s in optimizer["state"].items()},
+                    "param_groups": [to_plain(group) for group in optimizer["param_groups"]],
+                },
+            }
         state.update(self.rest_state_dict())
         return state
 
