@@ -568,3 +568,38 @@ def test_a_synchronous_save_hands_the_tensors_memory_and_an_asynchronous_one_cop
         # the snapshot copies a view of a live tensor; the transposed tensor's array, a copy
         # made for this state alone, is written as it is (as a GPU tensor's copy on the host)
         assert (copies[path] is arrays[path]) == (not tensor.is_contiguous()), name
+
+
+class CountingLoads(TorchModel):
+    """A TorchModel that counts its loads."""
+
+    loads = 0
+
+    def load_state_dict(self, state: Any) -> None:
+        type(self).loads += 1
+        super().load_state_dict(state)
+
+
+def test_a_resume_loads_the_model_once_its_own_check_passed(tmp_path: Path) -> None:
+    # the checkpoint plugin checks the state with check_state and leaves the one load to the loop
+    # (on a GPU each load copies the whole state to the device)
+    def run(resume: bool, max_epochs: int, size: int = 16) -> Loop:
+        torch.manual_seed(0)
+        module = torch.nn.Sequential(torch.nn.Linear(4, size), torch.nn.Linear(size, 3))
+        model = CountingLoads(
+            module, torch.optim.AdamW(module.parameters()), torch.nn.functional.cross_entropy, device="cpu"
+        )
+        plugins = {"checkpoint": Checkpoint()}
+        data = {"train": regression_batches(4)}
+        loop = Loop(model, data, plugins=plugins, max_epochs=max_epochs, run_dir=tmp_path, resume=resume)
+        loop.run()
+        return loop
+
+    run(False, 1)
+    CountingLoads.loads = 0
+    resumed = run(True, 2)
+    assert resumed.resumed and resumed.epoch == 2 and CountingLoads.loads == 1
+    CountingLoads.loads = 0
+    with pytest.raises(Exception, match=r"does not fit the model: .*shape") as refused:
+        run(True, 3, size=8)
+    assert type(refused.value).__name__ == "StateMismatchError" and CountingLoads.loads == 0

@@ -48,10 +48,10 @@ def structure_mismatches(expected: Any, found: Any, where: str) -> list[str]:
 def check_model(loop: Loop, model_state: Any, where: Path, load: bool = True) -> None:
     """Load *model_state* into ``loop.model``, or raise one error naming the checkpoint.
 
-    A model with a ``check_state(state) -> list[str]`` method checks the state itself;
-    otherwise its keys, array shapes and dtypes are compared with the model's own state.
-    Without *load* it is only checked (a sharded checkpoint's tensors are loaded by every rank
-    together, when the loop loads the state).
+    A model with a ``check_state(state) -> list[str]`` method checks the state itself (every
+    reason it would not load the state); otherwise its keys, array shapes and dtypes are
+    compared with the model's own state. Without *load* it is only checked (the loop loads it:
+    a resume's state, a sharded checkpoint's tensors loaded by every rank together).
 
     :raises StateMismatchError: listing missing/unexpected keys and shape/dtype mismatches, or
         carrying the model's own refusal.
@@ -76,8 +76,10 @@ def check_model(loop: Loop, model_state: Any, where: Path, load: bool = True) ->
 def check_fits(loop: Loop, state: Mapping[str, Any], where: Path) -> None:
     """Check a full state against the loop's model and streams before the loop loads it.
 
-    The model and the streams load their parts here (the loop loads them again, with the same
-    result), so their own refusals become one :class:`StateMismatchError` naming the checkpoint.
+    The streams load their parts here (the loop loads them again, with the same result), so
+    their own refusals become one :class:`StateMismatchError` naming the checkpoint; so does the
+    model, unless it checks states itself (``check_state``): a state it accepts is loaded once,
+    by the loop (on a GPU each load is a copy of the state to the device).
     """
     from epochal.loop import STATE_FORMAT
 
@@ -93,7 +95,10 @@ def check_fits(loop: Loop, state: Mapping[str, Any], where: Path) -> None:
     except WorldSizeError as error:
         raise StateMismatchError(f"checkpoint {str(where)!r}: {error}") from None
     model = state.get("model")
-    check_model(loop, model, where, load=not (isinstance(model, Mapping) and "dcp" in model))
+    sharded = isinstance(model, Mapping) and "dcp" in model
+    check_model(
+        loop, model, where, load=not sharded and not callable(getattr(loop.model, "check_state", None))
+    )
     for name, stream_state in (state.get("data") or {}).items():
         stream = loop.data.get(name)
         if stream is not None and callable(getattr(stream, "load_state_dict", None)):
