@@ -99,13 +99,13 @@ def check_optimizer(optimizer: torch.optim.Optimizer, saved: Any) -> list[str]:
             params[str(pid)] = param
     if unknown := set(map(str, saved["state"])) - set(params):
         problems.append(f"optimizer.state: unknown parameter ids {sorted(unknown)}")
+    total = sum(p.numel() for p in params.values())  # what a flat state (L-BFGS) spans
     for pid in sorted(set(map(str, saved["state"])) & set(params), key=_natural):
         entry = saved["state"][pid]
         if not isinstance(entry, Mapping):
             problems.append(f"optimizer.state.{pid} must be a mapping, got {type(entry).__name__}")
             continue
         shape = tuple(params[pid].shape)
-        total = sum(p.numel() for p in params.values())
         for key in sorted(entry):
             found = plain_dtype_and_shape(entry[key])
             if found is not None and not _fits(found[1], shape, total):
