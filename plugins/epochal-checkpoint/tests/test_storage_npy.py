@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 from epochal_checkpoint import CorruptCheckpointError, UnsafeCheckpointError, load_latest, read_checkpoint
+from epochal_checkpoint.storage import npy
 from epochal_checkpoint.storage.codec import flatten
 from epochal_checkpoint.storage.load import read_state_document
 from epochal_checkpoint.storage.npy import npy_header, parse_npy_header
@@ -203,3 +204,79 @@ def test_fuzzed_headers_only_parse_or_raise_the_packages_own_errors() -> None:
         assert type(fortran) is bool and isinstance(dtype, np.dtype) and not dtype.hasobject
     assert sum(outcomes.values()) == 12_000
     assert min(outcomes.values()) > 0, outcomes  # every outcome reached: the fuzz hits the parser
+
+
+#: the arrays of tensors (every dtype torch shares with numpy, and the bits of the others).
+TENSOR_ARRAYS = [
+    np.zeros(shape, dtype=dtype, order=order)
+    for dtype in ("<f2", "<f4", "<f8", "<c8", "<c16", "|b1", "|u1", "|i1", "<u2", "<i2", "<u4", "<i4", "<u8",
+                  "<i8")
+    for shape in [(), (0,), (7,), (3, 4), (2, 0, 5), (1,) * 9, (123456789, 0)]
+    for order in ("C", "F")
+]  # fmt: skip
+
+
+def _outcome(head: bytes) -> Any:
+    """What parse_npy_header makes of *head*: the result, or the error's type and message
+    (objects' addresses left out)."""
+    try:
+        return parse_npy_header("x", head)
+    except (CorruptCheckpointError, UnsafeCheckpointError) as error:
+        return type(error), re.sub(r" at 0x[0-9a-f]+", "", str(error))
+
+
+def _general(monkeypatch: pytest.MonkeyPatch, head: bytes) -> Any:
+    """:func:`_outcome` without parse_npy_header's plain-header path."""
+    with monkeypatch.context() as patch:
+        patch.setattr(npy, "_PLAIN", re.compile(r"(?!)"))  # matches nothing
+        return _outcome(head)
+
+
+def test_numpys_headers_of_tensor_arrays_take_the_plain_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The headers a checkpoint of tensors holds are read without ast.literal_eval (the plain
+    path, ~5x faster per record), into what the general path reads."""
+    for array in TENSOR_ARRAYS:
+        head = npy_header(array)
+        expected = _general(monkeypatch, head)
+        with monkeypatch.context() as patch:
+            patch.setattr(npy.ast, "literal_eval", None)  # the general path would fail
+            assert parse_npy_header("x", head) == expected, head
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (5), }",  # an int, not a tuple
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (007,), }",  # no literal
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4,), }",  # a tuple all the same
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (-1,), }",
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,), }",
+        "{'descr': '<f4', 'fortran_order': 0, 'shape': (1,), }",
+        "{'descr': '|O8', 'fortran_order': False, 'shape': (1,), }",
+        "{'descr': '<x4', 'fortran_order': False, 'shape': (1,), }",
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }  \t\n",
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (1,), } \n\n",
+        "{'descr':'<f4', 'fortran_order': False, 'shape': (1,), }\n",
+        "{'fortran_order': False, 'descr': '<f4', 'shape': (1,), }\n",
+    ],
+)
+def test_a_near_plain_header_reads_as_the_general_path_reads_it(
+    monkeypatch: pytest.MonkeyPatch, text: str
+) -> None:
+    body = text.encode("latin-1")
+    head = b"\x93NUMPY\x01\x00" + len(body).to_bytes(2, "little") + body
+    assert _outcome(head) == _general(monkeypatch, head)
+
+
+def test_fuzzed_plain_headers_read_as_the_general_path_reads_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """5,000 mutations of tensor arrays' headers: the same result or error with and without the
+    plain path (it never reads a damaged header another way than ast.literal_eval does)."""
+    rng = random.Random(32)
+    valid = [npy_header(array) for array in TENSOR_ARRAYS]
+    parsed = 0
+    for _ in range(5_000):
+        head = _mutate(rng, rng.choice(valid))
+        got = _outcome(head)
+        assert got == _general(monkeypatch, head), head
+        parsed += type(got[0]) is tuple  # a shape: it parsed
+    assert parsed >= 25  # the mutations reach headers that still parse (48 with this seed)

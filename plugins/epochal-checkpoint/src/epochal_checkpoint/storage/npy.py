@@ -8,12 +8,19 @@ byte), an exception no caller expects. Here the header is bounded (64 KiB), pars
 :func:`ast.literal_eval` (literals only: no name is looked up, no code runs), and every key and
 type is checked; whatever is wrong ends in :class:`CorruptCheckpointError` (an object dtype,
 a pickle payload, in :class:`UnsafeCheckpointError`), never in another exception.
+
+The header numpy writes for a tensor's array (a plain dtype such as ``'<f4'``, a shape of
+integers) is matched by a regular expression first, which reads it ~5x faster than
+:func:`ast.literal_eval` (a model of hundreds of tensors has hundreds of records per load);
+any other header, damaged ones included, takes the general path, and both end in the same
+checks.
 """
 
 from __future__ import annotations
 
 import ast
 import io
+import re
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +40,13 @@ MAX_DIMS = 64
 _LENGTH_BYTES = {(1, 0): 2, (2, 0): 4}
 _KEYS = frozenset({"descr", "fortran_order", "shape"})
 _MAX_DIM = 1 << 62
+_DIM = r"(?:0|[1-9][0-9]{0,18})"  # as Python writes an int: no sign, no leading zero
+#: the header numpy writes for a plain dtype, as ``repr`` of its dict, padded: the keys in order,
+#: a shape of ``()``, ``(n,)`` or ``(n, m, ...)`` (what literal_eval reads as that tuple).
+_PLAIN = re.compile(
+    rf"\{{'descr': '([<>|=][a-zA-Z][0-9]{{1,3}})', 'fortran_order': (False|True), "
+    rf"'shape': \((|{_DIM},|{_DIM}(?:, {_DIM})+)\), \}} *\n"
+)
 
 
 def npy_header(array: np.ndarray) -> bytes:
@@ -84,18 +98,13 @@ def parse_npy_header(where: str, head: bytes) -> tuple[tuple[int, ...], bool, np
     if end > len(head):
         raise bad(f"truncated ({len(head) - start} of {length} bytes)")
     text = bytes(head[start:end]).decode("latin-1")
-    try:
-        # a damaged header can hold an invalid escape ("\\d"): Python's parser then warns on
-        # stderr about the text (DeprecationWarning, SyntaxWarning): not ours to show
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            header = ast.literal_eval(text)
-    except Exception as error:  # SyntaxError, ValueError, MemoryError, RecursionError...
-        raise bad(f"not a dict literal ({type(error).__name__}: {str(error)[:100]})") from None
-    if type(header) is not dict or header.keys() != _KEYS:
-        keys = sorted(map(repr, header)) if type(header) is dict else type(header).__name__
-        raise bad(f"not a dict of descr, fortran_order and shape ({keys!s:.200})")
-    shape, fortran, descr = header["shape"], header["fortran_order"], header["descr"]
+    plain = _PLAIN.fullmatch(text)
+    if plain is not None:
+        descr: Any = plain[1]
+        fortran: Any = plain[2] == "True"
+        shape: Any = tuple(int(n) for n in plain[3].split(",") if n)
+    else:
+        shape, fortran, descr = _literal_header(text, bad)
     if (
         type(shape) is not tuple
         or len(shape) > MAX_DIMS
@@ -113,3 +122,20 @@ def parse_npy_header(where: str, head: bytes) -> tuple[tuple[int, ...], bool, np
     if dtype.hasobject:
         raise _unsafe(where)
     return shape, fortran, dtype, end
+
+
+def _literal_header(text: str, bad: Any) -> tuple[Any, Any, Any]:
+    """The shape, Fortran order and descr of any header text, read with :func:`ast.literal_eval`
+    (unchecked beyond the dict's keys); *bad* makes the error for text that is no such dict."""
+    try:
+        # a damaged header can hold an invalid escape ("\\d"): Python's parser then warns on
+        # stderr about the text (DeprecationWarning, SyntaxWarning): not ours to show
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            header = ast.literal_eval(text)
+    except Exception as error:  # SyntaxError, ValueError, MemoryError, RecursionError...
+        raise bad(f"not a dict literal ({type(error).__name__}: {str(error)[:100]})") from None
+    if type(header) is not dict or header.keys() != _KEYS:
+        keys = sorted(map(repr, header)) if type(header) is dict else type(header).__name__
+        raise bad(f"not a dict of descr, fortran_order and shape ({keys!s:.200})")
+    return header["shape"], header["fortran_order"], header["descr"]
