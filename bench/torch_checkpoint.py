@@ -1,10 +1,13 @@
 """PyTorch checkpoints through ``TorchModel`` against raw I/O, torch.save and safetensors (issue 32).
 
-Run: ``python bench/torch_checkpoint.py [--rounds N] [--big] [--sizes MB,...] [--dir DIR] [--device D]``
+Run: ``python bench/torch_checkpoint.py [--rounds N] [--big] [--sizes MB,...] [--params N] [--dir DIR]
+[--device D] [--profile-load]``
 (needs torch, safetensors and epochal-checkpoint installed).
 
-A CPU module of float32 parameters and its SGD optimizer with momentum (the state is half
-module, half optimizer: 64 MB and 256 MB in all, 1 GB too with ``--big``) is saved and loaded,
+A CPU module of float32 parameters (8 by default; ``--params N``: e.g. 240, about as many
+tensors as ResNet-50's state holds, where each record's own cost shows) and its SGD optimizer with
+momentum (the state is half module, half optimizer: 64 MB and 256 MB in all, 1 GB too with
+``--big``) is saved and loaded,
 side by side in one run, in interleaved rounds (each case once per round, the order rotating;
 an untimed warm-up round first; medians):
 
@@ -24,7 +27,8 @@ an untimed warm-up round first; medians):
   ``storage.write_checkpoint`` (crash-safe: files and directories fsynced, rename); the load is
   what the plugin's ``resume_state`` does with ``--resume PATH``: ``read_from`` with the
   model's load destinations (the arrays read straight into the live tensors once the checkpoint
-  verified), ``check_fits`` (which loads the model once) and ``loop.load_state_dict`` into the
+  verified), ``check_fits`` (which checks the state against the model: ``TorchModel`` has
+  ``check_state``, so nothing is loaded on trial) and ``loop.load_state_dict`` into the
   second model (whose optimizer has stepped: its momentum buffers exist).
 - **epochal, fresh optimizer**: the same load into the second model's module with a new
   optimizer that has no state yet, as in a resumed run: the momentum buffers (half the state)
@@ -50,6 +54,16 @@ save, and two more save cases split that copy from the write (both floors of a s
 - **raw + pinned copy**: each tensor copied into page-locked host buffers allocated once before
   the rounds (``copy_(non_blocking=True)``, one synchronisation), then written the same way.
 
+and the two floors of a load into a GPU model (the **raw** read stops on the host):
+
+- **raw + copy**: the raw read into a fresh buffer, then each tensor's bytes copied into the
+  second model's live tensors with ``copy_`` (from pageable memory: each copy waits);
+- **raw + pinned copy**: the raw read into a page-locked buffer allocated once before the
+  rounds, then the same copies queued (``non_blocking=True``) and one synchronisation.
+
+``--profile-load`` prints, after each size's table, where one more epochal load (into the
+second model, its optimizer with state) spends its time: cProfile's functions by their own time.
+
 To compare with another epochal (e.g. before a change), run the script twice with that
 epochal's ``src`` first on ``PYTHONPATH``: only the ``epochal`` columns depend on it.
 """
@@ -57,7 +71,9 @@ epochal's ``src`` first on ``PYTHONPATH``: only the ``epochal`` columns depend o
 from __future__ import annotations
 
 import argparse
+import cProfile
 import os
+import pstats
 import resource
 import shutil
 import statistics
@@ -80,26 +96,27 @@ from epochal.torch import TorchModel
 
 MB = 1 << 20
 CHECKPOINT = "ckpt-e0001-i000001"
-PIECES = 8  # parameters of the module (each has its momentum buffer)
+PIECES = 8  # parameters of the module by default (each has its momentum buffer)
 
 
 class Flat(torch.nn.Module):
-    """A module of PIECES float32 parameters holding *nbytes* in all."""
+    """A module of *pieces* float32 parameters holding *nbytes* in all."""
 
-    def __init__(self, nbytes: int, seed: int) -> None:
+    def __init__(self, nbytes: int, seed: int, pieces: int = PIECES) -> None:
         super().__init__()
         generator = torch.Generator().manual_seed(seed)
-        per = nbytes // 4 // PIECES
+        per = nbytes // 4 // pieces
         self.weights = torch.nn.ParameterList(
-            torch.nn.Parameter(torch.randn(per // 1024, 1024, generator=generator)) for _ in range(PIECES)
+            torch.nn.Parameter(torch.randn(per // 1024, 1024, generator=generator)) for _ in range(pieces)
         )
 
 
 def make_model(
-    nbytes: int, seed: int, run_dir: Path, device: str = "cpu"
+    nbytes: int, seed: int, run_dir: Path, device: str = "cpu", pieces: int = PIECES
 ) -> tuple[Loop, Flat, torch.optim.Optimizer]:
-    """A loop around a TorchModel on *device* whose state (module + momentum) is *nbytes*."""
-    module = Flat(nbytes // 2, seed).to(device)
+    """A loop around a TorchModel on *device* whose state (module + momentum, *pieces*
+    parameters) is *nbytes*."""
+    module = Flat(nbytes // 2, seed, pieces).to(device)
     optimizer = torch.optim.SGD(module.parameters(), lr=0.01, momentum=0.9)
     for param in module.parameters():
         param.grad = torch.ones_like(param)
@@ -154,6 +171,22 @@ def copies(
         buffer.copy_(tensor.detach(), non_blocking=True)
     torch.cuda.synchronize()
     return [buffer.numpy() for buffer in pinned]
+
+
+def raw_load_to(path: Path, targets: list[torch.Tensor], pinned: torch.Tensor | None) -> None:
+    """The raw read, then each tensor's bytes (in *targets*' order) copied into *targets*, the
+    live tensors of a GPU model: from a fresh buffer, or from the page-locked *pinned* one
+    (the copies queued, one wait)."""
+    host = raw_load(path, None if pinned is None else pinned.numpy())
+    offset = 0
+    with torch.no_grad():
+        for target in targets:
+            size = target.numel() * target.element_size()
+            source = torch.from_numpy(host[offset : offset + size]).view(target.dtype).view(target.shape)
+            target.copy_(source, non_blocking=pinned is not None)
+            offset += size
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def torch_save(path: Path, module: Flat, optimizer: torch.optim.Optimizer) -> None:
@@ -218,28 +251,59 @@ def timed(call: Callable[[], Any]) -> tuple[float, float, int]:
 SAVES = ("raw", "torch.save", "safetensors", "epochal")
 GPU_SAVES = ("raw + copy", "raw + pinned copy")
 LOADS = ("raw", "torch.load", "safetensors", "epochal", "epochal, fresh optimizer", "raw, warm buffer")
+GPU_LOADS = GPU_SAVES  # the same names: the floors of a GPU model's save and load
 
 
-def measure(directory: Path, size_mb: int, rounds: int, device: str = "cpu") -> dict[str, Any]:
+def profile_load(path: Path, loop: Loop, rows: int = 15) -> str:
+    """One epochal load into *loop*'s model under cProfile: the functions by their own time."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    epochal_load(path, loop, {})
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+    top = sorted(stats.items(), key=lambda item: -item[1][2])[:rows]
+    total = sum(entry[2] for entry in stats.values())
+    lines = [f"| own ms | with callees ms | calls | function (all: {total * 1e3:.1f} ms) |"]
+    lines.append("|---:|---:|---:|---|")
+    for (file, line, name), (_, calls, own, cumulative, _) in top:
+        where = name if file == "~" else f"{Path(file).parent.name}/{Path(file).name}:{line} {name}"
+        lines.append(f"| {own * 1e3:.2f} | {cumulative * 1e3:.2f} | {calls} | `{where}` |")
+    return "\nwhere one more epochal load spends its time (cProfile, by own time):\n\n" + "\n".join(lines)
+
+
+def measure(
+    directory: Path,
+    size_mb: int,
+    rounds: int,
+    device: str = "cpu",
+    profile: bool = False,
+    pieces: int = PIECES,
+) -> dict[str, Any]:
     nbytes = size_mb * MB
-    loop, module, optimizer = make_model(nbytes, 0, directory / "run-a", device)
-    target_loop, target, target_optimizer = make_model(nbytes, 1, directory / "run-b", device)
+    loop, module, optimizer = make_model(nbytes, 0, directory / "run-a", device, pieces)
+    target_loop, target, target_optimizer = make_model(nbytes, 1, directory / "run-b", device, pieces)
     arrays = [t.detach().cpu().numpy() for t in tensors(module, optimizer).values()]
     state_bytes = sum(a.nbytes for a in arrays)
     warm = np.ones(state_bytes, np.uint8)  # touched: the raw read's floor without fresh memory
     on_gpu = torch.device(device).type == "cuda"
     save_cases = SAVES + GPU_SAVES if on_gpu else SAVES
+    load_cases = LOADS + GPU_LOADS if on_gpu else LOADS
     pinned = (
         [torch.empty_like(a, device="cpu").pin_memory() for a in tensors(module, optimizer).values()]
         if on_gpu
         else []
     )
-    names = [f"save {k}" for k in save_cases] + [f"load {k}" for k in LOADS]
+    pinned_read = torch.empty(state_bytes, dtype=torch.uint8, pin_memory=True) if on_gpu else None
+    targets = list(tensors(target, target_optimizer).values())
+    names = [f"save {k}" for k in save_cases] + [f"load {k}" for k in load_cases]
     times: dict[str, list[float]] = {k: [] for k in names}
     cpu: dict[str, list[float]] = {k: [] for k in names}
     faults: dict[str, list[int]] = {k: [] for k in times}
     adapter: dict[str, list[float]] = {"save": [], "load": [], "load, fresh optimizer": []}
     parts: dict[str, float] = {}
+    profiled = ""
     for number in range(-1, rounds):  # round -1 warms up (first touches of memory, files), untimed
         here = directory / f"round{number}"
         here.mkdir()
@@ -285,8 +349,10 @@ def measure(directory: Path, size_mb: int, rounds: int, device: str = "cpu") -> 
             "epochal": lambda: epochal_load(paths["epochal"], target_loop, parts),  # noqa: B023
             "epochal, fresh optimizer": lambda: epochal_load(paths["epochal"], fresh, parts),  # noqa: B023
             "raw, warm buffer": lambda: raw_load(paths["raw"], warm),  # noqa: B023
+            "raw + copy": lambda: raw_load_to(paths["raw"], targets, None),  # noqa: B023
+            "raw + pinned copy": lambda: raw_load_to(paths["raw"], targets, pinned_read),  # noqa: B023
         }
-        for name in LOADS[number % len(LOADS) :] + LOADS[: number % len(LOADS)]:
+        for name in load_cases[number % len(load_cases) :] + load_cases[: number % len(load_cases)]:
             seconds, cpu_seconds, count = timed(loads[name])
             if number >= 0:
                 times[f"load {name}"].append(seconds)
@@ -296,6 +362,8 @@ def measure(directory: Path, size_mb: int, rounds: int, device: str = "cpu") -> 
                     adapter["load" if name == "epochal" else "load, fresh optimizer"].append(parts["adapter"])
         # a resume is bitwise: the second model now holds the first one's state
         assert all(torch.equal(a, b) for a, b in zip(module.parameters(), target.parameters(), strict=True))
+        if profile and number == rounds - 1:
+            profiled = profile_load(paths["epochal"], target_loop)
         shutil.rmtree(here)
     medians = {k: statistics.median(v) for k, v in times.items()}
     cpu_medians = {k: statistics.median(v) for k, v in cpu.items()}
@@ -315,21 +383,27 @@ def measure(directory: Path, size_mb: int, rounds: int, device: str = "cpu") -> 
         },
         "faults": {k: int(statistics.median(v)) for k, v in faults.items()},
         "adapter_ms": {k: statistics.median(v) * 1e3 for k, v in adapter.items()},
+        "profile": profiled,
+        "params": pieces,
     }
 
 
 def report(result: dict[str, Any]) -> None:
     ms, ratio, faults, cpu = result["ms"], result["ratio"], result["faults"], result["cpu_ratio"]
     size, count = result["MB"], result["rounds"]
-    print(f"\n### {size} MB state ({result['bytes'] / MB:.0f} MiB of tensors), {count} rounds\n")
+    tensors = f"{result['bytes'] / MB:.0f} MiB in {result['params']} parameters and their momentum"
+    print(f"\n### {size} MB state ({tensors}), {count} rounds\n")
     print(
         "| case | save ms | save: raw / case | save, CPU: raw / case | save faults "
         "| load ms | load: raw / case | load, CPU: raw / case | load faults |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for save in GPU_SAVES if f"save {GPU_SAVES[0]}" in ms else ():
-        key = f"save {save}"
-        print(f"| {save} | {ms[key]:.1f} | **{ratio[key]:.2f}x** | {cpu[key]:.2f}x | {faults[key]} | | | | |")
+    for case in GPU_SAVES if f"save {GPU_SAVES[0]}" in ms else ():
+        save, load = f"save {case}", f"load {case}"
+        print(
+            f"| {case} | {ms[save]:.1f} | **{ratio[save]:.2f}x** | {cpu[save]:.2f}x | {faults[save]} "
+            f"| {ms[load]:.1f} | **{ratio[load]:.2f}x** | {cpu[load]:.2f}x | {faults[load]} |"
+        )
     for save, load in zip(SAVES, LOADS[: len(SAVES)], strict=True):
         label = save if save == load else f"{save} / {load}"
         save_ratio = "1" if save == "raw" else f"**{ratio[f'save {save}']:.2f}x**"
@@ -351,12 +425,17 @@ def report(result: dict[str, Any]) -> None:
         f"tensors can reach): epochal {warm / ms['load epochal']:.2f}x, torch.load "
         f"{warm / ms['load torch.load']:.2f}x, safetensors {warm / ms['load safetensors']:.2f}x"
     )
+    if f"load {GPU_LOADS[0]}" in ms:
+        floors = ", ".join(f"{ms[f'load {k}'] / ms['load epochal']:.2f}x {k}" for k in GPU_LOADS)
+        print(f"\nagainst the loads into the GPU model's tensors (a GPU load's floors): epochal {floors}")
     parts = result["adapter_ms"]
     print(
         f"\nepochal's adapter (TorchModel inside loop.state_dict / loop.load_state_dict): "
         f"save {parts['save']:.1f} ms, load {parts['load']:.1f} ms, load with a fresh optimizer "
         f"{parts['load, fresh optimizer']:.1f} ms (medians; in the epochal rows)"
     )
+    if result["profile"]:
+        print(result["profile"])
 
 
 def main() -> None:
@@ -368,6 +447,12 @@ def main() -> None:
     )
     parser.add_argument("--dir", default=".", help="where the files go (a temporary directory inside)")
     parser.add_argument("--device", default="cpu", help="where the model lives (cpu, cuda)")
+    parser.add_argument(
+        "--params", type=int, default=PIECES, help=f"parameters of the module (default {PIECES})"
+    )
+    parser.add_argument(
+        "--profile-load", action="store_true", help="also print where one epochal load spends its time"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     directory = Path(tempfile.mkdtemp(prefix="bench-torch-checkpoint-", dir=args.dir))
@@ -379,7 +464,7 @@ def main() -> None:
     try:
         sizes = [int(mb) for mb in args.sizes.split(",")] if args.sizes else [64, 256] + [1024] * args.big
         for size in sizes:
-            report(measure(directory, size, args.rounds, args.device))
+            report(measure(directory, size, args.rounds, args.device, args.profile_load, args.params))
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
