@@ -48,7 +48,7 @@ if [ "${GPU_SPLIT:-0}" = 1 ]; then
     cases=raw,bare,six,async
     bench mlp_300 BENCH_MODELS=mlp BENCH_STEPS=300 BENCH_EPOCHS=3 BENCH_REPEATS=11 BENCH_CASES=$cases
     start=$SECONDS
-    (cd bench && timeout 120 $PY torch_checkpoint.py --device cuda --sizes 8,96 --rounds 5 --dir /tmp) 2>&1 \
+    (cd bench && timeout 120 $PY torch_checkpoint.py --device cuda --sizes 8,96 --rounds 5 --profile-load --dir /tmp) 2>&1 \
         | tee "$OUT/checkpoint.log"
     echo "checkpoint: $((SECONDS - start)) s"
     tests
