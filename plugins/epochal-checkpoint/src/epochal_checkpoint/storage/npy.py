@@ -10,8 +10,9 @@ type is checked; whatever is wrong ends in :class:`CorruptCheckpointError` (an o
 a pickle payload, in :class:`UnsafeCheckpointError`), never in another exception.
 
 The header numpy writes for a tensor's array (a plain dtype such as ``'<f4'``, a shape of
-integers) is matched by a regular expression first, which reads it ~5x faster than
-:func:`ast.literal_eval` (a model of hundreds of tensors has hundreds of records per load);
+integers) is matched by a regular expression first, which reads it ~7x faster than
+:func:`ast.literal_eval` (3 against 21 µs; a model of hundreds of tensors has hundreds of
+records per load);
 any other header, damaged ones included, takes the general path, and both end in the same
 checks.
 """
@@ -22,6 +23,7 @@ import ast
 import io
 import re
 import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from epochal_checkpoint.errors import CorruptCheckpointError, UnsafeCheckpointError
@@ -124,7 +126,7 @@ def parse_npy_header(where: str, head: bytes) -> tuple[tuple[int, ...], bool, np
     return shape, fortran, dtype, end
 
 
-def _literal_header(text: str, bad: Any) -> tuple[Any, Any, Any]:
+def _literal_header(text: str, bad: Callable[[str], CorruptCheckpointError]) -> tuple[Any, Any, Any]:
     """The shape, Fortran order and descr of any header text, read with :func:`ast.literal_eval`
     (unchecked beyond the dict's keys); *bad* makes the error for text that is no such dict."""
     try:
