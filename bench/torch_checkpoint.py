@@ -59,7 +59,9 @@ and the two floors of a load into a GPU model (the **raw** read stops on the hos
 - **raw + copy**: the raw read into a fresh buffer, then each tensor's bytes copied into the
   second model's live tensors with ``copy_`` (from pageable memory: each copy waits);
 - **raw + pinned copy**: the raw read into a page-locked buffer allocated once before the
-  rounds, then the same copies queued (``non_blocking=True``) and one synchronisation.
+  rounds, then the same copies queued (``non_blocking=True``) and one synchronisation. A resume
+  loads once per process, so a real one would also pay for locking that memory
+  (``cudaHostAlloc`` of the state's size), which this floor leaves out.
 
 ``--profile-load`` prints, after each size's table, where one more epochal load (into the
 second model, its optimizer with state) spends its time: cProfile's functions by their own time.
