@@ -16,7 +16,7 @@ from epochal_checkpoint import CorruptCheckpointError, UnsafeCheckpointError, lo
 from epochal_checkpoint.storage import npy
 from epochal_checkpoint.storage.codec import flatten
 from epochal_checkpoint.storage.load import read_state_document
-from epochal_checkpoint.storage.npy import npy_header, parse_npy_header
+from epochal_checkpoint.storage.npy import NPY_HEADER_FIRST, header_size, npy_header, parse_npy_header
 from epochal_checkpoint.storage.write import write_checkpoint
 from epochal_checkpoint.testing import resign
 
@@ -280,3 +280,25 @@ def test_fuzzed_plain_headers_read_as_the_general_path_reads_them(monkeypatch: p
         assert got == _general(monkeypatch, head), head
         parsed += type(got[0]) is tuple  # a shape: it parsed
     assert parsed >= 25  # the mutations reach headers that still parse (48 with this seed)
+
+
+def test_header_size_is_the_length_the_parser_finds() -> None:
+    for array in [*ARRAYS, *TENSOR_ARRAYS[::7]]:
+        head = header_of(array)
+        assert header_size(head + b"data") == parse_npy_header("x", head + b"data")[3] == len(head)
+    assert header_size(b"\x93NUMPY\x01") is None  # too short to say
+    assert header_size(b"\x93NUMPZ\x01\x00\x10\x00") is None  # no magic
+    assert header_size(b"\x93NUMPY\x03\x00\x10\x00") is None  # no version it knows
+
+
+def test_a_record_whose_header_is_longer_than_the_first_read_loads(tmp_path: Path) -> None:
+    """A reader fetches NPY_HEADER_FIRST bytes of a record first; a longer header (a structured
+    dtype of many fields) is fetched again whole."""
+    fields = np.dtype([(f"field_{i:03d}", "<f8") for i in range(60)])
+    array = np.zeros(3, fields)
+    array["field_007"] = [1.0, 2.0, 3.0]
+    assert len(header_of(array)) > NPY_HEADER_FIRST
+    path = save(tmp_path, {"w": array, "v": np.arange(4.0)})
+    state, _ = read_checkpoint(path)
+    assert state["w"].dtype == fields and np.array_equal(state["w"], array)
+    assert np.array_equal(state["v"], np.arange(4.0))

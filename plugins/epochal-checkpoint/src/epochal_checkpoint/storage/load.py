@@ -32,7 +32,7 @@ from epochal_checkpoint.errors import (
 from epochal_checkpoint.storage import sharded, sign
 from epochal_checkpoint.storage.codec import DATA, FORMAT, MANIFEST, crc32, key_path
 from epochal_checkpoint.storage.layout import CheckpointInfo, list_checkpoints
-from epochal_checkpoint.storage.npy import NPY_HEADER_MAX, parse_npy_header
+from epochal_checkpoint.storage.npy import NPY_HEADER_FIRST, NPY_HEADER_MAX, header_size, parse_npy_header
 from epochal_checkpoint.storage.read import (
     CRC_RE,
     MAX_FILE_BYTES,
@@ -127,7 +127,10 @@ def _record(path: Path, fd: int, entry: Mapping[str, Any], end: int) -> _Record:
     if offset >= end:
         raise corrupt(path, DATA, f"key arrays: offset {offset} is past the end of the arrays ({end})")
     try:
-        head = os.pread(fd, min(NPY_HEADER_MAX, end - offset), offset)
+        head = os.pread(fd, min(NPY_HEADER_FIRST, end - offset), offset)
+        declared = header_size(head)
+        if declared is not None and declared > len(head):  # a long header: up to the limit
+            head = os.pread(fd, min(NPY_HEADER_MAX, end - offset), offset)
     except OSError as error:
         raise corrupt(path, DATA, f"cannot be read: {error.strerror or error}") from None
     shape, fortran, dtype, length = parse_npy_header(where, head)

@@ -36,6 +36,9 @@ MAGIC = b"\x93NUMPY"
 MAX_HEADER = 1 << 16
 #: how many bytes a reader fetches to be sure to hold a whole header.
 NPY_HEADER_MAX = MAX_HEADER + 16
+#: how many bytes a reader fetches first: numpy's header of a tensor's array is 128 bytes; a
+#: longer one (:func:`header_size`) is read again whole.
+NPY_HEADER_FIRST = 1024
 #: numpy's limit on the number of dimensions.
 MAX_DIMS = 64
 #: the header length field's size, by version.
@@ -63,6 +66,15 @@ def npy_header(array: np.ndarray) -> bytes:
         buffer = io.BytesIO()
         np.lib.format.write_array_header_2_0(buffer, header)
     return buffer.getvalue()
+
+
+def header_size(head: bytes) -> int | None:
+    """The length (magic and length field included) that the header at the start of *head*
+    declares, or None where *head* does not start with one (:func:`parse_npy_header` says why)."""
+    size = _LENGTH_BYTES.get((head[6], head[7])) if len(head) >= 8 and head[:6] == MAGIC else None
+    if size is None or len(head) < 8 + size:
+        return None
+    return 8 + size + int.from_bytes(head[8 : 8 + size], "little")
 
 
 def _unsafe(where: str) -> UnsafeCheckpointError:
