@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -271,6 +272,17 @@ def from_plain_or_live(saved: Any, live: Any) -> Any:
     }
 
 
+@functools.lru_cache(maxsize=256)
+def _torch_dtype(dtype: np.dtype[Any]) -> tuple[torch.dtype, str] | None:
+    """The torch dtype (and its name) of arrays of numpy *dtype* in native byte order; None
+    where torch has none. Cached: a state of hundreds of tensors holds a few dtypes."""
+    try:
+        found = torch.from_numpy(np.empty(0, dtype.newbyteorder("="))).dtype
+    except TypeError:
+        return None
+    return found, str(found).removeprefix("torch.")
+
+
 def in_place(value: Any, tensor: torch.Tensor) -> bool:
     """Whether *value* (an array or tagged record) is *tensor*'s own memory, of its dtype and
     shape: what a reader filled through :func:`destination`; loading it changes nothing more."""
@@ -281,12 +293,10 @@ def in_place(value: Any, tensor: torch.Tensor) -> bool:
     if tensor.device.type != "cpu" or not tensor.is_contiguous() or tuple(array.shape) != tuple(tensor.shape):
         return False
     if dtype is None:
-        if not array.dtype.isnative:
+        known = _torch_dtype(array.dtype) if array.dtype.isnative else None
+        if known is None:
             return False
-        try:
-            dtype = torch.from_numpy(np.empty(0, array.dtype)).dtype
-        except TypeError:
-            return False
+        dtype = known[0]
     return bool(
         dtype == tensor.dtype
         and array.nbytes == tensor.nbytes
@@ -297,11 +307,8 @@ def in_place(value: Any, tensor: torch.Tensor) -> bool:
 def plain_dtype_and_shape(value: Any) -> tuple[str, tuple[int, ...]] | None:
     """The torch dtype name and shape a plain value stands for (None if it is no tensor)."""
     if isinstance(value, np.ndarray):
-        try:
-            dtype = torch.from_numpy(np.empty(0, value.dtype.newbyteorder("="))).dtype
-        except TypeError:
-            return None
-        return str(dtype).removeprefix("torch."), tuple(value.shape)
+        known = _torch_dtype(value.dtype)
+        return None if known is None else (known[1], tuple(value.shape))
     if is_tensor_record(value) and isinstance(value.get("bits"), np.ndarray):
         return str(value[TENSOR_TAG]), tuple(value["bits"].shape)
     return None
