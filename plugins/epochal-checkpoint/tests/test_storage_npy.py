@@ -302,3 +302,14 @@ def test_a_record_whose_header_is_longer_than_the_first_read_loads(tmp_path: Pat
     state, _ = read_checkpoint(path)
     assert state["w"].dtype == fields and np.array_equal(state["w"], array)
     assert np.array_equal(state["v"], np.arange(4.0))
+
+
+def test_a_kept_header_is_numpys_own() -> None:
+    """npy_header keeps the header of each dtype, shape and order: asked again (a save of the
+    same tensors), it is still byte for byte what numpy writes for that array."""
+    arrays = [*ARRAYS, *TENSOR_ARRAYS, np.zeros((4, 3))[:, ::2], np.zeros((3, 4)).T]
+    for _ in range(2):
+        for array in arrays:
+            buffer = io.BytesIO()
+            np.lib.format.write_array_header_1_0(buffer, np.lib.format.header_data_from_array_1_0(array))
+            assert npy_header(array) == buffer.getvalue(), array.dtype
