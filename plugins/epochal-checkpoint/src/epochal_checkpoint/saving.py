@@ -8,8 +8,10 @@ hooks and the options); the writer thread and its back-pressure are in
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,10 +25,31 @@ from epochal_checkpoint.storage import store
 if TYPE_CHECKING:
     from epochal.loop import Loop
 
-__all__ = ["BEST_WEIGHTS", "LAST_WEIGHTS", "Saving"]
+__all__ = ["BEST_WEIGHTS", "LAST_WEIGHTS", "Saving", "collector_paused"]
 
 #: the weights files ``export`` writes into the checkpoint directory.
 LAST_WEIGHTS, BEST_WEIGHTS = "last.safetensors", "best.safetensors"
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused for the block (where it was enabled).
+
+    A save or a load makes a few containers per tensor (its record, its view, its index entry),
+    thousands for a model of thousands of tensors, and drops them when it ends. Collected while
+    they live, they are promoted to the oldest generation, whose growth triggers full
+    collections, each a walk of every object of the process (~340,000 with torch imported:
+    ~180 ms on the bench machine). Paused, they are freed by reference counting at the block's
+    end and promote nothing; the collector runs again as before afterwards.
+    """
+    if not gc.isenabled():  # the program's own choice: left as it is
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 class Saving(BackgroundWrites):
@@ -61,6 +84,12 @@ class Saving(BackgroundWrites):
     def _save(
         self, loop: Loop, reason: str, error: BaseException | None = None, periodic: bool = False
     ) -> None:
+        """Take a save now (or defer a periodic one while the last write runs), with the cyclic
+        garbage collector paused (:func:`collector_paused`)."""
+        with collector_paused():
+            self._take_save(loop, reason, error, periodic)
+
+    def _take_save(self, loop: Loop, reason: str, error: BaseException | None, periodic: bool) -> None:
         key = (loop.epoch, loop.iteration)
         if key == self._last_key:
             self._pending = None
