@@ -35,12 +35,12 @@ LAST_WEIGHTS, BEST_WEIGHTS = "last.safetensors", "best.safetensors"
 def collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector paused for the block (where it was enabled).
 
-    A save or a load makes a few containers per tensor (its record, its view, its index entry),
-    thousands for a model of thousands of tensors, and drops them when it ends. Collected while
-    they live, they are promoted to the oldest generation, whose growth triggers full
-    collections, each a walk of every object of the process (~340,000 with torch imported:
-    ~180 ms on the bench machine). Paused, they are freed by reference counting at the block's
-    end and promote nothing; the collector runs again as before afterwards.
+    A save makes a few containers per tensor (its record, its view, its index entry), thousands
+    for a model of thousands of tensors, and drops them when it ends. Collected while they live,
+    they are promoted to the oldest generation, whose growth triggers full collections, each a
+    walk of every object of the process (~340,000 with torch imported: 150-180 ms on the bench
+    machine). Paused, they are freed by reference counting at the block's end and promote
+    nothing; the collector runs again as before afterwards.
     """
     if not gc.isenabled():  # the program's own choice: left as it is
         yield
