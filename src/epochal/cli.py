@@ -9,6 +9,7 @@ Every :class:`~epochal.errors.EpochalError` is printed as one line and exits wit
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -200,11 +201,13 @@ def run(
     HOST:PORT, the same command on each of M machines, trains on M x N processes. See
     docs/scaling-out.md.
     """
+    from epochal.closed_pipes import keep_running_on_closed_pipes
     from epochal.config import load_config
     from epochal.distributed import launched, shutdown
     from epochal.distributed.world import peer_lost
     from epochal.errors import ConfigError
 
+    keep_running_on_closed_pipes()  # `epochal run ... | head` must not kill the training
     global _END_WITHOUT_FINALIZING
     _END_WITHOUT_FINALIZING = nproc > 1 or nnodes > 1 or launched()
     if profile:
@@ -311,7 +314,9 @@ def _say(message: str) -> None:
     except (AttributeError, OSError, ValueError):  # a stderr without a file (click's test runner)
         print(message, file=sys.stderr, flush=True)
         return
-    os.write(descriptor, (message + "\n").encode(errors="replace"))
+    # its reader may be gone (a closed pipe): the signal is handled all the same
+    with contextlib.suppress(OSError):
+        os.write(descriptor, (message + "\n").encode(errors="replace"))
 
 
 _LAUNCH_ARGS_ENV = "EPOCHAL_LAUNCH_ARGS"
@@ -440,7 +445,8 @@ _END_WITHOUT_FINALIZING = False
 def main() -> None:
     """Entry point of the ``epochal`` console script."""
     warnings.formatwarning = _format_warning  # one line per warning, no source excerpt
-    if os.name == "posix":  # a closed pipe (epochal plugins | head) is not an error
+    if os.name == "posix":  # a closed pipe (epochal plugins | head) is not an error; the
+        # commands that train undo this (epochal.closed_pipes): they outlive their readers
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     try:
         cli(prog_name="epochal")

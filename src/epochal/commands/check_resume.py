@@ -42,9 +42,11 @@ def check_resume_command(
     With --nproc N the three runs are `epochal run --nproc N` runs, and every rank's RNG, stream
     and plugin states are compared too.
     """
+    from epochal.closed_pipes import keep_running_on_closed_pipes
     from epochal.config import load_config
     from epochal.resumecheck import check_resume, check_resume_processes
 
+    keep_running_on_closed_pipes()  # it trains: `... | head` must not kill it half way
     config = load_config(config_file, overrides)
     choice = common.plugin_choice(config, order, only)
     if nproc > 1:
