@@ -121,3 +121,48 @@ def test_config_file_that_is_not_utf8(tmp_path):
         "not UTF-8",
         f"byte 0xe9 at offset {data.index(0xE9)}",
     )
+
+
+FACTORIES = """
+from epochal_throwaway.model import make_data, make_model
+
+
+def returns_none(**options):
+    return None
+
+
+class TrainOnly:
+    def train_step(self, batch):
+        return {"loss": 1.0}
+
+
+def train_only(**options):
+    return TrainOnly()
+
+
+def bad_stream(**options):
+    return {"train": 5}
+"""
+
+
+@pytest.mark.parametrize(
+    ("section", "factory", "fragments"),
+    [
+        (
+            "model",
+            "returns_none",
+            ("f.toml: [model] factory returned an object of type NoneType", "train_step"),
+        ),
+        ("model", "train_only", ("[model] factory", "no eval_step method (the data has evaluation streams)")),
+        ("data", "bad_stream", ("f.toml: [data] factory: stream 'train' is of type int", "not an iterable")),
+    ],
+)
+def test_a_factory_that_returns_what_the_loop_cannot_use(
+    throwaway_cli, write_config, tmp_path, section, factory, fragments
+):
+    (tmp_path / "factories.py").write_text(FACTORIES)
+    text = write_config(["tw_alpha"]).read_text()
+    text = text.replace(f'epochal_throwaway.model:make_{section}"', f'factories:{factory}"')
+    (tmp_path / "f.toml").write_text(text)
+    assert_clean_error(throwaway_cli("run", "f.toml"), *fragments)
+    assert not (tmp_path / "runs" / "f").exists()  # refused before the run's directory is made

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import warnings
 
 import numpy as np
@@ -500,3 +501,72 @@ def test_a_minimum_above_its_limit_is_one_error(options, message):
 
     with pytest.raises(ConfigError, match=message):
         run_tiny(StopAt(), **options)
+
+
+class ReadsOutputs:
+    """A plugin that reads the step's outputs as the contract says they are (a mapping)."""
+
+    @hookimpl
+    def after_batch(self, loop, batch, outputs):
+        sum(float(value) for value in outputs.values())
+
+
+class ListSteps(Noisy):
+    def __init__(self, bad: str) -> None:
+        super().__init__()
+        self.bad = bad
+
+    def train_step(self, batch):
+        loss = super().train_step(batch)["loss"]
+        return [loss] if self.bad == "train" else {"loss": loss}
+
+    def eval_step(self, batch):
+        metrics = super().eval_step(batch)
+        return list(metrics.values()) if self.bad == "eval" else metrics
+
+
+class TrainOnly:
+    def train_step(self, batch):
+        return {"loss": 1.0}
+
+
+@pytest.mark.parametrize(("bad", "step"), [("train", "train_step"), ("eval", "eval_step")])
+def test_a_step_that_returns_no_mapping_names_the_model_not_the_plugin(bad, step):
+    loop = Loop(
+        ListSteps(bad), make_data(), plugins={"reader": ReadsOutputs()}, max_epochs=1, handle_signals=False
+    )
+    with pytest.raises(
+        TypeError, match=rf"the model's {step}\(batch\) returned a list, not a mapping"
+    ) as caught:
+        loop.run()
+    assert loop.error_plugin is None  # the model's fault: no plugin is blamed
+    assert not any("of plugin" in note for note in getattr(caught.value, "__notes__", []))
+
+
+@pytest.mark.parametrize(
+    ("model", "data", "message"),
+    [
+        (
+            None,
+            make_data(),
+            "Loop(model=...) is an object of type NoneType with no train_step and no eval_step",
+        ),
+        (
+            type("TrainOnly", (), {"train_step": lambda self, b: {}})(),
+            make_data(),
+            "no eval_step method (the data",
+        ),
+        (Noisy(), [("x", "y")], "Loop(data=...) must be a mapping of streams, not list"),
+        (Noisy(), {"train": 5}, "Loop(data=...): stream 'train' is of type int, not an iterable"),
+    ],
+)
+def test_a_model_or_data_the_loop_cannot_use_is_refused_when_made(model, data, message):
+    from epochal.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        Loop(model, data, max_epochs=1, handle_signals=False)
+
+
+def test_a_model_with_no_eval_step_trains_without_evaluation_streams():
+    log = Loop(TrainOnly(), {"train": make_data()["train"]}, max_epochs=2, handle_signals=False).run()
+    assert log.status["epochs_done"] == 2

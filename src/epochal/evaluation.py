@@ -18,6 +18,7 @@ from typing import Any
 
 from epochal.data import batch_size
 from epochal.errors import ConfigError, did_you_mean
+from epochal.model import check_outputs
 
 
 class MetricSums:
@@ -149,7 +150,11 @@ def evaluate(loop: Any, stream: str) -> dict[str, float]:
         if size == 0 and loop._empty_batch(stream):
             continue
         outputs = eval_step(batch)
-        sums.add(outputs, size)
+        try:
+            sums.add(outputs, size)
+        except Exception:
+            check_outputs(outputs, "eval_step")
+            raise
         if hooks.after_eval_batch is not None:
             hooks.after_eval_batch(loop, stream, batch, outputs)
     seen, totals = loop.strategy.reduce_evaluation(stream, sums.seen, sums.totals)

@@ -29,7 +29,7 @@ from epochal.estimates import stepping_batches
 from epochal.evaluation import batch_interval, due, schedule
 from epochal.log import TrainingLog
 from epochal.loop_state import STATE_FORMAT as STATE_FORMAT  # re-exported: plugins read it here
-from epochal.model import Model
+from epochal.model import Model, check_model, check_outputs
 from epochal.plugins import PluginSet, compose
 from epochal.stopping import install_handlers, restore_handlers
 from epochal.tracing import HookTracer, trace_target_from_env
@@ -142,13 +142,14 @@ class Loop:
         uneven_shards: Literal["error", "drop", "pad"] = "pad",
         shard_order: ShardOrder = "epochal",
     ) -> None:
+        #: the file the run configuration was read from (None: not from a file).
+        self.config_file: str | None = getattr(config, "source", None)
+        self._source = self.config_file
+        check_model(model, data, self._source)
         if "train" not in data:
             raise ConfigError(
                 f"the data mapping has no 'train' stream (it has: {', '.join(data) or 'nothing'})"
             )
-        #: the file the run configuration was read from (None: not from a file).
-        self.config_file: str | None = getattr(config, "source", None)
-        self._source = self.config_file
         options = {key: value for key, value in locals().items() if key in OPTIONS}
         where = f"{self._source}: [loop]" if self._source else "Loop()"
         check_options("loop", Loop, options, where, ConfigError, keys=OPTIONS)
@@ -439,7 +440,11 @@ class Loop:
                     self.evaluate(stream)
             after = hooks.after_batch
             if after is not None:
-                after(self, batch, outputs)
+                try:
+                    after(self, batch, outputs)
+                except Exception:
+                    check_outputs(outputs, "train_step")  # the model's fault, not the plugin's
+                    raise
             if self.iteration >= stopping.halt:
                 if not stopping.release():  # a deferred stop's min_steps, else the limit
                     stopping.decide(f"max_iterations={self.max_iterations} reached")

@@ -46,8 +46,6 @@ def build_loop(
     with _rng.seeded(seed):
         model = call_factory(config, "model")
         data = call_factory(config, "data")
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"[data] factory must return a mapping of streams, not {type(data).__name__}")
     return Loop(model, data, plugins=plugin_set, resume=resume, config=config, **loop_options(config))
 
 
