@@ -197,6 +197,43 @@ def test_a_local_name_clashing_with_an_installed_plugin_is_refused(project):
     assert not events(project)
 
 
+HOOK_MODULE = """
+import json
+import os
+
+from epochal import hookimpl
+
+
+@hookimpl
+def after_epoch(loop):
+    with open(os.environ["HOOKS_OUT"], "a") as out:
+        out.write(json.dumps({"hook": "after_epoch", "epoch": loop.epoch}) + "\\n")
+"""
+
+
+def test_a_module_of_hook_functions_is_a_local_plugin(project):
+    (project / "myhooks.py").write_text(HOOK_MODULE)
+    config = write(project, '\n[plugins.hooked]\nfactory = "myhooks"\n', **{'["mine"]': '["mine", "hooked"]'})
+    out = project / "module-hooks.jsonl"
+    result = epochal_command("run", str(config), cwd=project, env={"HOOKS_OUT": str(out)})
+    assert result.returncode == 0, result.stderr
+    assert [json.loads(line)["epoch"] for line in out.read_text().splitlines()] == [1, 2, 3]
+    listing = run(project, "plugins", "--json", "--config", str(config))
+    hooked = [p for p in json.loads(listing.stdout) if p["name"] == "hooked"]
+    assert hooked and hooked[0]["status"] == "loaded" and hooked[0]["hooks"] == ["after_epoch"]
+    assert (hooked[0]["distribution"], hooked[0]["entry_point"]) == ("(local)", "myhooks")
+
+
+def test_a_module_plugin_takes_no_options(project):
+    (project / "myhooks.py").write_text(HOOK_MODULE)
+    config = write(project, '\n[plugins.hooked]\nfactory = "myhooks"\nevery = 2\n')
+    result = run(project, "run", str(config))
+    assert result.returncode == 2
+    assert "[plugins.hooked]" in result.stderr
+    assert "is a module and takes no options (got every)" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 # -- triggers --------------------------------------------------------------------------------
 
 

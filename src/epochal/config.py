@@ -152,7 +152,7 @@ def check_plugin_tables(plugins: Mapping[str, Any], source: str) -> None:
                 f"the name of the installed plugin from {names[name].distribution}; rename the table "
                 f"(e.g. [plugins.my_{name}]) or drop the factory key to configure the installed one"
             )
-        resolve(table["factory"], f"{source}: [plugins.{name}]")
+        resolve(table["factory"], f"{source}: [plugins.{name}]", modules=True)
 
 
 def call_factory(config: Mapping[str, Any], section: str) -> Any:
@@ -197,10 +197,11 @@ def plugin_options(config: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def local_plugins(config: Mapping[str, Any]) -> dict[str, Callable[..., Any]]:
-    """``[plugins.NAME] factory = "module:attr"``: the plugins from the user's own code, by name."""
+    """``[plugins.NAME] factory = "module:attr"`` (or ``"module"``, a module of ``@hookimpl``
+    functions): the plugins from the user's own code, by name."""
     where = source_of(config)
     return {
-        name: resolve(table["factory"], f"{where}: [plugins.{name}]")
+        name: resolve(table["factory"], f"{where}: [plugins.{name}]", modules=True)
         for name, table in config.get("plugins", {}).items()
         if isinstance(table, dict) and "factory" in table
     }

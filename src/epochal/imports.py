@@ -32,22 +32,19 @@ def add_import_paths(*directories: str | Path | None) -> None:
             present.add(directory)
 
 
-def resolve(spec: Any, where: str) -> Callable[..., Any]:
-    """Import ``"module:attr"`` and return the callable it names."""
+def resolve(spec: Any, where: str, modules: bool = False) -> Callable[..., Any]:
+    """Import ``"module:attr"`` and return the callable it names.
+
+    :param modules: a spec without ``:`` names a module, returned itself (a plugin module whose
+        functions carry ``@hookimpl``).
+    """
+    if modules and isinstance(spec, str) and spec and ":" not in spec:
+        return _import(spec, spec, where)  # the module is the plugin
     if not isinstance(spec, str) or ":" not in spec:
-        raise ConfigError(f'{where}: factory must be "module:callable", not {spec!r}')
+        wanted = '"module:callable" or "module"' if modules else '"module:callable"'
+        raise ConfigError(f"{where}: factory must be {wanted}, not {spec!r}")
     module_name, _, attr = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise ConfigError(
-            f"{where}: factory {spec!r}: cannot import {module_name!r}: {error} (modules are "
-            "looked up beside the config file, in the current directory and on sys.path)"
-        ) from None
-    except Exception as error:  # the module itself raised on import
-        raise ConfigError(
-            f"{where}: factory {spec!r}: importing {module_name!r} raised {type(error).__name__}: {error}"
-        ) from None
+    module = _import(module_name, spec, where)
     target: Any = module
     for part in attr.split("."):
         if not hasattr(target, part):
@@ -60,3 +57,18 @@ def resolve(spec: Any, where: str) -> Callable[..., Any]:
     if not callable(target):
         raise ConfigError(f"{where}: factory {spec!r} is not callable")
     return target
+
+
+def _import(module_name: str, spec: str, where: str) -> Any:
+    """Import *module_name* for the factory *spec*, or raise one error naming *where*."""
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as error:
+        raise ConfigError(
+            f"{where}: factory {spec!r}: cannot import {module_name!r}: {error} (modules are "
+            "looked up beside the config file, in the current directory and on sys.path)"
+        ) from None
+    except Exception as error:  # the module itself raised on import
+        raise ConfigError(
+            f"{where}: factory {spec!r}: importing {module_name!r} raised {type(error).__name__}: {error}"
+        ) from None
