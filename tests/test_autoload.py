@@ -118,3 +118,25 @@ def test_the_listing_shows_which_plugins_load_only_when_named(
     assert named.returncode == 0, named.stderr
     statuses = {p["name"]: p["status"] for p in json.loads(named.stdout)}
     assert statuses["early_stopping"] == "loaded"
+
+
+def test_a_table_for_a_plugin_that_autoload_false_leaves_out_is_warned_about(
+    tmp_path: Path, epochal_cli: EpochalCli
+) -> None:
+    (tmp_path / "factories.py").write_text(FACTORIES)
+    extra = "\n[plugins.early_stopping]\npatience = 2\n[plugins.checkpoint]\nkeep_last = 2\n"
+    config = CONFIG.replace('disable = ["progress", "printing"]', 'order = ["record"]\nautoload = false')
+    (tmp_path / "run.toml").write_text(config + extra)
+    result = epochal_cli("run", "run.toml", "--set", "loop.run_dir=left_out")
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "epochs.json").read_text())["epochs"] == 12  # early_stopping did not run
+    for name in ("early_stopping", "checkpoint"):
+        assert (
+            f"run.toml: [plugins.{name}] is set, but plugin {name!r} does not run: [plugins] autoload = false"
+            in result.stderr
+        )
+    assert "[plugins.record]" not in result.stderr  # loaded: in the order
+    # --only is a choice made on the command line: no warning
+    only = epochal_cli("run", "run.toml", "--only", "record", "--set", "loop.run_dir=only")
+    assert only.returncode == 0, only.stderr
+    assert "does not run" not in only.stderr

@@ -231,4 +231,28 @@ def plugins_for(
         if name in local:
             info.distribution = info.distribution or "(local)"
             info.entry_point = section[name]["factory"]
+    if order is None and section.get("autoload", True) is False:
+        _warn_unloaded_tables(config, plugin_set)
     return plugin_set
+
+
+def _warn_unloaded_tables(config: Mapping[str, Any], plugin_set: PluginSet) -> None:
+    """Warn (rank 0) about each ``[plugins.NAME]`` table whose plugin this run does not load
+    because the configuration's ``autoload = false`` and ``order`` leave it out: the user
+    configured a feature that will not run (a disabled plugin or ``--only`` is a choice made)."""
+    from epochal.distributed.world import current_world
+
+    if not current_world().is_zero:
+        return
+    import warnings
+
+    tables = plugin_options(config)
+    for info in plugin_set.infos:
+        if info.parent is None and info.status == "available" and tables.get(info.name):
+            warnings.warn(
+                f"{source_of(config)}: [plugins.{info.name}] is set, but plugin {info.name!r} does not "
+                "run: [plugins] autoload = false and it is not in [plugins] order (add it there, or "
+                "remove the table)",
+                UserWarning,
+                stacklevel=2,
+            )
