@@ -166,3 +166,17 @@ def test_a_factory_that_returns_what_the_loop_cannot_use(
     (tmp_path / "f.toml").write_text(text)
     assert_clean_error(throwaway_cli("run", "f.toml"), *fragments)
     assert not (tmp_path / "runs" / "f").exists()  # refused before the run's directory is made
+
+
+@pytest.mark.parametrize(
+    ("loop_keys", "fragment"),
+    [
+        ("min_epochs = 5\n", "[loop]: min_epochs = 5 is more than max_epochs = 2"),
+        ("max_iterations = 3\nmin_steps = 4\n", "[loop]: min_steps = 4 is more than max_iterations = 3"),
+    ],
+)
+def test_check_refuses_the_loop_limits_a_run_refuses(throwaway_cli, write_config, loop_keys, fragment):
+    config = write_config(["tw_alpha"])
+    config.write_text(config.read_text().replace("max_epochs = 2\n", "max_epochs = 2\n" + loop_keys))
+    for command in (("plugins", "--check", config.name), ("run", config.name)):
+        assert_clean_error(throwaway_cli(*command), f"{config.name}: {fragment}")

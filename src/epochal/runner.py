@@ -54,9 +54,23 @@ def check_run(
 ) -> PluginSet:
     """Every check a run of *config* makes before its first batch, without training.
 
-    Loads and orders the plugins with their options (requires/conflicts included) and imports
-    the model and data factories, checking their arguments without calling them.
+    Checks the ``[loop]`` options that need no data (``min_epochs`` against ``max_epochs``...),
+    loads and orders the plugins with their options (requires/conflicts included) and imports
+    the model and data factories, checking their arguments without calling them. What needs the
+    model or the data (the streams that ``test_streams``, ``eval_every_n_epochs`` and trigger
+    conditions name; ``test_weights = "best"``) is checked when a run starts, before its first
+    batch.
     """
+    from epochal.config import source_of
+    from epochal.stopping import check_minimum
+
+    loop = config.get("loop", {})
+    check_minimum(
+        loop.get("min_epochs", 0),
+        loop.get("min_steps", 0),
+        (loop.get("max_epochs"), loop.get("max_iterations")),
+        f"{source_of(config)}: [loop]",
+    )
     plugin_set = plugins_for(config, order, disable)
     plugin_set.check_dependencies()
     for section in ("model", "data"):

@@ -22,6 +22,18 @@ from typing import Any
 from epochal.errors import ConfigError
 
 
+def check_minimum(epochs: int, steps: int, limits: tuple[int | None, int | None], where: str) -> None:
+    """Refuse ``min_epochs`` / ``min_steps`` above their limits (``max_epochs``, ``max_iterations``).
+
+    :raises ConfigError: naming *where*, the minimum and its limit.
+    """
+    for low, high, value, limit in zip(
+        ("min_epochs", "min_steps"), ("max_epochs", "max_iterations"), (epochs, steps), limits, strict=True
+    ):
+        if limit is not None and value > limit:
+            raise ConfigError(f"{where}: {low} = {value} is more than {high} = {limit}")
+
+
 class Stop:
     """The stop decision of a run on one process."""
 
@@ -95,15 +107,7 @@ class Stop:
         :raises ConfigError: naming *where* when a minimum is above its limit (``max_epochs``,
             ``max_iterations``: the two *limits*).
         """
-        for low, high, value, limit in zip(
-            ("min_epochs", "min_steps"),
-            ("max_epochs", "max_iterations"),
-            (epochs, steps),
-            limits,
-            strict=True,
-        ):
-            if limit is not None and value > limit:
-                raise ConfigError(f"{where}: {low} = {value} is more than {high} = {limit}")
+        check_minimum(epochs, steps, limits, where)
         self.min_epochs, self.min_steps = epochs, steps
 
     def minimum_reached(self) -> bool:

@@ -33,8 +33,10 @@ __all__ = ["plugins_command"]
     "--check",
     "check_file",
     type=click.Path(dir_okay=False),
-    help="Run every check a run of this config makes before training (plugins, options, order, "
-    "requires/conflicts, factories), without training.",
+    help="Check this config as a run does before training, without calling the model and data "
+    "factories: loop limits, plugins, options, order, requires/conflicts, the factories' arguments. "
+    "What needs the data or the model (streams named by test_streams, evaluation schedules and "
+    "trigger conditions; test_weights) is checked when a run starts.",
 )
 @click.option(
     "--nproc",
@@ -170,7 +172,8 @@ def _listing(
 def _check_command(
     check_file: str, order: tuple[str, ...], only: tuple[str, ...], disable: tuple[str, ...], nproc: int
 ) -> None:
-    """``epochal plugins --check CONFIG``: every check a run makes before training."""
+    """``epochal plugins --check CONFIG``: the checks a run makes before training that need no
+    call of the model and data factories (:func:`epochal.runner.check_run`)."""
     from epochal.config import load_config
     from epochal.runner import check_run
 
