@@ -91,3 +91,15 @@ def test_a_plugins_warning_is_one_line_and_a_libraries_is_pythons() -> None:
         "deprecated", DeprecationWarning, "/x/site-packages/somelib/core.py", 3, "call()"
     )
     assert library.startswith("/x/site-packages/somelib/core.py:3: DeprecationWarning: deprecated")
+
+
+def test_a_warning_that_names_pluggys_frame_is_a_plugins() -> None:
+    # a hook that warns with a stacklevel past itself lands in pluggy's caller (or in epochal's
+    # generated hook caller): still a plugin's warning, one line, no pluggy path and source line
+    import pluggy._callers
+
+    from epochal.cli import _format_warning
+
+    for filename in (pluggy._callers.__file__, "<epochal hook caller>"):
+        line = _format_warning("ignoring ck-1: damaged", RuntimeWarning, filename, 147, "res = f(*args)")
+        assert line == "epochal: RuntimeWarning: ignoring ck-1: damaged\n", filename

@@ -419,6 +419,13 @@ _python_format_warning = warnings.formatwarning
 _CORE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
+def _package_dir(name: str) -> str:
+    """The directory of the imported package *name* (a path nothing starts with: not imported)."""
+    module = sys.modules.get(name)
+    file = getattr(module, "__file__", None)
+    return os.path.dirname(os.path.abspath(file)) + os.sep if file else "\0"
+
+
 def _format_warning(
     message: Warning | str, category: type[Warning], filename: str, lineno: int, line: str | None = None
 ) -> str:
@@ -432,6 +439,10 @@ def _format_warning(
         or package.startswith("epochal_")
         or path.startswith(_CORE)
         or any(part.startswith("epochal_") for part in path.split(os.sep)[:-1])
+        # a plugin's hook warned with a stacklevel past itself: pluggy's frame, or the hook caller
+        # epochal generates, is named, never the user's code
+        or filename.startswith("<epochal")
+        or path.startswith(_package_dir("pluggy"))
     )
     if ours:
         return f"epochal: {category.__name__}: {message}\n"
