@@ -207,6 +207,24 @@ def test_an_agreed_request_stops_at_once():
     assert loop.log.status["finish_reason"] == "every rank counts batches"
 
 
+@pytest.mark.parametrize("option", [{"stopping_threshold": 1e9}, {"patience": 1, "min_delta": 1e9}])
+def test_early_stopping_after_an_in_epoch_evaluation_stops_on_that_batch_as_on_one_process(option):
+    # the evaluation's records are reduced across the ranks, so every rank decides alike: the
+    # stop lands on the evaluation's batch, not on the next agreement (every 3 batches here;
+    # with "auto" its interval depends on timing, and a resumed run would stop elsewhere)
+    pytest.importorskip("epochal_earlystop")
+
+    def stopper() -> dict[str, object]:
+        options = {"early_stopping": {"monitor": "valid.loss", **option}}
+        return load_plugins(order=["early_stopping"], autoload=False, options=options).plugins
+
+    one = Loop(TinyModel(), tiny_data(examples=128), plugins=stopper(), max_epochs=3, eval_every_n_batches=2)
+    one.run()
+    loop = run(PeerWorld(agree_every_n_batches=3), stopper(), examples=128, eval_every_n_batches=2)
+    assert loop.iteration == one.iteration == (2 if "stopping_threshold" in option else 4)
+    assert str(loop.log.status["finish_reason"]).startswith("early_stopping:")
+
+
 def test_the_peer_finishing_its_epoch_ends_training_at_this_epoch_end():
     loop = run(PeerWorld(peer_finish=True, peer_signal=signal.SIGINT))
     assert (loop.epoch, loop.iteration) == (1, 4)

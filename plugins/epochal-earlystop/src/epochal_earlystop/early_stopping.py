@@ -240,7 +240,10 @@ class EarlyStopping:
         self._evaluated = True
         ours = self.monitor.partition(".")[0] == stream
         if ours and loop.in_epoch and self.monitor in loop.log.current_row:
-            self._check(loop)
+            # the evaluation's records are reduced across the ranks by the loop: every rank
+            # decides alike here, so the stop is agreed and lands on this batch on every run
+            # (not on the next agreement of the ranks, whose interval depends on timing)
+            self._check(loop, agreed=True)
 
     @hookimpl
     def after_epoch(self, loop: Any) -> None:
@@ -252,7 +255,8 @@ class EarlyStopping:
         if self.checked_at != loop.iteration:
             self._check(loop)
 
-    def _check(self, loop: Any) -> None:
+    def _check(self, loop: Any, agreed: bool = False) -> None:
+        """Check the row's monitored value; *agreed*: every rank checks the same value now."""
         row = loop.log.current_row
         self._seen = True
         if loop.in_epoch:
@@ -267,7 +271,8 @@ class EarlyStopping:
         finite = math.isfinite(value)
         if not finite and self.stop_on_nan:
             loop.request_stop(
-                f"early_stopping: {self.monitor} is {value!r} after epoch {loop.epoch} (stop_on_nan)"
+                f"early_stopping: {self.monitor} is {value!r} after epoch {loop.epoch} (stop_on_nan)",
+                agreed=agreed,
             )
             self._write(row, False)
             return
@@ -287,7 +292,7 @@ class EarlyStopping:
         else:
             self.wait += 1
         self._write(row, new_best)
-        if finite and self._threshold_stop(loop, value):
+        if finite and self._threshold_stop(loop, value, agreed):
             return
         if self.wait and self.wait >= self.patience:
             better = "decrease" if self.mode == "min" else "increase"
@@ -299,23 +304,26 @@ class EarlyStopping:
                 delta += f" {below} the baseline {self.baseline:g}"
             loop.request_stop(
                 f"early_stopping: {self.monitor} did not {better}{delta} for {self.wait} "
-                f"check(s) (patience={self.patience}); best {self.best!r} after epoch {self.best_epoch}"
+                f"check(s) (patience={self.patience}); best {self.best!r} after epoch {self.best_epoch}",
+                agreed=agreed,
             )
 
-    def _threshold_stop(self, loop: Any, value: float) -> bool:
+    def _threshold_stop(self, loop: Any, value: float, agreed: bool) -> bool:
         """Request a stop when *value* passed ``stopping_threshold`` or ``divergence_threshold``."""
         sign, worse = ("<", ">") if self.mode == "min" else (">", "<")
         stop, diverge = self.stopping_threshold, self.divergence_threshold
         if stop is not None and self._better(value, stop):
             loop.request_stop(
                 f"early_stopping: {self.monitor} = {value!r} {sign} stopping_threshold {stop:g} "
-                f"after epoch {loop.epoch}"
+                f"after epoch {loop.epoch}",
+                agreed=agreed,
             )
             return True
         if diverge is not None and self._better(diverge, value):
             loop.request_stop(
                 f"early_stopping: {self.monitor} = {value!r} {worse} divergence_threshold {diverge:g} "
-                f"after epoch {loop.epoch} (diverged)"
+                f"after epoch {loop.epoch} (diverged)",
+                agreed=agreed,
             )
             return True
         return False
