@@ -215,6 +215,33 @@ def test_fsdp_with_16_mixed_or_ddp_options_is_refused_in_one_line() -> None:
         )  # fmt: skip
 
 
+def test_a_ddp_option_ddp_does_not_take_is_refused_on_one_process_already(tmp_path: Path) -> None:
+    net = torch.nn.Linear(2, 2)
+    expected = r"DistributedDataParallel has no argument 'static_grap' \(did you mean 'static_graph'\?\)"
+    with pytest.raises(ConfigError, match=expected):
+        TorchModel(
+            net,
+            torch.optim.SGD(net.parameters()),
+            torch.nn.functional.mse_loss,
+            ddp_options={"static_grap": True},
+        )
+    TorchModel(
+        net,
+        torch.optim.SGD(net.parameters()),
+        torch.nn.functional.mse_loss,
+        ddp_options={"static_graph": True},
+    )
+    # through the CLI: one line, exit 2, before a run on several processes would show it
+    example = Path(__file__).resolve().parents[1] / "examples" / "digits_torch.toml"
+    config = tmp_path / "digits_torch.toml"
+    config.write_text(example.read_text())
+    done = epochal(tmp_path, "run", str(config), "--set", "model.ddp_options={bogus_opt=1}")
+    assert done.returncode == 2, done.stderr[-3000:]
+    (line,) = done.stderr.strip().splitlines()
+    assert "DistributedDataParallel has no argument 'bogus_opt'" in line and "Traceback" not in done.stderr
+    assert not (tmp_path / "runs").exists()
+
+
 def test_fsdp_on_a_module_without_parameters_names_the_option() -> None:
     model = fsdp_mlp.make_model("fsdp", empty=True)
     world = types.SimpleNamespace(size=2, rank=0, local_rank=0, backend="gloo", is_zero=True)
