@@ -523,3 +523,52 @@ def test_asynchronous_saves_deferred_on_rank_0_are_deferred_on_every_rank(tmp_pa
     ours["plugins"].pop("checkpoint", None)
     theirs["plugins"].pop("checkpoint", None)
     assert first_difference(theirs, ours) is None
+
+
+RANK_ONE_FAILS = """
+import os
+
+from epochal import hookimpl
+from epochal.errors import ConfigError
+
+import ddp_tiny
+
+
+class RaiseOnRankOne:
+    @hookimpl
+    def after_batch(self, loop):
+        if os.environ.get("RANK") == "1" and loop.iteration == 3:
+            raise RuntimeError("rank one's own failure")
+
+
+def data_failing_on_rank_one(**options):
+    if os.environ.get("RANK") == "1":
+        raise ConfigError("[data] the shard of rank 1 is missing")
+    return ddp_tiny.make_data(**options)
+"""
+
+
+def test_the_rank_that_failed_first_is_named_not_the_survivor_that_lost_it(tmp_path):
+    """Rank 1 raises; rank 0 then reports a lost peer: the line names rank 1 (issue 32's outside pass)."""
+    (tmp_path / "rank_one.py").write_text(RANK_ONE_FAILS)
+    config = write_run(
+        tmp_path, ["raiser"], extra='\n[plugins.raiser]\nfactory = "rank_one:RaiseOnRankOne"\n'
+    )
+    done = epochal(tmp_path, "run", str(config), "--nproc", "2")
+    assert done.returncode == 1, done.stderr[-3000:]
+    (line,) = errors(done.stderr)
+    assert line.startswith("Error: rank 1 (pid "), line
+    assert "stopped: RuntimeError: rank one's own failure" in line  # what rank 1 reported of itself
+
+
+def test_an_error_of_one_rank_only_names_that_rank(tmp_path):
+    (tmp_path / "rank_one.py").write_text(RANK_ONE_FAILS)
+    config = write_run(tmp_path, ["checkpoint"])
+    config.write_text(
+        config.read_text().replace('"ddp_tiny:make_data"', '"rank_one:data_failing_on_rank_one"')
+    )
+    done = epochal(tmp_path, "run", str(config), "--nproc", "2")
+    assert done.returncode == 2, done.stderr[-3000:]
+    (line,) = errors(done.stderr)
+    assert line.startswith("Error: rank 1 (pid ") and "the shard of rank 1 is missing" in line, line
+    assert "--resume" not in done.stderr

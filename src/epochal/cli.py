@@ -89,13 +89,15 @@ class EpochalGroup(click.Group):
             if ctx.meta.get("epochal.traceback"):
                 raise
             from epochal.distributed.launch import report_error
-            from epochal.distributed.world import launched
+            from epochal.distributed.world import PeerLostError, launched
 
             if launched():
                 from epochal.errors import ConfigError
 
-                # under `epochal run --nproc` the launcher prints it, once for every rank
-                if report_error(str(error), isinstance(error, ConfigError)):
+                # under `epochal run --nproc` the launcher prints it, once for every rank (a lost
+                # peer's survivor says so: the launcher names the rank that failed first instead)
+                followed = isinstance(error, PeerLostError)
+                if report_error(str(error), isinstance(error, ConfigError), followed):
                     sys.exit(2)
                 raise _Failure(f"rank {os.environ.get('RANK')}: {error}") from None  # which process
             raise _Failure(str(error)) from None
@@ -236,6 +238,12 @@ def run(
         # survivor of a dead rank says it in one line, not with torch's traceback
         lost = peer_lost(error) if launched() else None
         if lost is None:
+            if launched() and not isinstance(error, EpochalError):
+                # this rank failed first-hand: say so to the launcher before the process group
+                # is left (the others then lose their peer, and may end before this one does)
+                from epochal.distributed.launch import report_error
+
+                report_error(f"{type(error).__name__}: {error}", config=False)
             raise
         raise lost from error
     finally:

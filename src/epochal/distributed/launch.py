@@ -57,30 +57,32 @@ class LaunchFailure:
 
     def describe(self) -> str:
         """``rank 1 (pid 123) was killed by SIGKILL`` / ``rank 1 (pid 123) stopped: MESSAGE``."""
-        if self.exitcode < 0:
+        if self.message is not None:  # what it said of itself (a signal may have ended it after)
+            how = f"stopped: {self.message}"
+        elif self.exitcode < 0:
             try:
                 how = f"was killed by {signal.Signals(-self.exitcode).name}"
             except ValueError:
                 how = f"was killed by signal {-self.exitcode}"
-        elif self.message is not None:
-            how = f"stopped: {self.message}"
         else:
             how = f"exited with status {self.exitcode}"
         return f"rank {self.rank} (pid {self.pid}) {how}"
 
 
-def report_error(message: str, config: bool) -> bool:
+def report_error(message: str, config: bool, followed: bool = False) -> bool:
     """In a worker started by :func:`launch`: leave *message* for the launcher to print once.
 
-    Return False (the caller prints it) when this process was not started by :func:`launch` or
-    the file cannot be written.
+    :param followed: the error follows another rank's failure (a lost peer): that rank is the
+        one to name, not this one.
+    :returns: False (the caller prints it) when this process was not started by :func:`launch`
+        or the file cannot be written.
     """
     folder = os.environ.get(ERRORS_ENV)
     rank = os.environ.get("RANK")
     if not folder or rank is None:
         return False
     try:
-        text = json.dumps({"message": message, "config": config})
+        text = json.dumps({"message": message, "config": config, "followed": followed})
         (Path(folder) / f"rank-{int(rank)}.json").write_text(text, encoding="utf-8")
     except (OSError, ValueError):
         return False
@@ -98,15 +100,16 @@ def _reported(folder: Path) -> dict[int, dict[str, Any]]:
     return found
 
 
-def _with_report(failure: LaunchFailure, reports: dict[int, dict[str, Any]]) -> LaunchFailure:
-    """*failure* with the error its rank reported, if it reported one."""
+def _with_report(failure: LaunchFailure, reports: dict[int, dict[str, Any]], ranks: int) -> LaunchFailure:
+    """*failure* with the error its rank reported, if it reported one; *ranks*: how many
+    workers could have reported (the error is everywhere only when each of them reported it)."""
     report = reports.get(failure.rank)
     if report is None:
         return failure
     messages = {str(r.get("message")) for r in reports.values()}
     failure.message = str(report.get("message"))
     failure.config = bool(report.get("config"))
-    failure.everywhere = len(messages) == 1
+    failure.everywhere = len(messages) == 1 and len(reports) >= ranks
     return failure
 
 
@@ -191,18 +194,25 @@ def agreed_stop(codes: set[int]) -> int | None:
     return None
 
 
-def root_failure(failures: dict[int, Any]) -> LaunchFailure:
+def root_failure(failures: dict[int, Any], reports: dict[int, dict[str, Any]] | None = None) -> LaunchFailure:
     """The failure that started it all among torch's per-rank failures.
 
     When one worker dies the agent stops the others with SIGTERM, so a worker killed by another
-    signal, or one that exited with an error of its own, is the cause; the others followed.
+    signal, or one that reported or exited with an error of its own, is the cause (even when the
+    agent's SIGTERM caught it while it was ending); the others followed, and a worker that
+    reported a lost peer (*reports*: :func:`report_error`'s ``followed``) followed last. torch's
+    timestamps are whole seconds: they break ties only.
     """
+    reports = reports or {}
 
     def blame(item: tuple[int, Any]) -> tuple[int, float]:
-        failure = item[1]
-        code = failure.exitcode
-        followed = code in (-signal.SIGTERM, *_STOPPED)
-        return (1 if followed else 0, float(getattr(failure, "timestamp", 0) or 0))
+        rank, failure = item
+        report = reports.get(rank)
+        if report is not None:  # what the rank said of itself: it failed, or it lost a peer
+            order = 2 if report.get("followed") else 0
+        else:  # stopped by the agent (SIGTERM), or it died or exited by itself
+            order = 1 if failure.exitcode in (-signal.SIGTERM, *_STOPPED) else 0
+        return (order, float(getattr(failure, "timestamp", 0) or 0))
 
     rank, failure = min(failures.items(), key=blame)
     return LaunchFailure(rank, int(failure.pid), int(failure.exitcode))
@@ -260,7 +270,8 @@ def launch(
             stopped = agreed_stop({int(f.exitcode) for f in failed.failures.values()})
             if stopped is not None:  # every rank stopped on an agreed signal and saved
                 return stopped
-            failure = _with_report(root_failure(failed.failures), _reported(Path(folder)))
+            reports = _reported(Path(folder))
+            failure = _with_report(root_failure(failed.failures, reports), reports, len(failed.failures))
             if on_failure is not None:
                 print(f"Error: {on_failure(failure)}", file=sys.stderr, flush=True)
             return failure.exitcode if failure.exitcode > 0 else 1
