@@ -180,3 +180,16 @@ def test_check_refuses_the_loop_limits_a_run_refuses(throwaway_cli, write_config
     config.write_text(config.read_text().replace("max_epochs = 2\n", "max_epochs = 2\n" + loop_keys))
     for command in (("plugins", "--check", config.name), ("run", config.name)):
         assert_clean_error(throwaway_cli(*command), f"{config.name}: {fragment}")
+
+
+def test_a_bad_set_is_named_not_the_file_it_overrides(throwaway_cli, write_config):
+    config = write_config(["tw_alpha"])
+    good, bad = "loop.max_epochs=3", "loop.max_epoch=3"
+    result = throwaway_cli("run", str(config), "--set", good, "--set", bad)
+    assert_clean_error(result, f"--set {bad!r}: [loop]: unknown key 'max_epoch'")
+    assert config.name not in result.stderr
+    # the file's own mistake is the file's, whatever --set says beside it
+    config.write_text(config.read_text().replace("max_epochs = 2", "max_epoch = 2"))
+    result = throwaway_cli("run", str(config), "--set", good)
+    assert_clean_error(result, f"{config}: [loop]: unknown key 'max_epoch'")
+    assert "--set" not in result.stderr

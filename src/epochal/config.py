@@ -70,14 +70,39 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, An
         config = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{path}: invalid TOML: {error}") from None
+    from_file = copy.deepcopy(config) if overrides else config
     for override in overrides:
         apply_override(config, override)
     run_config = RunConfig(config)
     run_config.source, run_config.directory = str(path), path.parent
     add_import_paths(path.parent)
-    check_config(run_config, str(path))
+    try:
+        check_config(run_config, str(path))
+    except ConfigError as error:
+        culprit = _culprit(from_file, overrides, str(path))
+        if culprit is None:
+            raise
+        # the file is fine: the --set that made the config invalid is named, not the file
+        raise ConfigError(f"--set {culprit!r}: {str(error).removeprefix(f'{path}: ')}") from None
     run_config.setdefault("loop", {}).setdefault("run_dir", str(Path("runs") / path.stem))
     return run_config
+
+
+def _culprit(from_file: dict[str, Any], overrides: Sequence[str], source: str) -> str | None:
+    """The first of *overrides* after which *from_file* no longer checks (None: the file itself
+    does not, or none of them alone is to blame)."""
+    config = copy.deepcopy(from_file)
+    try:
+        check_config(config, source)
+    except ConfigError:
+        return None
+    for override in overrides:
+        apply_override(config, override)
+        try:
+            check_config(config, source)
+        except ConfigError:
+            return override
+    return None
 
 
 def apply_override(config: dict[str, Any], override: str) -> None:
