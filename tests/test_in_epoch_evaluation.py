@@ -107,7 +107,7 @@ def test_early_stopping_stops_inside_an_epoch(tmp_path):
     result = epochal(tmp_path, "run", str(config))
     assert result.returncode == 0, result.stderr
     assert "after 0 epoch(s), 2 batch(es)" in result.stderr + result.stdout
-    assert "stopping_threshold" in result.stderr + result.stdout
+    assert "stopping_threshold 100 in epoch 1 (after batch 2)" in result.stderr + result.stdout
 
 
 def test_an_evaluation_after_an_epochs_last_batch_is_checked_once(tmp_path):

@@ -36,6 +36,14 @@ HIGHER_IS_BETTER = frozenset(
 )  # fmt: skip
 
 
+def _when(loop: Any) -> str:
+    """Where a check took place, for a stop's reason: ``after epoch 3``, or inside an epoch (an
+    in-epoch evaluation's check) ``in epoch 4 (after batch 250)``."""
+    if loop.in_epoch:
+        return f"in epoch {loop.epoch + 1} (after batch {loop.iteration})"
+    return f"after epoch {loop.epoch}"
+
+
 class EarlyStoppingWarning(UserWarning):
     """The monitored record is missing, or the best model state cannot be restored."""
 
@@ -271,7 +279,7 @@ class EarlyStopping:
         finite = math.isfinite(value)
         if not finite and self.stop_on_nan:
             loop.request_stop(
-                f"early_stopping: {self.monitor} is {value!r} after epoch {loop.epoch} (stop_on_nan)",
+                f"early_stopping: {self.monitor} is {value!r} {_when(loop)} (stop_on_nan)",
                 agreed=agreed,
             )
             self._write(row, False)
@@ -315,14 +323,14 @@ class EarlyStopping:
         if stop is not None and self._better(value, stop):
             loop.request_stop(
                 f"early_stopping: {self.monitor} = {value!r} {sign} stopping_threshold {stop:g} "
-                f"after epoch {loop.epoch}",
+                f"{_when(loop)}",
                 agreed=agreed,
             )
             return True
         if diverge is not None and self._better(diverge, value):
             loop.request_stop(
                 f"early_stopping: {self.monitor} = {value!r} {worse} divergence_threshold {diverge:g} "
-                f"after epoch {loop.epoch} (diverged)",
+                f"{_when(loop)} (diverged)",
                 agreed=agreed,
             )
             return True
