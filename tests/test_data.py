@@ -38,7 +38,7 @@ def test_epoch_order_derives_from_seed_and_epoch_only() -> None:
         np.testing.assert_array_equal(np.concatenate([b[1] for b in batches]), order * 10)
         np.testing.assert_array_equal(np.concatenate([b[0] for b in batches]), x[order])
     assert [len(b[0]) for b in first] == [4, 4, 2]
-    assert stream.state_dict() == {"seed": 3, "epoch": 2, "position": 0}
+    assert stream.state_dict() == {"seed": 3, "epoch": 2, "position": 0, "batches": 3}
     np.random.seed(7)
     assert_same_batches(first, list(BatchStream(x, y, batch_size=4, seed=3)))
     other = np.concatenate([b[1] for b in BatchStream(x, y, batch_size=4, seed=4)])
@@ -104,7 +104,7 @@ def test_resume_from_state_dict_yields_the_same_remaining_batches(stop: int) -> 
             continue
         state = json.loads(json.dumps(stream.state_dict()))  # JSON-able
         in_epoch = (len(seen) - 1) % 3 + 1
-        assert state == {"seed": 5, "epoch": (len(seen) - 1) // 3, "position": in_epoch}
+        assert state == {"seed": 5, "epoch": (len(seen) - 1) // 3, "position": in_epoch, "batches": 3}
 
     resumed = BatchStream(x, y, batch_size=4, seed=5)
     resumed.load_state_dict(state)
@@ -119,11 +119,11 @@ def test_state_at_the_last_batch_resumes_with_an_empty_end_of_epoch() -> None:
     stream = BatchStream(x, y, batch_size=5, seed=1)
     for _ in stream:
         state = stream.state_dict()
-    assert state == {"seed": 1, "epoch": 0, "position": 2}
+    assert state == {"seed": 1, "epoch": 0, "position": 2, "batches": 2}
     resumed = BatchStream(x, y, batch_size=5, seed=1)
     resumed.load_state_dict(state)
     assert list(resumed) == []
-    assert resumed.state_dict() == {"seed": 1, "epoch": 1, "position": 0}
+    assert resumed.state_dict() == {"seed": 1, "epoch": 1, "position": 0, "batches": 2}
     assert_same_batches(list(resumed), list(stream))
 
 
@@ -133,10 +133,10 @@ def test_abandoned_iteration_keeps_its_position() -> None:
     for i, _ in enumerate(stream):
         if i == 1:
             break
-    assert stream.state_dict() == {"seed": 2, "epoch": 0, "position": 2}
+    assert stream.state_dict() == {"seed": 2, "epoch": 0, "position": 2, "batches": 5}
     rest = list(stream)
     assert len(rest) == 3
-    assert stream.state_dict() == {"seed": 2, "epoch": 1, "position": 0}
+    assert stream.state_dict() == {"seed": 2, "epoch": 1, "position": 0, "batches": 5}
 
 
 def test_loading_state_during_an_iteration_is_refused() -> None:
@@ -173,9 +173,9 @@ def test_load_state_dict_errors() -> None:
         stream.load_state_dict({"seed": 3, "epoch": 0, "position": 6})
     with pytest.raises(ValueError, match="'epoch' must be a non-negative int"):
         stream.load_state_dict({"seed": 3, "epoch": -1, "position": 0})
-    assert stream.state_dict() == {"seed": 3, "epoch": 0, "position": 0}  # unchanged
+    assert stream.state_dict() == {"seed": 3, "epoch": 0, "position": 0, "batches": 5}  # unchanged
     stream.load_state_dict({"seed": np.int64(3), "epoch": 2, "position": 5})
-    assert stream.state_dict() == {"seed": 3, "epoch": 2, "position": 5}
+    assert stream.state_dict() == {"seed": 3, "epoch": 2, "position": 5, "batches": 5}
     assert all(type(v) is int for v in stream.state_dict().values())
 
 
@@ -337,3 +337,23 @@ def test_loop_skips_empty_batches_of_every_type() -> None:
     loop.run()
     assert [id(b) for b in model.seen] == [id(b) for b in stream if batch_size(b) != 0]
     assert loop.iteration == len(model.seen) == len(stream) - len(empty)
+
+
+def test_a_position_inside_an_epoch_of_another_length_is_refused() -> None:
+    x, _ = arrays(10)
+    saved = BatchStream(x, batch_size=2, seed=3)
+    iterator = iter(saved)
+    next(iterator), next(iterator)
+    state = saved.state_dict()
+    assert state == {"seed": 3, "epoch": 0, "position": 2, "batches": 5}
+    smaller = BatchStream(x, batch_size=3, seed=3)  # 4 batches an epoch: other examples after batch 2
+    with pytest.raises(ValueError, match=r"saved at batch 2 of an epoch of 5 batches: its epoch now has 4"):
+        smaller.load_state_dict(state)
+    # at an epoch's end (and from a state saved before 'batches' was) the next epoch starts afresh
+    smaller.load_state_dict({**state, "position": 5})
+    assert smaller.state_dict() == {"seed": 3, "epoch": 0, "position": 4, "batches": 4}
+    assert list(smaller) == [] and smaller.state_dict()["epoch"] == 1  # then the next epoch
+    assert len(list(smaller)) == 4
+    smaller.load_state_dict({"seed": 3, "epoch": 0, "position": 2})
+    with pytest.raises(ValueError, match="'batches' must be a non-negative int"):
+        smaller.load_state_dict({**state, "batches": -1})

@@ -86,7 +86,7 @@ def test_shard_state_is_the_same_on_every_rank_and_resumes_mid_epoch() -> None:
     for iterator in iterators:
         next(iterator), next(iterator)
     states = [shard.state_dict() for shard in shards]
-    assert states[0] == states[1] == {"seed": 1, "epoch": 0, "position": 2, "world_size": 2}
+    assert states[0] == states[1] == {"seed": 1, "epoch": 0, "position": 2, "batches": 5, "world_size": 2}
     resumed = whole.shard(1, 2, "error")
     resumed.load_state_dict(states[1])
     assert ids_of(resumed) == straight[2:]
@@ -219,7 +219,8 @@ def test_loader_shards_share_one_shuffled_order(size: int) -> None:
         assert all(len(shard) == -(-len(part) // 4) for shard, part in zip(shards, parts))
         interleaved = [parts[i % size][i // size] for i in range(30)]  # rank r took order[r::size]
         assert sorted(interleaved) == list(range(30)) and interleaved != list(range(30))
-    assert shards[0].state_dict() == {"seed": 5, "epoch": 2, "position": 0, "world_size": size}
+    expected = {"seed": 5, "epoch": 2, "position": 0, "batches": len(shards[0]), "world_size": size}
+    assert shards[0].state_dict() == expected
 
 
 def test_loader_shard_resumes_mid_epoch_exactly() -> None:

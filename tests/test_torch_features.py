@@ -425,10 +425,25 @@ def test_a_dataloader_resumes_mid_epoch_with_the_same_order(num_workers: int) ->
     resumed = LoaderStream(loader(num_workers), seed=7)
     resumed.load_state_dict({"seed": 7, "epoch": 0, "position": 4})
     assert [b[0].tolist() for b in resumed] == straight[0][4:]
-    assert resumed.state_dict() == {"seed": 7, "epoch": 1, "position": 0}
+    assert resumed.state_dict() == {"seed": 7, "epoch": 1, "position": 0, "batches": 9}
     assert [b[0].tolist() for b in resumed] == straight[1]
     with pytest.raises(ValueError, match="seeded with 7 into one seeded with 8"):
         LoaderStream(loader(), seed=8).load_state_dict({"seed": 7, "epoch": 0, "position": 1})
+
+
+def test_a_dataloader_refuses_a_position_it_cannot_continue() -> None:
+    # found by an outside-user pass: a position past the epoch resumed silently, the epoch's
+    # remaining training skipped; and another batch size inside an epoch gave other examples
+    saved = {"seed": 7, "epoch": 0, "position": 4, "batches": 9}  # 50 examples, batches of 6
+    with pytest.raises(
+        ValueError, match=r"LoaderStream state: position 11 is beyond the 9 batches of an epoch"
+    ):
+        LoaderStream(loader(), seed=7).load_state_dict({"seed": 7, "epoch": 0, "position": 11})  # older state
+    with pytest.raises(ValueError, match=r"saved at batch 4 of an epoch of 13 batches: its epoch now has 9"):
+        LoaderStream(loader(), seed=7).load_state_dict({**saved, "batches": 13})
+    at_the_end = LoaderStream(loader(), seed=7)
+    at_the_end.load_state_dict({**saved, "position": 13, "batches": 13})  # a complete epoch
+    assert [b[0].tolist() for b in at_the_end] == [] and at_the_end.state_dict()["epoch"] == 1
 
 
 class Counting(IterableDataset):  # type: ignore[type-arg]
@@ -452,7 +467,7 @@ def test_the_loop_makes_dataloaders_resumable_by_itself() -> None:
     loop = Loop(model, data, max_epochs=1, seed=3)
     assert isinstance(loop.data["train"], LoaderStream)
     loop.run()
-    assert loop.state_dict()["data"]["train"] == {"seed": 3, "epoch": 1, "position": 0}
+    assert loop.state_dict()["data"]["train"] == {"seed": 3, "epoch": 1, "position": 0, "batches": 5}
 
 
 # -- torch.compile ----------------------------------------------------------------------------

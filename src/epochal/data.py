@@ -244,12 +244,14 @@ class BatchStream:
             self._epoch, self._position = epoch + 1, 0
 
     def state_dict(self) -> dict[str, int]:
-        """Return ``{"seed", "epoch", "position"}``: the stream's state, as plain ints.
+        """Return ``{"seed", "epoch", "position", "batches"}``: the stream's state, as plain ints
+        (``batches``: of an epoch, so that a resume inside one can tell the epoch changed).
 
         A shard adds ``"world_size"``. Every rank's train shard has the same state (the
         ranks take the same number of batches), so one rank's state stands for all.
         """
         state = {"seed": self._seed, "epoch": self._epoch, "position": self._position}
+        state["batches"] = self._num_batches
         if self.shards > 1:
             state["world_size"] = self.shards
         return state
@@ -257,10 +259,10 @@ class BatchStream:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a state returned by :meth:`state_dict` of a stream with the same seed.
 
-        :raises ValueError: on missing or unknown keys, a different seed, or a negative or
-            out-of-range epoch or position.
+        :raises ValueError: on missing or unknown keys, a different seed, a negative or
+            out-of-range epoch or position, or a position inside an epoch whose length changed.
         """
-        keys = set(state) - {"world_size"}
+        keys = set(state) - OPTIONAL_STATE_KEYS
         if keys != _STATE_KEYS:
             problems = []
             if missing := _STATE_KEYS - keys:
@@ -279,12 +281,8 @@ class BatchStream:
                 f"cannot load the state of a BatchStream seeded with {state['seed']} into one "
                 f"seeded with {self._seed}: the batches would differ"
             )
-        if state["position"] > self._num_batches:
-            raise ValueError(
-                f"invalid BatchStream state: position {state['position']} is beyond the "
-                f"{self._num_batches} batches of an epoch"
-            )
-        self._epoch, self._position = int(state["epoch"]), int(state["position"])
+        position = check_epoch_length(state, self._num_batches, "BatchStream")
+        self._epoch, self._position = int(state["epoch"]), position
 
     def __repr__(self) -> str:
         """Return a summary of the stream's configuration and state."""
@@ -309,6 +307,41 @@ def check_world_size(state: Mapping[str, Any], size: int, what: str) -> None:
             f"{size}: the shards of that epoch differ; resume on {saved} process(es), or from a "
             "checkpoint saved at the end of an epoch"
         )
+
+
+#: the optional keys of a stream's state, beside ``seed``, ``epoch`` and ``position``.
+OPTIONAL_STATE_KEYS = frozenset({"world_size", "batches"})
+
+
+def check_epoch_length(state: Mapping[str, Any], batches: int | None, what: str) -> int:
+    """The position at which a stream of *batches* per epoch continues *state*.
+
+    A state saved at the end of its epoch continues at the end of this stream's epoch (the next
+    epoch starts afresh, whatever its length). Refused: a position beyond the *batches* of the
+    epoch, or one inside an epoch that had another number of batches (``batches``, saved since
+    2026-11: a batch size or the data changed, so the rest of that epoch would be other
+    examples). *batches* None: the stream does not know its length (nothing is checked).
+    """
+    saved = state.get("batches")
+    position = int(state["position"])
+    if saved is not None and (not _is_int(saved) or saved < 0):
+        raise ValueError(f"invalid {what} state: 'batches' must be a non-negative int, got {saved!r}")
+    if batches is None:
+        return position
+    if saved is not None and position == saved:
+        return batches  # the saved epoch was complete
+    if saved is not None and 0 < position < saved and saved != batches:
+        raise ValueError(
+            f"cannot resume a {what} saved at batch {position} of an epoch of {saved} batches: its "
+            f"epoch now has {batches} (another batch size or other data), so the rest of that epoch "
+            "cannot be continued; resume with the same batch size and data, or from a checkpoint "
+            "saved at the end of an epoch"
+        )
+    if position > batches:
+        raise ValueError(
+            f"invalid {what} state: position {position} is beyond the {batches} batches of an epoch"
+        )
+    return position
 
 
 def batch_size(batch: Any) -> int:

@@ -29,9 +29,11 @@ from torch.utils.data import DataLoader, IterableDataset, RandomSampler, Sequent
 from torch.utils.data.distributed import DistributedSampler
 
 from epochal.data import (
+    OPTIONAL_STATE_KEYS,
     Remainder,
     ShardOrder,
     UnevenShardsError,
+    check_epoch_length,
     check_shard,
     check_world_size,
     distributed_sampler_order,
@@ -249,18 +251,30 @@ class LoaderStream:
         return DataLoader(loader.dataset, **options)
 
     def state_dict(self) -> dict[str, int]:
-        """``{"seed", "epoch", "position"}`` as plain ints (a shard adds ``"world_size"``)."""
+        """``{"seed", "epoch", "position"}`` as plain ints, with ``"batches"`` (of an epoch) where
+        the loader knows its length (a shard adds ``"world_size"``)."""
         state = {"seed": self._seed, "epoch": self._epoch, "position": self._position}
+        batches = self._epoch_length()
+        if batches is not None:
+            state["batches"] = batches
         if self.shards > 1:
             state["world_size"] = self.shards
         return state
 
+    def _epoch_length(self) -> int | None:
+        """The batches of an epoch, or None where the loader cannot tell (an iterable dataset)."""
+        try:
+            return len(self)
+        except TypeError:
+            return None
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a state from :meth:`state_dict` of a stream with the same seed.
 
-        :raises ValueError: on missing or unknown keys, another seed, or a bad epoch/position.
+        :raises ValueError: on missing or unknown keys, another seed, a bad epoch/position, or a
+            position beyond the epoch or inside an epoch whose length changed.
         """
-        if set(state) - {"world_size"} != _STATE_KEYS:
+        if set(state) - OPTIONAL_STATE_KEYS != _STATE_KEYS:
             raise ValueError(
                 f"invalid LoaderStream state: keys {sorted(map(str, state))}, expected {sorted(_STATE_KEYS)}"
             )
@@ -276,7 +290,8 @@ class LoaderStream:
                 f"cannot load the state of a LoaderStream seeded with {state['seed']} into one seeded "
                 f"with {self._seed}: the batches would differ"
             )
-        self._epoch, self._position = int(state["epoch"]), int(state["position"])
+        position = check_epoch_length(state, self._epoch_length(), "LoaderStream")
+        self._epoch, self._position = int(state["epoch"]), position
 
     def __repr__(self) -> str:
         """A summary of the stream's loader and state."""
