@@ -73,3 +73,26 @@ def test_export_best_refuses_when_the_best_checkpoint_is_gone(trained: Path) -> 
     assert "the best checkpoint of the run" in errors[0] and "(epoch 1, iteration" in errors[0]
     assert f"is gone; the best left is {infos[1].name} (epoch 3" in errors[0]
     assert not (trained / "w.safetensors").exists()
+
+
+def test_a_monitor_the_run_never_logs_is_warned_about_and_export_names_it(tmp_path: Path) -> None:
+    # found by an outside-user pass: a typo in monitor left no best checkpoint without a word,
+    # and export --best then asked to set the monitor that was set
+    typo = CHECKPOINT.replace('monitor = "valid.loss"', 'monitor = "valid.los"')
+    digits_config(
+        tmp_path / "run.toml",
+        ["checkpoint"],
+        max_epochs=2,
+        run_dir="run",
+        batch_size=256,
+        hidden=16,
+        extra=typo,
+    )
+    done = epochal_command("run", "run.toml", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    warned = [line for line in done.stderr.splitlines() if "monitored record 'valid.los'" in line]
+    assert len(warned) == 1 and "(did you mean 'valid.loss'?)" in warned[0], done.stderr
+    (checkpoints,) = list((tmp_path / "run").glob("version_*/checkpoints"))
+    export = epochal_command("export", str(checkpoints), "--best", "-o", "best.safetensors", cwd=tmp_path)
+    assert export.returncode == 2
+    assert "a value of their monitor 'valid.los': the run's log never had that record" in export.stderr

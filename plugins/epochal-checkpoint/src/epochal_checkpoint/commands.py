@@ -88,9 +88,14 @@ def _best(directory: Path | store.RemoteStore) -> CheckpointInfo:
         label = str(directory)
     scored = [i for i in infos if is_finite_number(i.manifest.get("metric"))]
     if not scored:
-        raise CheckpointNotFoundError(
-            f"--best: no checkpoint in {label!r} records a monitored value (set [plugins.checkpoint] monitor)"
+        monitors = ", ".join(sorted({repr(str(m)) for i in infos if (m := i.manifest.get("monitor"))}))
+        why = (
+            f"a value of their monitor {monitors}: the run's log never had that record (is it one "
+            "the run writes?)"
+            if monitors
+            else "a monitored value (set [plugins.checkpoint] monitor)"
         )
+        raise CheckpointNotFoundError(f"--best: no checkpoint in {label!r} records {why}")
     mode = scored[-1].manifest.get("mode", "min")
     sign = -1.0 if mode == "max" else 1.0
     # ties: the older checkpoint, or the newer one where the run saved with greater_or_equal

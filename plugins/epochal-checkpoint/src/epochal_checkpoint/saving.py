@@ -81,6 +81,31 @@ class Saving(BackgroundWrites):
     last_saved: Path | None
     _store: Callable[[], store.RemoteStore | None]
 
+    def _warn_unlogged_monitor(self, loop: Any) -> None:
+        """Warn once when ``monitor`` names a record the log does not have at a save although it
+        should by now (its stream was evaluated, or it is no evaluation stream's and an epoch
+        ended): a typo would otherwise leave no best checkpoint, without a word."""
+        if getattr(self, "_monitor_warned", False):
+            return
+        stream = str(self.monitor).partition(".")[0]
+        due = stream in loop.last_metrics if stream in loop.eval_streams else loop.epoch > 0
+        if not due:
+            return
+        self._monitor_warned = True
+        import difflib  # only for this warning
+
+        records = sorted(k for k in loop.log.current_row if k != "epochs_done")
+        match = difflib.get_close_matches(str(self.monitor), records, n=1, cutoff=0.5)
+        hint = f" (did you mean {match[0]!r}?)" if match else ""
+        shown = [k for k in records if k.startswith(f"{stream}.")] or records  # its stream's, if any
+        warnings.warn(
+            f"checkpoint: the monitored record {self.monitor!r} is not in the log{hint}; records "
+            f"written: {', '.join(shown) or 'none'}. No checkpoint is ranked (best, keep_best, "
+            'export, test_weights = "best") until it appears; set [plugins.checkpoint] monitor',
+            UserWarning,
+            stacklevel=2,
+        )
+
     def _save(
         self, loop: Loop, reason: str, error: BaseException | None = None, periodic: bool = False
     ) -> None:
@@ -135,6 +160,8 @@ class Saving(BackgroundWrites):
         if self.monitor:
             value = loop.log.last(self.monitor)
             metric = float(value) if storage.is_finite_number(value) else None
+            if value is None:
+                self._warn_unlogged_monitor(loop)
         if metric is not None and (self._best is None or self._better(metric, self._best["metric"])):
             self._best = {"epoch": loop.epoch, "iteration": loop.iteration, "metric": metric}
         manifest = {
