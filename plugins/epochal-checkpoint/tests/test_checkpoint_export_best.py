@@ -96,3 +96,31 @@ def test_a_monitor_the_run_never_logs_is_warned_about_and_export_names_it(tmp_pa
     export = epochal_command("export", str(checkpoints), "--best", "-o", "best.safetensors", cwd=tmp_path)
     assert export.returncode == 2
     assert "a value of their monitor 'valid.los': the run's log never had that record" in export.stderr
+
+
+def test_export_best_passes_over_a_damaged_best_to_its_copy(tmp_path: Path) -> None:
+    # found by an outside-user pass: --resume passed over the damaged best and saved the same
+    # state again as -v2; export --best still chose the damaged one and failed
+    lowest = '[plugins.checkpoint]\nkeep_last = 5\nmonitor = "valid.loss"\nmode = "min"\n'
+    digits_config(
+        tmp_path / "run.toml",
+        ["checkpoint"],
+        max_epochs=2,
+        run_dir="run",
+        batch_size=256,
+        hidden=16,
+        extra=lowest,
+    )
+    assert epochal_command("run", "run.toml", cwd=tmp_path).returncode == 0
+    (checkpoints,) = list((tmp_path / "run").glob("version_*/checkpoints"))
+    best = list_checkpoints(checkpoints)[0][-1].path  # the loss falls: the last save is the best
+    data = best / "data.bin"
+    data.write_bytes(data.read_bytes()[:1000])
+    resumed = epochal_command("run", "run.toml", "--resume", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    copy = checkpoints / f"{best.name}-v2"
+    assert copy.is_dir()
+    export = epochal_command("export", str(checkpoints), "--best", "-o", "best.safetensors", cwd=tmp_path)
+    assert export.returncode == 0, export.stderr
+    assert f"trying its copy {copy.name}" in export.stderr
+    assert copy.name in export.stdout  # it says which checkpoint it wrote

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from epochal_checkpoint.errors import CheckpointNotFoundError
+from epochal_checkpoint.errors import CheckpointNotFoundError, CorruptCheckpointError, UnsafeCheckpointError
 from epochal_checkpoint.export import export_weights
 from epochal_checkpoint.storage import store
 from epochal_checkpoint.storage.codec import is_finite_number
@@ -43,11 +43,9 @@ def export_command(source: str, output: Path | None, best: bool) -> None:
 
     remote = store.RemoteStore(source) if store.is_remote(source) else None
     if best:
-        info = _best(remote) if remote is not None else _best(store.local_path(source))
-        if remote is not None:
-            state = remote.read(info.name, model_only=True).state
-        else:
-            state, _ = read_checkpoint(info.path, model_only=True)
+        state, info = _read_best(
+            _best(remote) if remote is not None else _best(store.local_path(source)), remote
+        )
         where, manifest = info.path, info.manifest
     else:
         state, where = read_from(source, model_only=True, known=remote)
@@ -74,8 +72,32 @@ def _describe(manifest: Mapping[str, Any], best: bool) -> str:
     return ", ".join(parts)
 
 
-def _best(directory: Path | store.RemoteStore) -> CheckpointInfo:
-    """The best checkpoint of *directory* by its manifests' monitored value.
+def _read_best(
+    candidates: list[CheckpointInfo], remote: store.RemoteStore | None
+) -> tuple[dict[str, Any], CheckpointInfo]:
+    """The model state of the first of *candidates* (one save and its copies) that reads whole;
+    a damaged one is passed over with a warning, as ``--resume`` passes over it."""
+    import warnings
+
+    errors: list[CorruptCheckpointError | UnsafeCheckpointError] = []
+    for index, info in enumerate(candidates):
+        try:
+            if remote is not None:
+                return remote.read(info.name, model_only=True).state, info
+            return read_checkpoint(info.path, model_only=True)[0], info
+        except (CorruptCheckpointError, UnsafeCheckpointError) as error:
+            errors.append(error)
+            if index + 1 < len(candidates):
+                following = candidates[index + 1].name
+                warnings.warn(f"{error}; trying its copy {following}", RuntimeWarning, stacklevel=2)
+    if len(errors) == 1:
+        raise errors[0]
+    raise CorruptCheckpointError("; ".join(map(str, errors)))
+
+
+def _best(directory: Path | store.RemoteStore) -> list[CheckpointInfo]:
+    """The best checkpoint of *directory* by its manifests' monitored value, then the other
+    checkpoints of the same save (``-v2``, written when a resume passed over a damaged one).
 
     :raises CheckpointNotFoundError: no checkpoint records a monitored value, or the newest
         manifest's record of the run's best save names a checkpoint that is no longer there.
@@ -113,7 +135,14 @@ def _best(directory: Path | store.RemoteStore) -> CheckpointInfo:
                 f"iteration {at[1]}, {monitor}={float(record['metric']):.6g}) is gone; the best left "
                 f"is {chosen.name} ({_describe(chosen.manifest, False)}): export it by its path"
             )
-    return chosen
+    key = (chosen.manifest.get("epoch"), chosen.manifest.get("iteration"), chosen.manifest["metric"])
+    copies = [
+        i
+        for i in reversed(scored)
+        if i is not chosen
+        and (i.manifest.get("epoch"), i.manifest.get("iteration"), i.manifest["metric"]) == key
+    ]
+    return [chosen, *copies]
 
 
 def safe_names(path: Path) -> list[str]:

@@ -517,14 +517,14 @@ class Checkpoint(Saving):
             return None
         if not read:
             return f"the checkpoint with the {'lowest' if self.mode == 'min' else 'highest'} {self.monitor}"
-        from epochal_checkpoint.commands import _best, _describe
+        from epochal_checkpoint.commands import _best, _describe, _read_best
 
         self.wait()
         try:
-            info = _best(self.directory(loop))
+            candidates = _best(self.directory(loop))
         except CheckpointNotFoundError:
             return None
-        state, _ = storage.read_checkpoint(info.path, model_only=True)
+        state, info = _read_best(candidates, None)
         return state["model"], f"checkpoint {info.path} ({_describe(info.manifest, True)})"
 
     @hookimpl
