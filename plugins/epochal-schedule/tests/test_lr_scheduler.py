@@ -240,3 +240,22 @@ def test_auto_length_of_an_unbounded_run_is_one_line() -> None:
     assert loop.estimated_stepping_batches == float("inf")
     with pytest.raises(ConfigError, match=r"total_steps = 'auto' needs a run of known length: set \[loop\]"):
         loop.run()
+
+
+def test_a_resume_at_an_epochs_last_batch_does_not_warn_of_a_step_before_the_optimizers(
+    tmp_path: Path,
+) -> None:
+    # found by an outside-user pass: a run stopped on an epoch's last batch saved a scheduler
+    # that had not stepped yet; the resumed process stepped it first, and torch warned
+    pytest.importorskip("epochal_checkpoint")
+    example = Path(__file__).resolve().parents[3] / "examples" / "digits_torch.toml"
+    config = tmp_path / "run.toml"
+    config.write_text(example.read_text())
+    result = epochal_command(
+        "check-resume", str(config), "--at", "6", "--set", "loop.max_epochs=2",
+        "--set", "data.batch_size=256", "--set", "model.channels=4", "--disable", "progress",
+        cwd=tmp_path, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "ok: interrupted after batch 6 of " in result.stdout  # 6 batches an epoch: its last one
+    assert "before `optimizer.step()`" not in result.stderr

@@ -143,6 +143,11 @@ class LRScheduler:
             for group, saved in zip(self.optimizer.param_groups, pending["param_groups"], strict=True):
                 group.update(from_plain(saved))
             self.steps = int(pending["steps"])
+            if getattr(loop.model, "optimizer_steps", 0):
+                # the optimizer stepped before the checkpoint: what torch's step wrapper records,
+                # so that a scheduler that had not stepped yet (a run saved at an epoch's last
+                # batch) does not warn that it steps before the optimizer
+                self.optimizer._opt_called = True  # type: ignore[attr-defined]
         self._sync_proxy()
 
     @hookimpl
