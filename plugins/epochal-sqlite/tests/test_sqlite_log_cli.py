@@ -115,9 +115,11 @@ def test_compare_shows_final_and_best_of_common_keys(project: tuple[Path, str, s
     rows = {line.split()[0]: line.split()[1:] for line in lines[1:]}
     assert set(rows) == {"epochs_done", "valid.accuracy", "valid.loss"}
     assert rows["valid.accuracy"][0] == "max" and rows["valid.loss"][0] == "min"
+    assert rows["epochs_done"][0] == "-" and len(rows["epochs_done"]) == 3  # a counter: no best
     data = json.loads(epochal(cwd, "log", "compare", first, second, "--json").stdout)
     loss = data["keys"]["valid.loss"]
     assert [entry["best"] for entry in loss] == [min(e["best"], e["final"]) for e in loss]
+    assert [entry["best"] for entry in data["keys"]["epochs_done"]] == [None, None]
     usage = epochal(cwd, "log", "compare", first)  # a usage error: click's usage line, then the error
     assert usage.returncode == 2 and usage.stderr.strip().endswith("Error: compare needs at least two runs")
 

@@ -389,11 +389,14 @@ def compare_command(
         raise store.SQLiteLogError(
             f"runs {', '.join(t.run_id[:12] for t in targets)} have no numeric key in common"
         )
+
+    def best(key: str, values: list[float]) -> float | None:
+        if "." not in key:  # the loop's and plugins' own records (epochs_done, lr): no better end
+            return None
+        return max(values) if higher(key) else min(values)
+
     result = {
-        key: [
-            {"final": s[key][-1], "best": max(s[key]) if higher(key) else min(s[key]), "n": len(s[key])}
-            for s in series
-        ]
+        key: [{"final": s[key][-1], "best": best(key, s[key]), "n": len(s[key])} for s in series]
         for key in common
     }
     if as_json:
@@ -404,9 +407,9 @@ def compare_command(
     table = [
         (
             key,
-            "max" if higher(key) else "min",
+            "-" if "." not in key else "max" if higher(key) else "min",
             *((v["final"] if as_csv else _cell(v["final"])) for v in entries),
-            *((v["best"] if as_csv else _cell(v["best"])) for v in entries),
+            *(("" if v["best"] is None else v["best"] if as_csv else _cell(v["best"])) for v in entries),
         )
         for key, entries in result.items()
     ]
