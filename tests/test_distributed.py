@@ -8,6 +8,7 @@ that match a straight run bitwise, and the bad inputs refused before anything st
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -552,13 +553,18 @@ def test_the_rank_that_failed_first_is_named_not_the_survivor_that_lost_it(tmp_p
     """Rank 1 raises; rank 0 then reports a lost peer: the line names rank 1 (issue 32's outside pass)."""
     (tmp_path / "rank_one.py").write_text(RANK_ONE_FAILS)
     config = write_run(
-        tmp_path, ["raiser"], extra='\n[plugins.raiser]\nfactory = "rank_one:RaiseOnRankOne"\n'
+        tmp_path, ["raiser", "sqlite_log"], extra='\n[plugins.raiser]\nfactory = "rank_one:RaiseOnRankOne"\n'
     )
     done = epochal(tmp_path, "run", str(config), "--nproc", "2")
     assert done.returncode == 1, done.stderr[-3000:]
     (line,) = errors(done.stderr)
     assert line.startswith("Error: rank 1 (pid "), line
     assert "stopped: RuntimeError: rank one's own failure" in line  # what rank 1 reported of itself
+    # rank 0's log says what it saw in epochal's words, not gloo's text
+    (database,) = tmp_path.glob("**/epochal.sqlite")
+    runs = epochal(tmp_path, "log", "runs", "--json", "--db", str(database))
+    (run,) = json.loads(runs.stdout)
+    assert run["status"] == "failed" and run["error"].startswith("PeerLostError: "), run["error"]
 
 
 def test_an_error_of_one_rank_only_names_that_rank(tmp_path):

@@ -225,6 +225,31 @@ def test_early_stopping_after_an_in_epoch_evaluation_stops_on_that_batch_as_on_o
     assert str(loop.log.status["finish_reason"]).startswith("early_stopping:")
 
 
+def test_a_collective_broken_by_a_lost_peer_is_logged_in_epochals_words():
+    # a DDP all-reduce (torch's, not epochal's) fails with gloo's text: the run's log keeps what
+    # happened in one line, as the CLI prints it, not the transport's message and advice
+    pytest.importorskip("torch")
+
+    class Broken:
+        @hookimpl
+        def after_batch(self, loop: Any) -> None:
+            raise RuntimeError(
+                "[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:6846. "
+                "This is typically caused by a peer dying"
+            )
+
+    world: Any = PeerWorld()
+    loop = Loop(TinyModel(), tiny_data(), plugins={"broken": Broken()}, world=world, handle_signals=False)
+    with pytest.raises(RuntimeError):
+        loop.run()
+    status = loop.log.status
+    assert status["status"] == "failed"
+    assert status["error"] == (
+        "PeerLostError: a collective over the process group failed: another rank stopped, died or "
+        "did not answer within [distributed] timeout (Connection closed by peer [127.0.0.1]:6846)"
+    )
+
+
 def test_the_peer_finishing_its_epoch_ends_training_at_this_epoch_end():
     loop = run(PeerWorld(peer_finish=True, peer_signal=signal.SIGINT))
     assert (loop.epoch, loop.iteration) == (1, 4)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import signal
 import warnings
 
 import numpy as np
@@ -570,3 +571,22 @@ def test_a_model_or_data_the_loop_cannot_use_is_refused_when_made(model, data, m
 def test_a_model_with_no_eval_step_trains_without_evaluation_streams():
     log = Loop(TrainOnly(), {"train": make_data()["train"]}, max_epochs=2, handle_signals=False).run()
     assert log.status["epochs_done"] == 2
+
+
+def test_a_third_sigint_ends_the_run_at_once_with_a_reason_the_log_keeps():
+    class ThreeSigints:
+        @hookimpl
+        def after_batch(self, loop):
+            if loop.iteration == 2:
+                for _ in range(3):
+                    loop.stopping.interrupt(signal.SIGINT)
+
+    loop = Loop(Noisy(), make_data(), plugins={"sigints": ThreeSigints()}, max_epochs=2, handle_signals=False)
+    with pytest.raises(KeyboardInterrupt):
+        loop.run()
+    assert loop.log.status["status"] == "interrupted"
+    # not "KeyboardInterrupt: " with nothing after it
+    assert (
+        loop.log.status["error"]
+        == "KeyboardInterrupt: a third SIGINT: stopped at once, nothing saved at this point"
+    )

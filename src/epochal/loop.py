@@ -22,7 +22,7 @@ from epochal.adapters import adapt_stream
 from epochal.data import ShardOrder, _empty_rule, _mapping_empty, _ndarray, _sequence_empty
 from epochal.distributed.sharding import in_shard_order
 from epochal.distributed.strategy import strategy_for
-from epochal.distributed.world import World, current_world
+from epochal.distributed.world import World, current_world, peer_lost
 from epochal.empty import EmptyData
 from epochal.errors import ConfigError
 from epochal.estimates import stepping_batches
@@ -490,7 +490,9 @@ class Loop:
     def _fail(self, error: BaseException) -> None:
         self.error_plugin = getattr(error, "epochal_plugin", None)
         status = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
-        self.log.status.update(status=status, error=f"{type(error).__name__}: {error}")
+        lost = peer_lost(error) if self.world.distributed else None  # torch's text, in one line
+        reason = error if lost is None else lost
+        self.log.status.update(status=status, error=f"{type(reason).__name__}: {reason}")
         if self._plugin_set.isolated:
             self.log.status["isolated_plugins"] = dict(self._plugin_set.isolated)
         for name, call in each_implementation(self._plugin_set.pm, "on_error", loop=self, error=error):

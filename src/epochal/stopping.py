@@ -147,7 +147,7 @@ class Stop:
             )
         if signum == signal.SIGINT and self._interrupts > 2:
             signal.signal(signal.SIGINT, signal.default_int_handler)
-            raise KeyboardInterrupt
+            raise KeyboardInterrupt("a third SIGINT: stopped at once, nothing saved at this point")
         self.request(f"{name} received")
         return f"epochal: {name} received, stopping after the current batch"
 
