@@ -193,3 +193,11 @@ def test_a_bad_set_is_named_not_the_file_it_overrides(throwaway_cli, write_confi
     result = throwaway_cli("run", str(config), "--set", good)
     assert_clean_error(result, f"{config}: [loop]: unknown key 'max_epoch'")
     assert "--set" not in result.stderr
+
+
+def test_an_empty_run_dir_is_refused_not_the_current_directory(throwaway_cli, write_config, tmp_path):
+    config = write_config(["tw_alpha"])
+    config.write_text(config.read_text().replace("seed = 0\n", 'seed = 0\nrun_dir = ""\n'))
+    result = throwaway_cli("run", str(config))
+    assert_clean_error(result, "[loop]: run_dir must be non-empty str | Path | None")
+    assert not (tmp_path / "version_0").exists()  # it used to train into the working directory

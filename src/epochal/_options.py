@@ -292,7 +292,9 @@ def describe(hint: Any) -> str:
     origin = typing.get_origin(hint)
     if origin is Annotated:
         base, *metadata = typing.get_args(hint)
-        return f"{describe(base)} {_bounds(metadata)}".strip()
+        constraints = [c for item in metadata for c in getattr(item, "metadata", [item])]
+        non_empty = any(getattr(c, "min_length", None) == 1 for c in constraints)
+        return f"{'non-empty ' if non_empty else ''}{describe(base)} {_bounds(metadata)}".strip()
     if origin is typing.Literal or origin in (typing.Union, types.UnionType):
         values: list[str] = []  # literal values and None: 'auto', 'gloo', 'nccl' or None
         kinds: list[str] = []

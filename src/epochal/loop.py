@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from epochal import _rng, evaluation, heldout, loop_state
 from epochal._dispatch import blame, each_implementation
-from epochal._options import Fraction, NonNegativeInt, PositiveInt, Seed, check_options
+from epochal._options import Fraction, NonEmptyStr, NonNegativeInt, PositiveInt, Seed, check_options
 from epochal.adapters import adapt_stream
 from epochal.data import ShardOrder, _empty_rule, _mapping_empty, _ndarray, _sequence_empty
 from epochal.distributed.sharding import in_shard_order
@@ -133,7 +133,7 @@ class Loop:
         epoch_size: NonNegativeInt | None = None,
         on_empty_batch: Policy = "error",
         on_empty_stream: Policy = "error",
-        run_dir: str | Path | None = None,
+        run_dir: NonEmptyStr | Path | None = None,
         resume: bool | str = False,
         config: Mapping[str, Any] | None = None,
         handle_signals: bool = True,
