@@ -590,3 +590,21 @@ def test_a_third_sigint_ends_the_run_at_once_with_a_reason_the_log_keeps():
         loop.log.status["error"]
         == "KeyboardInterrupt: a third SIGINT: stopped at once, nothing saved at this point"
     )
+
+
+@pytest.mark.parametrize(
+    ("failed", "said"),
+    [
+        (False, "epochal: SIGTERM received after training ended; the run's outcome stands"),
+        (True, "epochal: SIGTERM received while the failed run shuts down; its error stands"),
+    ],
+)
+def test_a_signal_after_training_says_how_the_run_ended(failed, said):
+    # a survivor of a lost peer, stopped by the agent, said its training had ended
+    from epochal.stopping import ProcessSignals, Stop
+
+    messages: list[str] = []
+    signals = ProcessSignals(Stop(), messages.append)
+    signals.end(failed)
+    signals(signal.SIGTERM, None)
+    assert messages[0].startswith(said) and signals.late == signal.SIGTERM

@@ -292,6 +292,7 @@ def _train(
     signals = ProcessSignals(loop.stopping, _say if loop.world.is_zero else None)
     install_handlers(signals)
     started = time.perf_counter()
+    failed = False
     try:
         log = loop.run()
     except KeyboardInterrupt:  # a third Ctrl-C: stopped at once, nothing saved
@@ -302,10 +303,11 @@ def _train(
         )
         sys.exit(128 + signal.SIGINT)
     except BaseException:
+        failed = True
         discard_if_empty(made)
         raise
     finally:
-        signals.end()
+        signals.end(failed)
     if loop.world.is_zero:
         loop.command = continuing_command(loop, summary.started)  # a resume that trains on
         for line in summary.lines(loop, time.perf_counter() - started):

@@ -174,12 +174,16 @@ class ProcessSignals:
         self.say = say
         #: training ended: later signals change nothing.
         self.ended = False
+        #: training ended with an error.
+        self.failed = False
         #: the last signal received after training ended (None: none).
         self.late: int | None = None
 
-    def end(self) -> None:
-        """Training ended: from now on a signal is only noted (the stop object is let go)."""
+    def end(self, failed: bool = False) -> None:
+        """Training ended (*failed*: with an error): from now on a signal is only noted (the
+        stop object is let go)."""
         self.ended = True
+        self.failed = failed
         self.stopping = None
 
     def __call__(self, signum: int, frame: Any) -> None:
@@ -187,10 +191,14 @@ class ProcessSignals:
             message = self.stopping.interrupt(signum)
         else:
             self.late = signum
-            message = (
-                f"epochal: {signal.Signals(signum).name} received after training ended; "
-                "the run's outcome stands, finishing its summary and shutdown"
-            )
+            name = signal.Signals(signum).name
+            if self.failed:  # e.g. the agent stopping a rank that lost its peer
+                message = f"epochal: {name} received while the failed run shuts down; its error stands"
+            else:
+                message = (
+                    f"epochal: {name} received after training ended; "
+                    "the run's outcome stands, finishing its summary and shutdown"
+                )
         if message is not None and self.say is not None:
             self.say(message)
 
