@@ -269,6 +269,15 @@ def test_when_condition_on_the_log(project):
     assert [e["iteration"] for e in hooks(project, "after_batch")] == [9, 10, 11, 12]
 
 
+def test_a_when_key_never_logged_is_warned_about_once(project):
+    # found by an outside-user pass: a misspelt key left the condition false for ever, unsaid
+    result = run(project, "run", str(write(project, 'when = "valid.los < 1e9"\n')))
+    assert result.returncode == 0, result.stderr
+    warned = [line for line in result.stderr.splitlines() if "'valid.los' is not in the log" in line]
+    assert len(warned) == 1 and "(did you mean 'valid.loss'?)" in warned[0], result.stderr
+    assert hooks(project, "after_epoch") == []  # the condition never held
+
+
 def test_when_predicate_from_a_module(project):
     result = run(project, "run", str(write(project, 'when = "mymodel:late"\n')))
     assert result.returncode == 0, result.stderr

@@ -186,6 +186,7 @@ class LogCondition:
     def __init__(self, text: str) -> None:
         self.text = text
         self.names: list[str] = []
+        self._warned: set[str] = set()  # the names warned about as never logged
         try:
             tree = ast.parse(text.strip(), mode="eval")
         except SyntaxError as error:
@@ -244,10 +245,33 @@ class LogCondition:
     def __call__(self, loop: Any) -> bool:
         try:
             return bool(self._evaluate(loop))
-        except _NotLoggedError:
+        except _NotLoggedError as missing:
+            self._warn_if_never_logged(loop, str(missing))
             return False
         except TypeError:  # e.g. comparing a string with a number: not true
             return False
+
+    def _warn_if_never_logged(self, loop: Any, key: str) -> None:
+        """Warn once when *key* is still not logged although it should be by now (its stream was
+        evaluated, or an epoch ended): a misspelt key leaves the condition false for ever."""
+        warned = self._warned
+        stream = key.partition(".")[0]
+        due = stream in loop.last_metrics if stream in getattr(loop, "data", {}) else loop.epoch > 0
+        if key in warned or not due:
+            return
+        warned.add(key)
+        import warnings
+
+        from epochal.errors import did_you_mean
+
+        records = [*loop.log.current_row]
+        records += [f"{s}.{m}" for s, metrics in loop.last_metrics.items() for m in metrics]
+        warnings.warn(
+            f"when = {self.text!r}: {key!r} is not in the log{did_you_mean(key, records)}; the "
+            "condition stays false until it is",
+            UserWarning,
+            stacklevel=2,
+        )
 
     def __repr__(self) -> str:
         return f"LogCondition({self.text!r})"
