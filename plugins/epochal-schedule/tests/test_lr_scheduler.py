@@ -192,6 +192,15 @@ def test_bad_options_name_the_table_and_key() -> None:
         LRScheduler("StepLR", stepsize=3)
     with pytest.raises(PluginError, match=r"\[plugins.lr_scheduler\] StepLR needs step_size"):
         LRScheduler("StepLR")
+    # a value of the wrong type: refused when the plugin is made, not an epoch into the run
+    with pytest.raises(PluginError, match=r"T_max = 'abc': CosineAnnealingLR takes int there"):
+        LRScheduler("CosineAnnealingLR", T_max="abc")
+    with pytest.raises(
+        PluginError, match=r"anneal_strategy = 'cosine': OneCycleLR takes Literal\['cos', 'linear'\]"
+    ):
+        LRScheduler("OneCycleLR", max_lr=0.1, total_steps=10, anneal_strategy="cosine")
+    LRScheduler("StepLR", step_size=2, gamma=1)  # an int where a float goes is one
+    LRScheduler("OneCycleLR", max_lr=[0.1, 0.2], total_steps="auto")  # converted values are torch's
     options = {"name": "StepLR", "step_size": 1, "interval": "step"}
     with pytest.raises(
         PluginError, match=r"option 'interval' of plugin 'lr_scheduler' must be 'epoch' or 'batch'"

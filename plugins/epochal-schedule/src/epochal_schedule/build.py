@@ -58,6 +58,36 @@ def check_arguments(cls: type, arguments: Mapping[str, Any], where: str) -> None
     missing = [n for n, p in params.items() if p.default is p.empty and n not in arguments]
     if missing:
         raise PluginError(f"{where} {cls.__name__} needs {', '.join(missing)}; its arguments: {valid}")
+    _check_types(cls, arguments, where)
+
+
+def _check_types(cls: type, arguments: Mapping[str, Any], where: str) -> None:
+    """Refuse a value of the wrong type for the scheduler's annotations (``T_max = "abc"``), which
+    torch itself takes and fails on at its first step, an epoch into the run. Values the plugin
+    converts first (``"auto"`` lengths, ``"module:function"`` callables, nested scheduler tables)
+    and annotations that do not resolve are left to torch."""
+    import typing
+
+    import pydantic
+
+    try:
+        hints = typing.get_type_hints(cls.__init__)  # type: ignore[misc]
+    except Exception:  # annotations naming what the module does not import
+        return
+    config = pydantic.ConfigDict(strict=True, arbitrary_types_allowed=True)
+    for key, value in arguments.items():
+        converted = (key in LENGTH_ARGUMENTS and value == "auto") or key in _CALLABLE_ARGUMENTS
+        if converted or key == "schedulers" or key not in hints:
+            continue
+        try:
+            adapter = pydantic.TypeAdapter(hints[key], config=config)
+        except Exception:  # a hint pydantic cannot check
+            continue
+        try:
+            adapter.validate_python(value)
+        except pydantic.ValidationError:
+            wanted = str(hints[key]).replace("typing.", "").replace("<class '", "").replace("'>", "")
+            raise PluginError(f"{where} {key} = {value!r}: {cls.__name__} takes {wanted} there") from None
 
 
 #: the arguments that say how long a schedule runs: ``"auto"`` makes them the run's length.
