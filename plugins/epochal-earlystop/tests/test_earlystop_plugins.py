@@ -187,11 +187,12 @@ def test_a_missing_record_warns_once_after_the_first_evaluation() -> None:
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        loop = run(["early_stopping"], {"early_stopping": {"monitor": "valid.los"}}, max_epochs=3)
+        loop = run(["early_stopping", "timing"], {"early_stopping": {"monitor": "valid.los"}}, max_epochs=3)
     reports = [str(w.message) for w in caught if issubclass(w.category, EarlyStoppingWarning)]
     assert len(reports) == 1
     assert "'valid.los' is not in the log after epoch 1" in reports[0]
     assert "did you mean 'valid.loss'?" in reports[0]
+    assert "records written: valid." in reports[0] and "timing." not in reports[0]  # its stream's
     assert loop.epoch == 3
 
 

@@ -380,9 +380,11 @@ class EarlyStopping:
 
         match = difflib.get_close_matches(self.monitor, records, n=1, cutoff=0.5)
         hint = f" (did you mean {match[0]!r}?)" if match else ""
+        stream = self.monitor.partition(".")[0]
+        shown = [k for k in records if k.startswith(f"{stream}.")] or records  # its stream's, if any
         warnings.warn(
             f"early_stopping: the monitored record {self.monitor!r} is not in the log after epoch "
-            f"{loop.epoch}{hint}; records written: {', '.join(records) or 'none'}. Early stopping "
+            f"{loop.epoch}{hint}; records written: {', '.join(shown) or 'none'}. Early stopping "
             "does nothing until it appears; set [plugins.early_stopping] monitor",
             EarlyStoppingWarning,
             stacklevel=2,
