@@ -107,3 +107,26 @@ def test_a_plugin_with_state_is_stateful():
             pass
 
     assert isinstance(Counter(), Stateful) and not isinstance(Staged(None), Stateful)
+
+
+def test_an_autoload_declaration_that_is_not_a_bool_is_refused_not_read_as_true():
+    # found by an outside plugin author: autoload = "false" autoloaded the plugin
+    from epochal import load_plugins
+
+    class Quoted:
+        autoload = "false"
+
+        @hookimpl
+        def after_epoch(self, loop):
+            pass
+
+    message = r"plugin 'quoted' declares autoload = 'false'; it must be True .* or False"
+    with pytest.raises(PluginError, match=message):
+        load_plugins(order=["quoted"], autoload=False, extra={"quoted": Quoted})
+    from epochal.discovery import PluginLoadWarning
+
+    with pytest.warns(PluginLoadWarning, match="declares autoload = 'false'"):
+        unnamed = load_plugins(order=[], autoload=False, extra={"quoted": Quoted})  # extras load unnamed
+    assert "quoted" not in unnamed.plugins
+    (info,) = [i for i in unnamed.infos if i.name == "quoted"]
+    assert info.status == "failed" and "declares autoload = 'false'" in str(info.error)

@@ -1,5 +1,5 @@
-"""What a plugin declares about itself, read and checked: where it runs, its phase, its idle
-hooks, its failure policy, the plugins it requires or conflicts with, and its options.
+"""What a plugin declares about itself, read and checked: where it runs, its phase, whether it
+autoloads, its idle hooks, its failure policy, the plugins it requires or conflicts with, and its options.
 
 Each reader names the plugin and the bad value in one :class:`~epochal.errors.PluginError`;
 :mod:`epochal.protocol` documents every declaration.
@@ -71,6 +71,23 @@ def idle_hooks(name: str, plugin: object) -> frozenset[str]:
     if hooks is None or not all(isinstance(hook, str) for hook in hooks):
         raise PluginError(f"plugin {name!r} declares idle_hooks = {names!r}; it must be a set of hook names")
     return hooks
+
+
+def plugin_autoload(name: str, plugin: object) -> bool:
+    """Whether *plugin* loads without being named (its ``autoload`` declaration, default True).
+
+    :raises PluginError: a value other than True or False (``"false"`` would autoload a plugin
+        that asked not to: installing it would change what a run trains).
+    """
+    autoload = declared(plugin, "autoload")
+    if autoload is None:
+        return True
+    if not isinstance(autoload, bool):
+        raise PluginError(
+            f"plugin {name!r} declares autoload = {autoload!r}; it must be True (load it unless "
+            "disabled) or False (only when a run names it)"
+        )
+    return autoload
 
 
 def failure_policy(name: str, plugin: object, options: Mapping[str, Any]) -> str:

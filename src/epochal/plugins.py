@@ -35,6 +35,7 @@ from epochal.declarations import (
     failure_policy,
     idle_hooks,
     own_options,
+    plugin_autoload,
     plugin_phase,
     plugin_rank,
 )
@@ -275,7 +276,13 @@ def load_plugins(
         if name not in objects:
             continue  # failed to import, reported already
         named = name in explicit_set or name in options
-        infos[name].autoload = declared(objects[name], "autoload") is not False
+        try:
+            infos[name].autoload = plugin_autoload(name, objects[name])
+        except PluginError as error:
+            if named:
+                raise
+            mark_failed(infos[name], str(error))  # never loaded unasked on a declaration unread
+            continue
         if not named and not infos[name].autoload:
             infos[name].status = "available"  # it asks to be loaded only when named (bundles)
             infos[name].rank = declared_rank(objects[name])
