@@ -41,3 +41,30 @@ def test_scaffold_refuses_bad_names_and_existing_folders(tmp_path):
     assert run([sys.executable, "-m", "epochal", "new-plugin", "twice"], tmp_path).returncode == 0
     again = run([sys.executable, "-m", "epochal", "new-plugin", "twice"], tmp_path)
     assert again.returncode == 2 and "already exists" in again.stderr
+
+
+def test_scaffold_refuses_a_name_that_would_replace_an_installed_plugin(tmp_path):
+    # found by an outside plugin author: new-plugin checkpoint wrote epochal-checkpoint, whose
+    # install would replace the standard distribution
+    for name, taken in (
+        (
+            "checkpoint",
+            "the distribution 'epochal-checkpoint' is installed already, and the new package would",
+        ),
+        (
+            "early_stopping",
+            "the plugin 'early_stopping' (from epochal-earlystop) is installed already: the two",
+        ),
+    ):
+        made = run([sys.executable, "-m", "epochal", "new-plugin", name], tmp_path)
+        assert made.returncode == 2 and taken in made.stderr, made.stderr
+        assert not (tmp_path / f"epochal-{name.replace('_', '-')}").exists()
+
+
+def test_the_scaffolds_plugin_records_with_the_measurements(tmp_path):
+    assert (
+        run([sys.executable, "-m", "epochal", "new-plugin", "guard", "--dir", "out"], tmp_path).returncode
+        == 0
+    )
+    source = (tmp_path / "out" / "epochal-guard" / "src" / "epochal_guard" / "plugin.py").read_text()
+    assert '\n    phase = "measure"\n' in source  # before checkpoint: a save holds the epoch's record

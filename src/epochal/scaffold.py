@@ -69,6 +69,10 @@ class {cls}:
     :param every: record after every n-th epoch.
     """
 
+    #: it writes a record in after_epoch: it runs with the measurements, before the plugins that
+    #: save, decide or report the epoch (a checkpoint then holds this epoch's count)
+    phase = "measure"
+
     def __init__(self, every: int = 1) -> None:
         self.due = every_n_epochs(every)
         self.batches = 0
@@ -132,6 +136,27 @@ def core_range() -> str:
     return f"epochal>={major}.{minor},<{major}.{minor + 1}"
 
 
+def _installed_as(dist: str, package: str, name: str) -> str | None:
+    """Why *dist* (distribution), *package* (import package) or *name* (plugin) are taken (None: free)."""
+    import importlib.util
+    from importlib import metadata
+
+    replaced = "is installed already, and the new package would replace it when installed"
+    try:
+        metadata.distribution(dist)
+        return f"the distribution {dist!r} {replaced}"
+    except metadata.PackageNotFoundError:
+        pass
+    if importlib.util.find_spec(package) is not None:
+        return f"the package {package!r} {replaced}"
+    from epochal.discovery import installed
+
+    entry = installed().get(name)
+    if entry is None:
+        return None
+    return f"the plugin {name!r} (from {entry.distribution}) is installed already: the two would conflict"
+
+
 def new_plugin(name: str, directory: Path) -> Path:
     """Write the plugin distribution for *name* into ``directory / epochal-NAME``; return it."""
     if not _NAME.match(name):
@@ -144,6 +169,9 @@ def new_plugin(name: str, directory: Path) -> Path:
     root = directory / dist
     if root.exists():
         raise ConfigError(f"{root} already exists; choose another name or --dir")
+    taken = _installed_as(dist, package, name)
+    if taken:
+        raise ConfigError(f"plugin name {name!r}: {taken}; choose another name")
     values = {"name": name, "dist": dist, "package": package, "cls": cls, "core": core_range()}
     files = {
         "pyproject.toml": PYPROJECT,
