@@ -159,3 +159,54 @@ def test_a_signal_after_an_interrupted_run_keeps_the_interrupts_status(lingering
     assert code == 128 + signal.SIGTERM, err
     assert "interrupted after" in out
     assert "SIGINT received after training ended" in err
+
+
+LATE = '''
+import time
+from pathlib import Path
+
+from epochal import hookimpl
+
+
+class Teardown:
+    """Lingers while the interpreter tears its modules down, after every exit function."""
+
+    def __del__(self):
+        Path("lingering-teardown").write_text("now")
+        time.sleep(3)
+
+
+class Late:
+    @hookimpl
+    def after_training(self, loop):
+        global kept
+        kept = Teardown()  # a module global: deleted when the modules are torn down
+'''
+
+
+@pytest.mark.slow
+def test_a_signal_while_the_interpreter_tears_down_leaves_a_finished_run_finished(
+    throwaway_site, tmp_path, write_config
+):
+    """Found by an outside-user pass: after the exit functions the interpreter reset the handlers,
+    and a SIGTERM in the ~0.5 s of teardown that follows killed a finished run (143)."""
+    import os
+
+    (tmp_path / "late.py").write_text(LATE)
+    config = write_config([], extra='[plugins.late]\nfactory = "late:Late"\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env.update(PYTHONPATH=os.pathsep.join([str(throwaway_site), str(tmp_path), *inherited]))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "epochal", "run", str(config)],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "lingering-teardown").exists():
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "the run did not reach its teardown"
+        time.sleep(0.01)
+    process.send_signal(signal.SIGTERM)
+    code, out, err = finish(process)
+    assert code == 0, (code, err)
+    assert "finished after 2 epoch(s)" in out

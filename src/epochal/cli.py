@@ -9,6 +9,7 @@ Every :class:`~epochal.errors.EpochalError` is printed as one line and exits wit
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
@@ -463,12 +464,24 @@ def _format_warning(
 _END_WITHOUT_FINALIZING = False
 
 
+def _ignore_late_signals() -> None:
+    """SIGINT and SIGTERM ignored for the rest of the process (its finalization)."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(ValueError, OSError):  # off the main thread: nothing to change
+            signal.signal(signum, signal.SIG_IGN)
+
+
 def main() -> None:
     """Entry point of the ``epochal`` console script."""
     warnings.formatwarning = _format_warning  # one line per warning, no source excerpt
     if os.name == "posix":  # a closed pipe (epochal plugins | head) is not an error; the
         # commands that train undo this (epochal.closed_pipes): they outlive their readers
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    # Registered first, so run last of the exit functions: from then on the outcome is settled,
+    # and the interpreter's finalization would reset the handlers to the default action (a
+    # SIGTERM in the half second torch's and the plugins' teardown takes killed a finished run
+    # with 143). An ignored signal stays ignored through finalization.
+    atexit.register(_ignore_late_signals)
     try:
         cli(prog_name="epochal")
     except SystemExit as end:
