@@ -103,3 +103,33 @@ def test_two_processes_write_one_mlflow_run_with_the_reduced_records(
     assert run.info.status == "FINISHED"
     steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "valid.accuracy"))
     assert len(steps) == 2 and len(set(steps)) == 2, steps  # once per epoch, not once per rank
+
+
+def test_a_run_killed_while_it_creates_the_default_store_leaves_no_broken_store(tmp_path: Path) -> None:
+    # found by an outside-user pass: MLflow's migrations run in place, and a SIGKILL during them
+    # left a mlflow.db every later run of the config failed on ("table ... already exists")
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    config = digits_config(tmp_path / "digits.toml", ["mlflow"], max_epochs=1)
+    store = tmp_path / "run" / "mlflow.db"
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}, **ENV}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "epochal", "run", str(config)],
+        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "run").glob(".mlflow.db.*.tmp")):  # the store being made
+        assert process.poll() is None and time.monotonic() < deadline, "no store was being made"
+        time.sleep(0.005)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=60)
+    assert not store.exists()  # never half made under its own name
+    again = epochal_command("run", str(config), cwd=tmp_path, env=ENV)
+    assert again.returncode == 0, again.stderr
+    assert "cannot send" not in again.stderr and "already exists" not in again.stderr
+    client = MlflowClient(tracking_uri=f"sqlite:///{store}")
+    (run,) = client.search_runs([client.get_experiment_by_name("epochal").experiment_id])
+    assert run.info.status == "FINISHED"

@@ -113,11 +113,12 @@ class MLflow:
     def before_training(self, loop: Loop) -> None:
         """Start the sending thread; it creates (or finds and continues) the MLflow run."""
         self._close_quietly()
-        uri, artifacts = self.tracking_uri, None
+        uri, artifacts, local_store = self.tracking_uri, None, None
         if uri is None:
             root = loop.run_root  # one store for a config's runs, as MLflow's own mlruns
             base = Path(root) if root is not None else Path()
-            uri = f"sqlite:///{(base / 'mlflow.db').resolve()}"
+            local_store = str((base / "mlflow.db").resolve())
+            uri = f"sqlite:///{local_store}"
             artifacts = (base / "mlartifacts").resolve().as_uri()
             try:
                 base.mkdir(parents=True, exist_ok=True)
@@ -135,6 +136,7 @@ class MLflow:
             known_mlflow_run=self._restored_mlflow_run if loop.resumed_from else None,
             run_name=self.run_name,
             params=params,
+            local_store=local_store,
         )
         self._cursor.start(loop.log, loop.iteration)
         self.tracker = Tracker(

@@ -66,6 +66,38 @@ class RunSpec:
     known_mlflow_run: str | None
     run_name: str | None
     params: dict[str, str] = field(default_factory=dict)
+    #: the default SQLite store's file, made whole before first use (None: a store of the user's).
+    local_store: str | None = None
+
+
+def make_store_whole(database: Path) -> None:
+    """Create MLflow's SQLite store *database* whole, if it does not exist yet.
+
+    MLflow creates a store by running its schema migrations in place, and they are not atomic: a
+    process killed in those ~2 s left a store every later run failed on (``table ... already
+    exists``). The store is made under a temporary name beside it and linked into place once
+    complete and synced (a link, not a rename: a store another run made meanwhile stays).
+    """
+    if database.exists():
+        return
+    from mlflow import MlflowClient
+
+    made = database.with_name(f".{database.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        MlflowClient(tracking_uri=f"sqlite:///{made}").search_experiments(max_results=1)
+        with open(made, "rb+") as file:
+            os.fsync(file.fileno())
+        try:
+            os.link(made, database)
+        except FileExistsError:
+            return  # another run made the store first: that one is the store
+        directory = os.open(database.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+    finally:
+        made.unlink(missing_ok=True)
 
 
 def refused(error: BaseException) -> bool:
@@ -256,6 +288,8 @@ class Tracker(threading.Thread):
         from mlflow import MlflowClient
 
         spec = self.spec
+        if spec.local_store is not None and self._client is None:
+            make_store_whole(Path(spec.local_store))
         client = self._client or MlflowClient(tracking_uri=spec.tracking_uri)
         self._client = client
         if self._opening is None:
