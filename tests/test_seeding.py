@@ -167,7 +167,11 @@ def test_a_seed_no_generator_takes_is_one_line_naming_the_key(
     )
     result = epochal_cli("run", "run.toml", "--set", f"loop.seed={seed}")
     assert result.returncode == 2
-    assert result.stderr.strip() == f"Error: run.toml: [loop]: seed must be {problem}, not {seed}"
+    # the file is fine: the --set that broke it is named
+    assert (
+        result.stderr.strip()
+        == f"Error: --set 'loop.seed={seed}': [loop]: seed must be {problem}, not {seed}"
+    )
     assert not (tmp_path / "rows.jsonl").exists()  # refused before the run started
 
 
