@@ -21,19 +21,20 @@ pytestmark = pytest.mark.slow
 CHECKPOINT = '[plugins.checkpoint]\nkeep_last = 1\nmonitor = "valid.loss"\nmode = "max"\n'
 
 
+def train(directory: Path, checkpoint: str, epochs: int) -> str:
+    """A small digits run in *directory* with the checkpoint table *checkpoint*; its stderr."""
+    digits_config(
+        directory / "run.toml", ["checkpoint"], max_epochs=epochs, run_dir="run", batch_size=256, hidden=16,
+        extra=checkpoint,
+    )  # fmt: skip
+    done = epochal_command("run", "run.toml", cwd=directory)
+    assert done.returncode == 0, done.stderr
+    return done.stderr
+
+
 @pytest.fixture
 def trained(tmp_path: Path) -> Path:
-    digits_config(
-        tmp_path / "run.toml",
-        ["checkpoint"],
-        max_epochs=3,
-        run_dir="run",
-        batch_size=256,
-        hidden=16,
-        extra=CHECKPOINT,
-    )
-    done = epochal_command("run", "run.toml", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
+    train(tmp_path, CHECKPOINT, 3)
     return tmp_path
 
 
@@ -78,20 +79,9 @@ def test_export_best_refuses_when_the_best_checkpoint_is_gone(trained: Path) -> 
 def test_a_monitor_the_run_never_logs_is_warned_about_and_export_names_it(tmp_path: Path) -> None:
     # found by an outside-user pass: a typo in monitor left no best checkpoint without a word,
     # and export --best then asked to set the monitor that was set
-    typo = CHECKPOINT.replace('monitor = "valid.loss"', 'monitor = "valid.los"')
-    digits_config(
-        tmp_path / "run.toml",
-        ["checkpoint"],
-        max_epochs=2,
-        run_dir="run",
-        batch_size=256,
-        hidden=16,
-        extra=typo,
-    )
-    done = epochal_command("run", "run.toml", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
-    warned = [line for line in done.stderr.splitlines() if "monitored record 'valid.los'" in line]
-    assert len(warned) == 1 and "(did you mean 'valid.loss'?)" in warned[0], done.stderr
+    stderr = train(tmp_path, CHECKPOINT.replace('monitor = "valid.loss"', 'monitor = "valid.los"'), 2)
+    warned = [line for line in stderr.splitlines() if "monitored record 'valid.los'" in line]
+    assert len(warned) == 1 and "(did you mean 'valid.loss'?)" in warned[0], stderr
     (checkpoints,) = list((tmp_path / "run").glob("version_*/checkpoints"))
     export = epochal_command("export", str(checkpoints), "--best", "-o", "best.safetensors", cwd=tmp_path)
     assert export.returncode == 2
@@ -101,17 +91,7 @@ def test_a_monitor_the_run_never_logs_is_warned_about_and_export_names_it(tmp_pa
 def test_export_best_passes_over_a_damaged_best_to_its_copy(tmp_path: Path) -> None:
     # found by an outside-user pass: --resume passed over the damaged best and saved the same
     # state again as -v2; export --best still chose the damaged one and failed
-    lowest = '[plugins.checkpoint]\nkeep_last = 5\nmonitor = "valid.loss"\nmode = "min"\n'
-    digits_config(
-        tmp_path / "run.toml",
-        ["checkpoint"],
-        max_epochs=2,
-        run_dir="run",
-        batch_size=256,
-        hidden=16,
-        extra=lowest,
-    )
-    assert epochal_command("run", "run.toml", cwd=tmp_path).returncode == 0
+    train(tmp_path, '[plugins.checkpoint]\nkeep_last = 5\nmonitor = "valid.loss"\nmode = "min"\n', 2)
     (checkpoints,) = list((tmp_path / "run").glob("version_*/checkpoints"))
     best = list_checkpoints(checkpoints)[0][-1].path  # the loss falls: the last save is the best
     data = best / "data.bin"
