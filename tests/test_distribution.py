@@ -172,14 +172,14 @@ def test_requires_and_conflicts_are_checked_before_training(throwaway_cli, write
     needy = write_config(["tw_needy"])
     result = throwaway_cli("run", str(needy))
     assert result.returncode == 2
-    assert "plugin 'tw_needy' requires plugin 'tw_alpha'" in result.stderr
+    assert f"Error: {needy}: plugin 'tw_needy' requires plugin 'tw_alpha'" in result.stderr  # the file
     assert events() == []  # nothing ran
     check = throwaway_cli("plugins", "--check", str(needy))
     assert check.returncode == 2 and "requires plugin 'tw_alpha'" in check.stderr
     rival = write_config(["tw_rival", "tw_beta"], name="rival.toml")
     result = throwaway_cli("plugins", "--check", str(rival))
     assert result.returncode == 2
-    assert "plugin 'tw_rival' conflicts with plugin 'tw_beta'" in result.stderr
+    assert f"Error: {rival}: plugin 'tw_rival' conflicts with plugin 'tw_beta'" in result.stderr
     good = write_config(["tw_needy", "tw_alpha"], name="good.toml")
     result = throwaway_cli("plugins", "--check", str(good))
     assert result.returncode == 0, result.stderr

@@ -8,9 +8,20 @@ from typing import Any
 from epochal import _rng
 from epochal._options import check_options
 from epochal.config import call_factory, factory_arguments, loop_options, plugins_for
-from epochal.errors import ConfigError
+from epochal.errors import ConfigError, PluginError
 from epochal.loop import Loop
 from epochal.plugins import PluginSet
+
+
+def _check_dependencies(config: Mapping[str, Any], plugin_set: PluginSet) -> None:
+    """The plugins' requires/conflicts, an error naming the configuration's file."""
+    try:
+        plugin_set.check_dependencies()
+    except PluginError as error:
+        source = getattr(config, "source", None)
+        if source is None or str(error).startswith(source):
+            raise
+        raise PluginError(f"{source}: {error}") from None
 
 
 def join_world(config: Mapping[str, Any]) -> None:
@@ -33,7 +44,7 @@ def build_loop(
     seed = config.get("loop", {}).get("seed")  # checked with [loop] (epochal.Loop's annotations)
     join_world(config)
     plugin_set = plugins_for(config, order, disable)
-    plugin_set.check_dependencies()
+    _check_dependencies(config, plugin_set)
     if resume and not plugin_set.implements("resume_state"):
         raise ConfigError(
             "--resume needs a plugin that restores checkpoints, and none is loaded "
@@ -72,7 +83,7 @@ def check_run(
         f"{source_of(config)}: [loop]",
     )
     plugin_set = plugins_for(config, order, disable)
-    plugin_set.check_dependencies()
+    _check_dependencies(config, plugin_set)
     for section in ("model", "data"):
         factory, arguments = factory_arguments(config, section)
         check_options(factory.__name__, factory, arguments, where=f"[{section}]", error=ConfigError)
