@@ -167,6 +167,22 @@ def test_tracker_down_warns_once_training_goes_on_and_the_sqlite_log_is_whole(
         )
 
 
+@pytest.mark.parametrize("uri", ["foo://bar", "not a uri"])
+def test_a_tracking_uri_the_store_refuses_is_said_once_naming_the_option_and_not_retried(
+    tmp_path: Path, uri: str
+) -> None:
+    # found by an outside-user pass: a bad scheme (or MLflow 3's refused file store) was handled
+    # as an outage: retried, then the whole close_timeout waited, and no reason given
+    plugin = MLflow(uri, retry_seconds=0.2, close_timeout=30)
+    with pytest.warns(RuntimeWarning) as caught:
+        result = run_loop({"train": TrainRecords(), "mlflow": plugin}, run_dir=tmp_path / "run", max_epochs=3)
+    messages = [str(w.message) for w in caught if str(w.message).startswith("mlflow:")]
+    assert len(messages) == 1, messages  # no "cannot send", no "did not take the last records"
+    assert f"the MLflow tracking store {uri} refused this run ([plugins.mlflow] tracking_uri)" in messages[0]
+    assert result.loop.epoch == 3 and result.log.status["status"] == "finished"
+    assert plugin.finished is not None and plugin.finished.store_refused and plugin.finished.sent == 0
+
+
 def test_records_past_the_bound_are_dropped_oldest_first(tmp_path: Path, down_uri: str) -> None:
     plugin = MLflow(down_uri, max_buffered=5, retry_seconds=0.2, close_timeout=0.5)
     with pytest.warns(

@@ -133,6 +133,9 @@ class Tracker(threading.Thread):
         self.sent = 0
         self.dropped = 0
         self.ended = False
+        #: the store refused the run's URI or settings for good (a bad scheme, a refused store):
+        #: nothing is buffered or sent any more.
+        self.store_refused = False
         self._buffer: collections.deque[Item] = collections.deque()
         self._inflight = 0
         self._condition = threading.Condition()
@@ -152,6 +155,8 @@ class Tracker(threading.Thread):
 
     def put(self, records: Iterable[tuple[int, str, float]]) -> None:
         """Buffer ``(step, key, value)`` records; drop the oldest past ``max_buffered``."""
+        if self.store_refused:
+            return
         stamp = int(time.time() * 1000)
         with self._condition:
             self._buffer.extend((step, key, value, stamp) for step, key, value in records)
@@ -197,6 +202,8 @@ class Tracker(threading.Thread):
             self._deadline = time.monotonic() + timeout
             self._condition.notify()
         self.join(timeout + 2 * self.request_timeout + 1)
+        if self.store_refused:
+            return  # said when it happened
         left = self.buffered
         if not (self.is_alive() or left or not self.ended):
             return
@@ -247,8 +254,22 @@ class Tracker(threading.Thread):
                     self._end_run()
                     return
             except Exception as error:
+                if started and getattr(error, "error_code", None) == "INVALID_PARAMETER_VALUE":
+                    self._refuse(error)  # not an outage: retrying cannot help
+                    return
                 self._failed(error)
                 self._pause()
+
+    def _refuse(self, error: BaseException) -> None:
+        """The store refused the run at its start: say so once, naming the option, and stop."""
+        self.store_refused = True
+        with self._condition:
+            self._buffer.clear()
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        self.warn(
+            f"the MLflow tracking store {self.spec.tracking_uri} refused this run ([plugins.mlflow] "
+            f"tracking_uri): {first}; no MLflow run for this run, training goes on"
+        )
 
     def _failed(self, error: BaseException) -> None:
         self._failures += 1
