@@ -276,6 +276,10 @@ def test_a_when_key_never_logged_is_warned_about_once(project):
     warned = [line for line in result.stderr.splitlines() if "'valid.los' is not in the log" in line]
     assert len(warned) == 1 and "(did you mean 'valid.loss'?)" in warned[0], result.stderr
     assert hooks(project, "after_epoch") == []  # the condition never held
+    # a train.* key (no evaluation stream's) is due once an epoch ended
+    result = run(project, "run", str(write(project, 'when = "train.los < 1e9"\n')))
+    assert result.returncode == 0, result.stderr
+    assert len([line for line in result.stderr.splitlines() if "'train.los' is not in the log" in line]) == 1
 
 
 def test_when_predicate_from_a_module(project):

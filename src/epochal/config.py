@@ -247,10 +247,10 @@ def plugins_for(
             extra=local,
         )
     except PluginError as error:
-        source = getattr(config, "source", None)
-        if source is None or str(error).startswith(source):
+        named = name_the_file(config, error)
+        if named is error:
             raise
-        raise PluginError(f"{source}: {error}") from error.__cause__
+        raise named from error.__cause__
     for info in plugin_set.infos:
         name = info.parent or info.name
         if name in local:
@@ -259,6 +259,14 @@ def plugins_for(
     if order is None and section.get("autoload", True) is False:
         _warn_unloaded_tables(config, plugin_set)
     return plugin_set
+
+
+def name_the_file(config: Mapping[str, Any], error: PluginError) -> PluginError:
+    """*error* with the configuration's file in front (itself when it names it, or there is none)."""
+    source = getattr(config, "source", None)
+    if source is None or str(error).startswith(source):
+        return error
+    return PluginError(f"{source}: {error}")
 
 
 def _warn_unloaded_tables(config: Mapping[str, Any], plugin_set: PluginSet) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from epochal import _rng
 from epochal._options import check_options
-from epochal.config import call_factory, factory_arguments, loop_options, plugins_for
+from epochal.config import call_factory, factory_arguments, loop_options, name_the_file, plugins_for
 from epochal.errors import ConfigError, PluginError
 from epochal.loop import Loop
 from epochal.plugins import PluginSet
@@ -18,10 +18,10 @@ def _check_dependencies(config: Mapping[str, Any], plugin_set: PluginSet) -> Non
     try:
         plugin_set.check_dependencies()
     except PluginError as error:
-        source = getattr(config, "source", None)
-        if source is None or str(error).startswith(source):
+        named = name_the_file(config, error)
+        if named is error:
             raise
-        raise PluginError(f"{source}: {error}") from None
+        raise named from None
 
 
 def join_world(config: Mapping[str, Any]) -> None:

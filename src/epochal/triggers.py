@@ -256,7 +256,8 @@ class LogCondition:
         evaluated, or an epoch ended): a misspelt key leaves the condition false for ever."""
         warned = self._warned
         stream = key.partition(".")[0]
-        due = stream in loop.last_metrics if stream in getattr(loop, "data", {}) else loop.epoch > 0
+        evaluated = stream in getattr(loop, "eval_streams", ())  # train.* records: after an epoch
+        due = stream in loop.last_metrics if evaluated else loop.epoch > 0
         if key in warned or not due:
             return
         warned.add(key)

@@ -180,6 +180,7 @@ class Checkpoint(Saving):
         self._best_exported: float | None = None
         #: the run family's best save so far (epoch, iteration, metric), recorded in each manifest.
         self._best: dict[str, Any] | None = None
+        self._monitor_warned = False
         #: run ids of this run and the runs it resumed from (from the resumed checkpoint's
         #: manifest): only their checkpoints are pruned.
         self._lineage: list[str] = []
@@ -365,6 +366,7 @@ class Checkpoint(Saving):
         if loop.resumed and resumed is not None:  # its segments are linked by the next save
             self._base = incremental.resumed_base(loop.log, *resumed)
         self._best_exported = exported_metric(directory / BEST_WEIGHTS) if loop.resumed else None
+        self._monitor_warned = False
         self._plugin_set = {
             info.name: {"distribution": info.distribution, "version": info.version}
             for info in loop.plugin_set.infos

@@ -65,6 +65,8 @@ class Saving(BackgroundWrites):
     _base: incremental.LogBase | None
     _spare: list[Any]
     _best: dict[str, Any] | None
+    #: this run's save warned that ``monitor`` is not logged (once per run)
+    _monitor_warned: bool
     _best_exported: float | None
     _lineage: list[str]
     _own: list[str]
@@ -85,7 +87,7 @@ class Saving(BackgroundWrites):
         """Warn once when ``monitor`` names a record the log does not have at a save although it
         should by now (its stream was evaluated, or it is no evaluation stream's and an epoch
         ended): a typo would otherwise leave no best checkpoint, without a word."""
-        if getattr(self, "_monitor_warned", False):
+        if self._monitor_warned:
             return
         stream = str(self.monitor).partition(".")[0]
         due = stream in loop.last_metrics if stream in loop.eval_streams else loop.epoch > 0
