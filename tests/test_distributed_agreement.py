@@ -127,9 +127,12 @@ class PeerWorld:
         return Done()
 
     def all_gather_object(self, obj: Any) -> list[Any]:
-        if obj is None or isinstance(obj, str):  # the stop reasons
-            reason = "peer asked" if self.peer_stop_after is not None else None
-            return [obj, reason]
+        if isinstance(obj, tuple):  # the stop reasons: (reason, whether a signal's)
+            if self.peer_stop_after is None:
+                return [obj, (None, False)]
+            if self.peer_signal:
+                return [obj, (f"{signal.Signals(self.peer_signal).name} received", True)]
+            return [obj, ("peer asked", False)]
         return [obj, obj]
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
@@ -269,6 +272,21 @@ def test_a_signal_to_the_peer_interrupts_every_rank():
     loop = run(world, {"watch": Interrupted()})
     assert loop.iteration == 7 and seen == [signal.SIGTERM]
     assert loop.log.status["status"] == "interrupted"
+
+
+def test_the_peers_first_sigint_in_the_last_epoch_leaves_every_rank_finished():
+    loop = run(PeerWorld(peer_finish=True, peer_signal=signal.SIGINT), max_epochs=1)
+    assert (loop.epoch, loop.iteration) == (1, 4)
+    assert loop.log.status["status"] == "finished"
+    assert loop.log.status["finish_reason"] == "max_epochs=1 reached (SIGINT received as training ended)"
+
+
+def test_a_stop_the_peer_asked_for_a_signal_is_an_interrupt_and_a_plugins_is_not():
+    signalled = run(PeerWorld(peer_stop_after=2, peer_signal=signal.SIGTERM))
+    assert signalled.log.status["status"] == "interrupted"
+    assert signalled.log.status["finish_reason"] == "SIGTERM received (on rank 1)"
+    asked = run(PeerWorld(peer_stop_after=2))
+    assert asked.log.status["status"] == "finished"
 
 
 def test_ranks_out_of_step_are_a_clear_error():

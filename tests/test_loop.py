@@ -490,6 +490,68 @@ def test_limits_and_signals_are_not_deferred():
     assert signalled.iteration == 2 and signalled.log.status["status"] == "interrupted"
 
 
+class SignalAt:
+    """Gives the loop *signum* after batch *batch*; with *stop_first* / *stop_after*, a plugin asks to
+    stop in the same batch, before or after the signal."""
+
+    def __init__(self, signum: int, batch: int, stop_first: bool = False, stop_after: bool = False) -> None:
+        self.signum, self.batch, self.stop_first, self.stop_after = signum, batch, stop_first, stop_after
+        self.interrupted: list[int] = []
+
+    @hookimpl
+    def after_batch(self, loop):
+        if loop.iteration == self.batch:
+            if self.stop_first:
+                loop.request_stop("asked")
+            loop.stopping.interrupt(self.signum)
+            if self.stop_after:
+                loop.request_stop("asked")
+
+    @hookimpl
+    def on_interrupt(self, signum):
+        self.interrupted.append(signum)
+
+
+@pytest.mark.parametrize(
+    ("plugin", "options", "reason"),
+    [
+        # a first SIGINT in the last epoch finishes that epoch: the run completed
+        (SignalAt(signal.SIGINT, 10), {"max_epochs": 3}, "max_epochs=3 reached"),
+        (SignalAt(signal.SIGTERM, 6), {"max_epochs": 5, "max_iterations": 6}, "max_iterations=6 reached"),
+        (SignalAt(signal.SIGTERM, 5, stop_first=True), {"max_epochs": 5}, "asked"),
+    ],
+    ids=["first-sigint-in-the-last-epoch", "sigterm-at-the-iteration-limit", "sigterm-after-a-plugins-stop"],
+)
+def test_a_signal_that_cuts_nothing_short_leaves_the_run_finished(plugin, options, reason):
+    loop = run_tiny(plugin, **options)
+    name = signal.Signals(plugin.signum).name
+    assert loop.log.status["status"] == "finished"
+    assert loop.log.status["finish_reason"] == f"{reason} ({name} received as training ended)"
+    assert plugin.interrupted == []  # no interrupt checkpoint: the final one is saved
+
+
+@pytest.mark.parametrize(
+    ("plugin", "options", "at"),
+    [
+        (SignalAt(signal.SIGINT, 2), {"max_epochs": 3}, (1, 4)),  # an epoch before the last
+        (SignalAt(signal.SIGTERM, 12), {"max_epochs": 3}, (2, 12)),  # the last epoch's end is not run
+        (SignalAt(signal.SIGTERM, 5, stop_after=True), {"max_epochs": 5}, (1, 5)),
+        (SignalAt(signal.SIGINT, 10), {"max_epochs": 3, "test_streams": ["valid"]}, (3, 12)),
+    ],
+    ids=[
+        "first-sigint-before-the-last-epoch",
+        "sigterm-in-the-last-batch",
+        "sigterm-before-a-plugins-stop",
+        "test-streams-left-for-the-resume",
+    ],
+)
+def test_a_signal_that_cuts_the_run_short_interrupts_it(plugin, options, at):
+    loop = run_tiny(plugin, **options)
+    assert (loop.epoch, loop.iteration) == at
+    assert loop.log.status["status"] == "interrupted"
+    assert plugin.interrupted == [plugin.signum]
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [

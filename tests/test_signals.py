@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import signal
 import subprocess
@@ -23,8 +24,10 @@ def slow_run(throwaway_site, tmp_path, write_config):
     text = config.read_text().replace("max_epochs = 2", "max_epochs = 50").replace("n = 16", "n = 40")
     config.write_text(text)
 
-    def start():
+    def start(max_epochs: int = 50):
         import os
+
+        config.write_text(re.sub(r"max_epochs = \d+", f"max_epochs = {max_epochs}", config.read_text()))
 
         env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
         env.update(PYTHONPATH=str(throwaway_site), EPOCHAL_TW_OUT=str(tmp_path / "events.jsonl"))
@@ -72,6 +75,18 @@ def test_first_sigint_finishes_the_epoch(slow_run, events):
     assert events()[-1]["status"] == "interrupted"
     assert "finishing the current epoch" in err
     assert "interrupted" in out
+
+
+def test_first_sigint_in_the_last_epoch_finishes_the_run(slow_run, events, tmp_path):
+    process = slow_run(max_epochs=1)
+    wait_for_batches(events, 3)
+    process.send_signal(signal.SIGINT)
+    code, out, err = finish(process)
+    assert code == 0, err  # the epoch it finished was the last: nothing is left to resume
+    assert len([e for e in events() if e["hook"] == "after_batch"]) == BATCHES_PER_EPOCH
+    assert tail_hooks(events)[-2:] == ["after_epoch", "after_training"]  # no on_interrupt
+    assert events()[-1]["status"] == "finished"
+    assert "max_epochs=1 reached (SIGINT received as training ended)" in out
 
 
 def test_second_sigint_finishes_the_batch(slow_run, events):

@@ -70,10 +70,13 @@ def check_best(loop: Any, where: str) -> str | None:
     return str(described)
 
 
-def evaluate_after_training(loop: Any) -> None:
-    """Evaluate ``loop.test_streams`` when training ended by itself (see the module's docs)."""
-    if not loop.test_streams or loop.stopping.signal_received is not None:
-        return
+def evaluate_after_training(loop: Any) -> bool:
+    """Evaluate ``loop.test_streams`` unless a signal came (see the module's docs); return
+    False when a signal left them for a resumed run."""
+    if not loop.test_streams:
+        return True
+    if loop.stopping.signal_received is not None:
+        return False
     last = None
     if loop.test_weights == "best":
         answer = ask_best(loop, read=True)
@@ -84,7 +87,7 @@ def evaluate_after_training(loop: Any) -> None:
                 RuntimeWarning,
                 stacklevel=2,
             )
-            return
+            return True
         state, source = answer
         last = copy.deepcopy(loop.model.state_dict())
         loop.model.load_state_dict(state)
@@ -97,3 +100,4 @@ def evaluate_after_training(loop: Any) -> None:
     finally:
         if last is not None:
             loop.model.load_state_dict(last)
+    return True

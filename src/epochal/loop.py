@@ -324,8 +324,7 @@ class Loop:
         try:
             self._start()
             self._train()
-            heldout.evaluate_after_training(self)
-            self._finish()
+            self._finish(heldout.evaluate_after_training(self))
         except BaseException as error:
             self._fail(error)
             raise
@@ -469,7 +468,11 @@ class Loop:
             return False
         return True
 
-    def _finish(self) -> None:
+    def _finish(self, evaluated: bool) -> None:
+        """Training ended: its status and reason, then ``on_interrupt`` and ``after_training``.
+
+        *evaluated*: the held-out streams were evaluated (or there are none).
+        """
         hooks = self.hooks
         status = self.log.status
         status.update(epochs_done=self.epoch, iterations_done=self.iteration)
@@ -477,7 +480,11 @@ class Loop:
             status["isolated_plugins"] = dict(self._plugin_set.isolated)
         reason = self.stopping.reason
         signum = self.stopping.settle(self)
-        if signum is not None:
+        if signum is not None and evaluated and (own := self._own_end()) is not None:
+            # the signal came too late to cut anything short: the run finished
+            name = signal.Signals(signum).name
+            status.update(status="finished", finish_reason=f"{own} ({name} received as training ended)")
+        elif signum is not None:
             name = signal.Signals(signum).name
             status.update(status="interrupted", finish_reason=reason or name)
             if hooks.on_interrupt is not None:
@@ -486,6 +493,21 @@ class Loop:
             status.update(status="finished", finish_reason=reason or "completed")
         if hooks.after_training is not None:
             hooks.after_training(self)
+
+    def _own_end(self) -> str | None:
+        """Why training ended without the signal it got: a limit reached, or a stop decided
+        by a plugin before the signal's (None: the signal ended it).
+
+        A first SIGINT in the last epoch finishes that epoch, which ends the run all the same.
+        """
+        if self.max_iterations is not None and self.iteration >= self.max_iterations:
+            return f"max_iterations={self.max_iterations} reached"
+        if not self._in_epoch and self.max_epochs is not None and self.epoch >= self.max_epochs:
+            return f"max_epochs={self.max_epochs} reached"
+        stopping = self.stopping
+        if stopping.reason is not None and not stopping.by_signal:
+            return stopping.reason
+        return None
 
     def _fail(self, error: BaseException) -> None:
         self.error_plugin = getattr(error, "epochal_plugin", None)

@@ -2,10 +2,12 @@
 
 Every way a run ends early lands here: a plugin's ``loop.request_stop``, a signal (the first
 SIGINT finishes the epoch, a second one or a SIGTERM finishes the batch, a third raises
-``KeyboardInterrupt``), the iteration limit. The loop reads three things, and nothing else:
-:attr:`Stop.halt` in its batch loop (one integer comparison per batch), :attr:`Stop.done`
-between epochs ("stop now?", as Lightning's ``_FitLoop.done`` or Blocks'
-``_check_finish_training``) and :attr:`Stop.finish_epoch` after one.
+``KeyboardInterrupt``), the iteration limit. While it trains the loop reads three things, and
+nothing else: :attr:`Stop.halt` in its batch loop (one integer comparison per batch),
+:attr:`Stop.done` between epochs ("stop now?", as Lightning's ``_FitLoop.done`` or Blocks'
+``_check_finish_training``) and :attr:`Stop.finish_epoch` after one. When it ends,
+:attr:`Stop.reason` and :attr:`Stop.by_signal` tell an interrupted run from one a signal cut
+nothing short of.
 
 On several processes :class:`epochal.distributed.agreement.AgreedStop` is used instead: the
 same questions, answered only with what every rank agreed on.
@@ -40,6 +42,8 @@ class Stop:
     def __init__(self) -> None:
         #: why training stops (None: it goes on). Set by :meth:`decide`.
         self.reason: str | None = None
+        #: the :attr:`reason` is a signal's (SIGTERM, a second SIGINT), not a limit or a plugin's.
+        self.by_signal = False
         #: the first stop asked for on this process (on several processes: maybe not agreed yet).
         self.requested: str | None = None
         #: the batch loop ends once ``loop.iteration >= halt``: the iteration limit, -1 once stopping.
@@ -56,6 +60,8 @@ class Stop:
         #: the reason of a stop deferred until the minimum (None: none).
         self.deferred: str | None = None
         self._signalled = False
+        #: :attr:`requested` is a signal's.
+        self.requested_by_signal = False
         #: (epochs completed, training batches completed), read when a stop may be deferred.
         self.progress: Callable[[], tuple[int, int]] = lambda: (0, 0)
 
@@ -84,11 +90,11 @@ class Stop:
         else:
             self.halt = limit
 
-    def decide(self, reason: str, deferrable: bool = False) -> None:
+    def decide(self, reason: str, deferrable: bool = False, by_signal: bool = False) -> None:
         """Training stops after the current batch, for *reason* (the first reason stays).
 
         *deferrable* (a plugin's request): before ``min_epochs``/``min_steps`` the stop waits
-        for them (:meth:`release` takes it then).
+        for them (:meth:`release` takes it then). *by_signal*: the reason is a signal's.
         """
         if deferrable and not self.minimum_reached():
             if self.deferred is None:
@@ -99,6 +105,7 @@ class Stop:
             return
         if self.reason is None:
             self.reason = reason
+            self.by_signal = by_signal
         self.halt = -1
 
     def minimum(self, epochs: int, steps: int, limits: tuple[int | None, int | None], where: str) -> None:
@@ -126,9 +133,17 @@ class Stop:
     def request(self, reason: str, agreed: bool = False) -> None:
         """A stop asked for by a plugin or a signal; on one process it is decided at once
         (a plugin's, deferred until the minimum)."""
+        self._ask(reason, agreed, by_signal=False)
+
+    def _ask(self, reason: str, agreed: bool, by_signal: bool) -> None:
+        """Note the request and decide it."""
+        self._note(reason, by_signal)
+        self.decide(reason, deferrable=not self._signalled, by_signal=by_signal)
+
+    def _note(self, reason: str, by_signal: bool) -> None:
+        """The first request stays :attr:`requested`."""
         if self.requested is None:
-            self.requested = reason
-        self.decide(reason, deferrable=not self._signalled)
+            self.requested, self.requested_by_signal = reason, by_signal
 
     def interrupt(self, signum: int) -> str | None:
         """Take signal *signum*; return the message to print (None: none).
@@ -148,7 +163,7 @@ class Stop:
         if signum == signal.SIGINT and self._interrupts > 2:
             signal.signal(signal.SIGINT, signal.default_int_handler)
             raise KeyboardInterrupt("a third SIGINT: stopped at once, nothing saved at this point")
-        self.request(f"{name} received")
+        self._ask(f"{name} received", agreed=False, by_signal=True)
         return f"epochal: {name} received, stopping after the current batch"
 
     def settle(self, loop: Any) -> int | None:

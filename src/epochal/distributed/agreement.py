@@ -112,13 +112,12 @@ class AgreedStop(Stop):
         message = super().interrupt(signum)
         return message if self.world.is_zero else None
 
-    def request(self, reason: str, agreed: bool = False) -> None:
+    def _ask(self, reason: str, agreed: bool, by_signal: bool) -> None:
         """A local request waits for the agreement; *agreed* (every rank asks at this same
         point, e.g. from the counters) stops here, as on one process."""
-        if self.requested is None:
-            self.requested = reason
+        self._note(reason, by_signal)
         if agreed:
-            self.decide(reason, deferrable=not self._signalled)
+            self.decide(reason, deferrable=not self._signalled, by_signal=by_signal)
 
     def _flags(self, loop: Loop, kind: int) -> list[float]:
         count = loop.batch_in_epoch
@@ -153,13 +152,14 @@ class AgreedStop(Stop):
     def _decide(self, loop: Loop, values: list[float]) -> None:
         """Adopt the agreed flags: a stop (with its agreed reason), finishing the epoch."""
         if values[0] and self.reason is None and self.deferred is None:
-            reasons = self.world.all_gather_object(self.requested)
-            asked = [(rank, reason) for rank, reason in enumerate(reasons) if reason is not None]
-            reason = asked[0][1]
+            reasons = self.world.all_gather_object((self.requested, self.requested_by_signal))
+            asked = [(rank, reason) for rank, reason in enumerate(reasons) if reason[0] is not None]
+            reason, by_signal = asked[0][1]
             if len(asked) < len(reasons):  # a local event: say where it happened
                 ranks = ", ".join(str(r) for r, _ in asked)
                 reason = f"{reason} (on rank{'s' if len(asked) > 1 else ''} {ranks})"
-            self.decide(reason, deferrable=not values[2])  # a signal is never deferred
+            # a signal is never deferred
+            self.decide(reason, deferrable=not values[2], by_signal=by_signal)
         if values[1]:
             self._finish_agreed = True
         if values[2]:
