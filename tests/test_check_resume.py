@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -50,6 +51,40 @@ def test_a_plugin_that_forgets_its_state_is_named(throwaway_cli, write_config):
     assert result.returncode == 1, result.stderr
     assert "MISMATCH after resuming at batch 3: plugins.tw_forgetful.count" in result.stderr
     assert "straight run has 8, resumed run has 5" in result.stderr
+
+
+@pytest.mark.parametrize("after", [True, False], ids=["after-checkpoint", "before-checkpoint"])
+def test_a_state_changed_in_after_epoch_after_the_checkpoint_is_named(throwaway_cli, write_config, after):
+    # the SIGTERM check cannot see it (the interrupt checkpoint comes after every after_epoch);
+    # a run ended after an epoch's end as kill -9 ends it, and resumed, does
+    order = ["checkpoint", "counter"] if after else ["counter", "checkpoint"]
+    config = write_config(order, extra='[plugins.counter]\nfactory = "epoch_counter:EpochCounter"\n')
+    shutil.copy(Path(__file__).with_name("epoch_counter.py"), config.parent)
+    result = throwaway_cli("check-resume", str(config))
+    if after:
+        assert result.returncode == 1, result.stderr
+        assert "ok: interrupted after batch 3 of 8 and resumed" in result.stdout  # the SIGTERM check passes
+        assert (
+            "MISMATCH: ended after epoch 1 as kill -9 ends it and resumed from its latest complete "
+            "checkpoint (batch 4): plugins.counter.epochs: straight run has 2, resumed run has 1"
+        ) in result.stderr
+        assert "order it before 'checkpoint'" in result.stderr
+    else:
+        assert result.returncode == 0, result.stderr
+        assert (
+            "ok: ended after epoch 1 as kill -9 ends it and resumed from its latest complete "
+            "checkpoint (batch 4): it matches the straight run bitwise"
+        ) in result.stdout
+
+
+def test_a_run_with_no_checkpoint_by_the_kill_reruns_afresh_and_says_so(throwaway_cli, write_config):
+    config = write_config(["checkpoint"], extra="[plugins.checkpoint]\nevery_n_epochs = 5\n")
+    result = throwaway_cli("check-resume", str(config))
+    assert result.returncode == 0, result.stderr
+    assert (
+        "ok: ended after epoch 1 as kill -9 ends it and resumed afresh (no checkpoint was saved"
+        in result.stdout
+    )
 
 
 def test_at_out_of_range_is_a_clear_error(throwaway_cli, write_config):

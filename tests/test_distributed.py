@@ -393,6 +393,17 @@ def test_check_resume_on_two_processes(tmp_path):
     assert "ok: interrupted after batch 11 of 16 and resumed" in done.stdout
 
 
+def test_check_resume_on_two_processes_names_a_state_changed_after_the_checkpoint(tmp_path):
+    shutil.copy(HERE / "epoch_counter.py", tmp_path)
+    extra = '[plugins.counter]\nfactory = "epoch_counter:EpochCounter"\n'
+    config = write_run(tmp_path, ["checkpoint", "counter"], max_epochs=2, extra=extra)
+    done = epochal(tmp_path, "check-resume", str(config), "--nproc", "2", "--at", "3")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "ok: interrupted after batch 3 of 16 and resumed" in done.stdout
+    assert "MISMATCH: ended after epoch 1 as kill -9 ends it and resumed from its latest" in done.stderr
+    assert "plugins.counter.epochs: straight run has 2, resumed run has 1" in done.stderr
+
+
 # -- bad input --------------------------------------------------------------------------------
 
 

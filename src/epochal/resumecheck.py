@@ -1,14 +1,25 @@
 """``epochal check-resume``: does a run interrupted at batch N and resumed match a straight run?
 
-Three runs of the same configuration, each in its own temporary run directory: a straight run;
-a run stopped right after batch N (by default the batch inside an epoch nearest to half way: a
-resume in the middle of an epoch is the harder one, and a boundary is never chosen while an
-epoch has a batch inside it) the way SIGTERM from a scheduler stops it (the loop takes the
-path its signal handler starts, without a signal being sent or announced: the batch finishes,
-``on_interrupt`` and ``after_training`` run and the checkpoint plugin saves); and a run started
-with ``--resume`` from what that run saved. The final model state,
-the training-log rows, the counters, the RNG states and every plugin's state of the straight and
-the resumed run must be bitwise equal; the first difference is reported with its key path.
+Five runs of the same configuration, each in its own temporary run directory:
+
+1. a straight run;
+2. a run stopped right after batch N (by default the batch inside an epoch nearest to half way:
+   a resume in the middle of an epoch is the harder one, and a boundary is never chosen while an
+   epoch has a batch inside it) the way SIGTERM from a scheduler stops it (the loop takes the
+   path its signal handler starts, without a signal being sent or announced: the batch
+   finishes, ``on_interrupt`` and ``after_training`` run and the checkpoint plugin saves);
+3. a run started with ``--resume`` from what that run saved;
+4. a run ended right after an epoch's end (the one nearest to half way), once every plugin's
+   ``after_epoch`` ran, the way ``kill -9`` ends it there: no ``on_interrupt``, nothing more
+   saved (the writes in flight finish, as they would have before the kill). A plugin that
+   changes its state in ``after_epoch`` after the checkpoint was taken passes the SIGTERM check
+   (its interrupt checkpoint comes later) and fails this one;
+5. a run started with ``--resume auto`` from what that run saved (a fresh start where no
+   checkpoint was saved by then, said in the report).
+
+The final model state, the training-log rows, the counters, the RNG states and every plugin's
+state of runs 3 and 5 must be bitwise equal to the straight run's; the first difference is
+reported with its key path.
 
 Plugins whose class says ``deterministic = False`` (wall-clock timings, say) cannot match and are
 left out of all three runs; they are named in the report.
@@ -44,6 +55,12 @@ class ResumeReport:
     left_out: list[str] = field(default_factory=list)
     #: the training batches completed at each epoch end of the straight run.
     epoch_ends: list[int] = field(default_factory=list)
+    #: the epoch after whose end run 4 was ended as ``kill -9`` ends it (None: not run).
+    killed_after_epoch: int | None = None
+    #: the batch run 5 resumed at (None: no checkpoint was saved by then: a fresh start).
+    revived_at: int | None = None
+    #: the first difference of run 5 from the straight run (None: none).
+    kill_difference: str | None = None
 
     @property
     def place(self) -> str:
@@ -59,8 +76,8 @@ class ResumeReport:
 
     @property
     def ok(self) -> bool:
-        """True when the resumed run matched the straight run bitwise."""
-        return self.difference is None
+        """True when both resumed runs matched the straight run bitwise."""
+        return self.difference is None and self.kill_difference is None
 
 
 class InterruptAt:
@@ -75,11 +92,41 @@ class InterruptAt:
             # What Loop._on_signal does for SIGTERM, minus its "SIGTERM received" notice: the
             # user sent no signal, and check-resume says what it is doing in its own words. On
             # several processes every rank does it after the same batch: an agreed stop.
-            loop.stopping.signum = signal.SIGTERM
-            loop.request_stop(f"check-resume: stopped after batch {self.at} as SIGTERM would", agreed=True)
+            loop.stopping.stop_as_signal(
+                signal.SIGTERM, f"check-resume: stopped after batch {self.at} as SIGTERM would"
+            )
 
 
 _InterruptAt = InterruptAt
+
+
+class Killed(BaseException):
+    """What ends check-resume's fourth run: not an ``Exception``, so that no plugin saves on it."""
+
+
+class KillAfterEpoch:
+    """Ends the run right after epoch *epoch*'s end, once every plugin's ``after_epoch`` ran, as
+    ``kill -9`` would end it there (a :class:`Killed`: plugins' ``on_error`` only wait for the
+    writes in flight)."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    @hookimpl(trylast=True)
+    def after_epoch(self, loop: Loop) -> None:
+        if loop.epoch == self.epoch:
+            raise Killed(f"check-resume: ended after the end of epoch {self.epoch} as kill -9 would")
+
+
+class ResumedAt:
+    """Notes the batch a run resumed at (None: it did not resume)."""
+
+    def __init__(self) -> None:
+        self.at: int | None = None
+
+    @hookimpl
+    def on_resumption(self, loop: Loop) -> None:
+        self.at = loop.iteration
 
 
 class DumpState:
@@ -90,6 +137,11 @@ class DumpState:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self.resumed = ResumedAt()
+
+    @hookimpl
+    def on_resumption(self, loop: Loop) -> None:
+        self.resumed.on_resumption(loop)
 
     @hookimpl(trylast=True)
     def after_training(self, loop: Loop) -> None:
@@ -97,7 +149,7 @@ class DumpState:
         if loop.world.is_zero:
             import pickle
 
-            Path(self.path).write_bytes(pickle.dumps(compared))
+            Path(self.path).write_bytes(pickle.dumps({"state": compared, "resumed_at": self.resumed.at}))
 
 
 def _config_in(config: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
@@ -127,6 +179,16 @@ def interruption_point(total: int, ends: Sequence[int]) -> int:
             if 0 < candidate < total and candidate not in boundaries:
                 return candidate
     return middle
+
+
+def kill_point(ends: Sequence[int]) -> int:
+    """The epoch (1-based) after whose end run 4 is ended: the end nearest half way through the
+    run (the earlier of two as near), before the last epoch's where there is one."""
+    if not ends:
+        return 1
+    middle = ends[-1] / 2
+    candidates = range(1, len(ends)) if len(ends) > 1 else range(1, 2)
+    return min(candidates, key=lambda epoch: (abs(ends[epoch - 1] - middle), epoch))
 
 
 def _nondeterministic(loop: Loop) -> list[str]:
@@ -172,7 +234,7 @@ def check_resume(
             )
         disable += left_out
         straight = build_loop(_config_in(config, Path(tmp) / "straight"), order, disable)
-        say("check-resume: 1/3 straight run (in a temporary directory)")
+        say("check-resume: 1/5 straight run (in a temporary directory)")
         straight.run()
         total = straight.iteration
         ends = epoch_ends(dict(straight.log.rows()))
@@ -185,7 +247,7 @@ def check_resume(
         stopped.plugin_set.pm.register(_InterruptAt(at), name="epochal.check-resume")
         stopped.hooks.rebuild()
         say(
-            f"check-resume: 2/3 the same run, stopped after batch {at} as SIGTERM stops it "
+            f"check-resume: 2/5 the same run, stopped after batch {at} as SIGTERM stops it "
             "(no signal is sent)"
         )
         stopped.run()
@@ -195,10 +257,32 @@ def check_resume(
                 f"{stopped.log.status['finish_reason']}); is another plugin stopping it earlier?"
             )
         resumed = build_loop(_config_in(config, Path(tmp) / "resumed"), order, disable, resume=True)
-        say(f"check-resume: 3/3 resuming it from its checkpoint at batch {at}, to the end")
+        say(f"check-resume: 3/5 resuming it from its checkpoint at batch {at}, to the end")
         resumed.run()
-        difference = first_difference(_comparable(straight), _comparable(resumed))
-    return ResumeReport(at, total, difference, left_out, ends)
+        expected = _comparable(straight)
+        difference = first_difference(expected, _comparable(resumed))
+        epoch = kill_point(ends)
+        killed = build_loop(_config_in(config, Path(tmp) / "killed"), order, disable)
+        killed.plugin_set.pm.register(KillAfterEpoch(epoch), name="epochal.check-resume")
+        killed.hooks.rebuild()
+        say(f"check-resume: 4/5 the same run, ended after the end of epoch {epoch} as kill -9 ends it")
+        try:
+            killed.run()
+        except Killed:
+            pass
+        else:
+            raise ConfigError(
+                f"the run to end after epoch {epoch} ended at batch {killed.iteration} by itself "
+                f"({killed.log.status['finish_reason']}); is another plugin stopping it earlier?"
+            )
+        revived = build_loop(_config_in(config, Path(tmp) / "killed"), order, disable, resume="auto")
+        resumed_at = ResumedAt()
+        revived.plugin_set.pm.register(resumed_at, name="epochal.check-resume")
+        revived.hooks.rebuild()
+        say("check-resume: 5/5 resuming it from its latest complete checkpoint, to the end")
+        revived.run()
+        kill_difference = first_difference(expected, _comparable(revived))
+    return ResumeReport(at, total, difference, left_out, ends, epoch, resumed_at.at, kill_difference)
 
 
 def check_resume_processes(
@@ -257,11 +341,15 @@ def check_resume_processes(
             status = done.returncode
             return ConfigError(f"check-resume: the {what} failed (status {status}): " + " / ".join(tail))
 
-        say(f"check-resume: 1/3 straight run on {nproc} processes (in a temporary directory)")
+        def dumped(name: str) -> dict[str, Any]:
+            loaded: dict[str, Any] = pickle.loads((Path(tmp) / f"{name}.pickle").read_bytes())
+            return loaded
+
+        say(f"check-resume: 1/5 straight run on {nproc} processes (in a temporary directory)")
         done = run("straight")
         if done.returncode != 0:
             raise failed("straight run", done)
-        straight = pickle.loads((Path(tmp) / "straight.pickle").read_bytes())
+        straight = dumped("straight")["state"]
         total = int(straight["iteration"])
         ends = epoch_ends(straight["log rows"])
         at = interruption_point(total, ends) if at is None else at
@@ -270,7 +358,7 @@ def check_resume_processes(
                 f"--at must be between 1 and {total - 1} (the straight run has {total} batches)"
             )
         say(
-            f"check-resume: 2/3 the same run, stopped after batch {at} as SIGTERM stops it "
+            f"check-resume: 2/5 the same run, stopped after batch {at} as SIGTERM stops it "
             "(no signal is sent)"
         )
         stop = [
@@ -282,13 +370,29 @@ def check_resume_processes(
         done = run("resumed", *stop, dump=False)
         if done.returncode != 128 + signal.SIGTERM:
             raise failed(f"run interrupted at batch {at}", done)
-        say(f"check-resume: 3/3 resuming it from its checkpoint at batch {at}, to the end")
+        say(f"check-resume: 3/5 resuming it from its checkpoint at batch {at}, to the end")
         done = run("resumed", "--resume")
         if done.returncode != 0:
             raise failed("resumed run", done)
-        resumed = pickle.loads((Path(tmp) / "resumed.pickle").read_bytes())
-    difference = first_difference(straight, resumed)
-    return ResumeReport(at, total, difference, left_out, ends)
+        difference = first_difference(straight, dumped("resumed")["state"])
+        epoch = kill_point(ends)
+        say(f"check-resume: 4/5 the same run, ended after the end of epoch {epoch} as kill -9 ends it")
+        kill = [
+            "--set",
+            "plugins.epochal_check_resume_kill.factory=epochal.resumecheck:KillAfterEpoch",
+            "--set",
+            f"plugins.epochal_check_resume_kill.epoch={epoch}",
+        ]
+        done = run("killed", *kill, dump=False)
+        if done.returncode == 0 or "as kill -9 would" not in done.stderr + done.stdout:
+            raise failed(f"run to end after epoch {epoch}", done)
+        say("check-resume: 5/5 resuming it from its latest complete checkpoint, to the end")
+        done = run("killed", "--resume", "auto")
+        if done.returncode != 0:
+            raise failed("run resumed after the kill", done)
+        revived = dumped("killed")
+    kill_difference = first_difference(straight, revived["state"])
+    return ResumeReport(at, total, difference, left_out, ends, epoch, revived["resumed_at"], kill_difference)
 
 
 def first_difference(expected: Any, found: Any, path: str = "") -> str | None:

@@ -140,6 +140,14 @@ class Stop:
         self._note(reason, by_signal)
         self.decide(reason, deferrable=not self._signalled, by_signal=by_signal)
 
+    def stop_as_signal(self, signum: int, reason: str) -> None:
+        """Stop after the current batch as *signum* (SIGTERM) would, for *reason*, without its
+        notice: what ``check-resume`` does at its chosen batch. On several processes every rank
+        must call it after the same batch (it is taken as agreed)."""
+        self.signum = signum
+        self._signalled = True
+        self._ask(reason, agreed=True, by_signal=True)
+
     def _note(self, reason: str, by_signal: bool) -> None:
         """The first request stays :attr:`requested`."""
         if self.requested is None:

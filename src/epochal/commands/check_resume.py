@@ -39,8 +39,9 @@ def check_resume_command(
 ) -> None:
     """Check that a run interrupted at batch N and resumed matches a straight run bitwise.
 
-    With --nproc N the three runs are `epochal run --nproc N` runs, and every rank's RNG, stream
-    and plugin states are compared too.
+    Also a run ended right after an epoch's end as kill -9 ends it, and resumed from its latest
+    complete checkpoint. With --nproc N the five runs are `epochal run --nproc N` runs, and
+    every rank's RNG, stream and plugin states are compared too.
     """
     from epochal.closed_pipes import keep_running_on_closed_pipes
     from epochal.config import load_config
@@ -62,11 +63,28 @@ def check_resume_command(
         report = check_resume(config, at, choice, common.split(disable), say=click.echo)
     if report.left_out:
         click.echo(f"left out (not deterministic): {', '.join(report.left_out)}")
-    if report.ok:
+    if report.difference is None:
         click.echo(
             f"ok: interrupted after batch {report.at} of {report.iterations} and resumed ({report.place}): "
             "parameters, log rows, counters, RNG and plugin states match the straight run bitwise"
         )
-        return
-    click.echo(f"MISMATCH after resuming at batch {report.at}: {report.difference}", err=True)
-    sys.exit(1)
+    else:
+        click.echo(f"MISMATCH after resuming at batch {report.at}: {report.difference}", err=True)
+    killed = f"ended after epoch {report.killed_after_epoch} as kill -9 ends it"
+    source = (
+        "afresh (no checkpoint was saved by then)"
+        if report.revived_at is None
+        else f"from its latest complete checkpoint (batch {report.revived_at})"
+    )
+    if report.kill_difference is None:
+        click.echo(f"ok: {killed} and resumed {source}: it matches the straight run bitwise")
+    else:
+        click.echo(
+            f"MISMATCH: {killed} and resumed {source}: {report.kill_difference}. A plugin whose "
+            "state changes in after_epoch after the checkpoint was taken (it runs after "
+            "'checkpoint') gives this: order it before 'checkpoint' (--plugins, [plugins] order) "
+            'or give it a phase before "save"',
+            err=True,
+        )
+    if not report.ok:
+        sys.exit(1)
