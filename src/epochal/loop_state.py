@@ -65,7 +65,11 @@ def restore(loop: Loop, state: Mapping[str, Any]) -> None:
         if stream is not None and callable(getattr(stream, "load_state_dict", None)):
             stream.load_state_dict(stream_state)
     loop.orphan_plugin_states = plugin_state.restore(
-        loop.plugins, state["plugins"], own.get("plugins", {}), loop._plugin_set.elsewhere
+        loop.plugins,
+        state["plugins"],
+        own.get("plugins", {}),
+        loop._plugin_set.elsewhere,
+        loop._plugin_set.infos,
     )
     _rng.restore(own.get("rng", state["rng"]))
     loop.resumed = True

@@ -40,17 +40,61 @@ def capture(
     return entries
 
 
+def _release(distribution: Any, version: Any) -> str | None:
+    """``"epochal-x 1.2"``, where both are known (a local plugin has no version)."""
+    return f"{distribution} {version}" if distribution and version else None
+
+
+def _migrated(
+    name: str, plugin: object, entry: Mapping[str, Any], state: Any, infos: Mapping[str, Any]
+) -> Any:
+    """*state* in the layout *plugin* reads: as saved, or through its ``migrate_state``.
+
+    :raises EpochalError: naming the plugin, both versions and what to do, when the state was
+        saved in a newer layout, or in an older one the plugin cannot migrate.
+    """
+    version = declared(plugin, "state_version")
+    saved = entry.get("state_version", 1)
+    if saved == version:
+        return state
+    info = infos.get(name)
+    this = (_release(info.distribution, info.version) if info is not None else None) or "this run's"
+    by = _release(entry.get("distribution"), entry.get("version"))
+    what = f"cannot resume: plugin {name!r} saved its state in layout state_version = {saved}"
+    what += f" (by {by})" if by else ""
+    remedy = "resume with the version that saved it, or start afresh (without --resume)"
+    migrate = getattr(plugin, "migrate_state", None)
+    if saved > version:
+        raise EpochalError(f"{what}, newer than the state_version = {version} that {this} reads: {remedy}")
+    if not callable(migrate):
+        raise EpochalError(
+            f"{what}; {this} reads state_version = {version} and has no migrate_state(state, version) "
+            f"to bring it up to date: {remedy}"
+        )
+    try:
+        return migrate(state, saved)
+    except Exception as error:
+        raise EpochalError(
+            f"{what}; {this} failed to migrate it to state_version = {version}: "
+            f"{type(error).__name__}: {error}"
+        ) from error
+
+
 def restore(
     plugins: Mapping[str, object],
     entries: Mapping[str, Any],
     own: Mapping[str, Any],
     elsewhere: Iterable[str] = (),
+    infos: Iterable[Any] = (),
 ) -> dict[str, Any]:
     """Load each plugin's saved state; return the entries no plugin of this run took (orphans).
 
     :param own: this process's own plugin states (several processes), preferred to the entries'.
     :param elsewhere: plugins that run on another rank only (no warning for their states).
+    :param infos: the run's :class:`~epochal.plugins.PluginInfo` (named in errors).
+    :raises EpochalError: when a plugin cannot read its saved state's layout (``state_version``).
     """
+    by_name = {info.name: info for info in infos}
     orphans: dict[str, Any] = {}
     for name, entry in entries.items():
         plugin = plugins.get(name)
@@ -58,18 +102,7 @@ def restore(
         if plugin is None or not callable(load):
             orphans[name] = entry
             continue
-        state = own.get(name, entry["state"])
-        version = declared(plugin, "state_version")
-        saved = entry.get("state_version", 1)
-        if saved != version:
-            migrate = getattr(plugin, "migrate_state", None)
-            if migrate is None:
-                raise EpochalError(
-                    f"plugin {name!r} saved state version {saved} but this version of it reads "
-                    f"state version {version} and has no migrate_state"
-                )
-            state = migrate(state, saved)
-        load(state)
+        load(_migrated(name, plugin, entry, own.get(name, entry["state"]), by_name))
     unknown = set(orphans) - set(elsewhere)
     if unknown:
         warnings.warn(
