@@ -26,7 +26,7 @@ torch = pytest.importorskip("torch")
 if not torch.distributed.is_available():  # pragma: no cover
     pytest.skip("torch.distributed is not available", allow_module_level=True)
 
-from epochal.errors import ConfigError, EpochalError  # noqa: E402
+from epochal.errors import ConfigError  # noqa: E402
 from epochal.torch import TorchModel  # noqa: E402
 from epochal.torch.fsdp import shard_units  # noqa: E402
 
@@ -190,6 +190,24 @@ def test_check_resume_passes_under_fsdp_with_sharded_saves_written_in_the_backgr
     assert "written synchronously" not in done.stderr
 
 
+@pytest.mark.distributed
+def test_fsdp_with_windows_across_epoch_ends_defers_epoch_saves_and_ends_with_a_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """3-batch windows, 4 batches per rank and epoch: the epoch-1 save waits for the optimizer
+    step at batch 6; the final save at batch 8 leaves its 2-batch window out, and says so."""
+    config = write_run(tmp_path, "fsdp", model={"accumulate_grad_batches": 3})
+    done = epochal(tmp_path, "run", str(config), "--nproc", "2")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    assert "the epoch save due at iteration 4 came inside a gradient accumulation window" in done.stderr
+    assert "leaves the window out (2 of 3 batches" in done.stderr
+    saved = sorted(p.name for p in (tmp_path / "run").glob("*/checkpoints/ckpt-*"))
+    assert saved == ["ckpt-e0001-i000006", "ckpt-e0002-i000008"], saved
+    longer = epochal(tmp_path, "run", str(config), "--nproc", "2", "--resume", "--set", "loop.max_epochs=3")
+    assert longer.returncode == 0, longer.stdout[-3000:] + longer.stderr[-5000:]
+    assert "left out: training continues with a new window" in longer.stderr
+
+
 # -- one process, bad input -----------------------------------------------------------------
 
 
@@ -306,19 +324,21 @@ def sharded_model(world: Any, **options: Any) -> TorchModel:
     return model
 
 
-def test_a_sharded_state_round_trips_and_a_save_inside_a_window_is_refused(one_rank_group: Any) -> None:
+def test_a_sharded_state_round_trips_and_a_state_inside_a_window_leaves_it_out(one_rank_group: Any) -> None:
     model = sharded_model(one_rank_group, accumulate_grad_batches=2)
     assert model.sharded
     params = list(model.raw_module.parameters())
     assert all(type(p).__name__ == "DTensor" for p in params)
     assert [p for group in model.optimizer.param_groups for p in group["params"]] == params  # re-pointed
     batch = fsdp_mlp.arrays(8, 0)
+    assert model.state_exact
     model.train_step(batch)
-    with pytest.raises(
-        EpochalError, match=r"strategy 'fsdp': cannot save a state inside a gradient accumulation"
-    ):
-        model.state_dict()
+    assert not model.state_exact  # a checkpoint plugin defers its periodic saves
+    with pytest.warns(RuntimeWarning, match=r"strategy 'fsdp': a state taken inside a gradient accumulation"):
+        inside = model.state_dict()
+    assert inside["steps"] == {"accumulated": 0, "optimizer_steps": 0, "left_out": 1}
     model.train_step(batch)  # the window closes: an optimizer step
+    assert model.state_exact
     state = copy.deepcopy(model.state_dict())
     one = fsdp_mlp.make_model(accumulate_grad_batches=2)
     assert structure(state) == structure(copy.deepcopy(_stepped(one, batch)))

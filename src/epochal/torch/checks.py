@@ -138,6 +138,16 @@ def check_steps(steps: Any, window: int, sharded: bool, processes: int) -> list[
             "strategy 'fsdp' cannot continue; resume with strategy 'ddp' or from a checkpoint "
             "saved at an optimizer step"
         )
+    elif (
+        isinstance(steps, Mapping)
+        and "left_out" in steps
+        and (
+            isinstance(steps["left_out"], bool)
+            or not isinstance(steps["left_out"], int)
+            or steps["left_out"] < 0
+        )
+    ):
+        problems.append(f"steps.left_out must be a non-negative integer, not {steps['left_out']!r}")
     elif accumulated:
         saved = len(steps["rank_grads"]) if isinstance(steps.get("rank_grads"), list) else 1
         if saved != processes:

@@ -25,7 +25,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from epochal._options import PositiveFloat, PositiveInt, check_options
-from epochal.errors import ConfigError, EpochalError
+from epochal.errors import ConfigError
 from epochal.torch import sharded_state
 from epochal.torch.checks import check_module, check_optimizer, check_steps, compare_keys
 from epochal.torch.device import Precision, move_to, resolve_device
@@ -69,7 +69,8 @@ class TorchModel:
     :param precision: ``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"`` or ``"bf16-true"``.
     :param accumulate_grad_batches: step the optimizer every N batches, gradients summed over
         them (each batch's loss divided by N). The windows run over consecutive batches of the
-        run, across epoch boundaries; a partial window is saved in checkpoints.
+        run, across epoch boundaries; a partial window is saved in checkpoints (under FSDP
+        periodic checkpoints wait for the window's optimizer step: :attr:`state_exact`).
     :param gradient_clip_val: clip gradients before each optimizer step (None: no clipping).
     :param gradient_clip_algorithm: ``"norm"`` (total 2-norm) or ``"value"`` (each element).
     :param ddp_options: keyword arguments for ``DistributedDataParallel`` on several processes
@@ -159,6 +160,7 @@ class TorchModel:
         self.pinned_state_copies = pinned_state_copies
         #: batches whose gradients are accumulated but not yet applied.
         self.accumulated = 0
+        self._left_out_warned = False
         #: optimizer steps taken; ``optimizer_stepped`` tells whether the last batch took one.
         self.optimizer_steps = 0
         self.optimizer_stepped = False
@@ -388,7 +390,8 @@ class TorchModel:
         processes those are each rank's own (``steps.rank_grads``, gathered from every rank: a
         collective inside a window, so every rank calls this); the rest is the same on every rank.
         Under FSDP the same full state is gathered to rank 0's host (a collective; the other ranks
-        get empty parts), and a state inside an accumulation window is refused.
+        get empty parts); inside an accumulation window it leaves the window out, with a warning
+        (:attr:`state_exact`).
         """
         if self._sharded is not None:
             return self._sharded_state()
@@ -410,12 +413,12 @@ class TorchModel:
 
         Inside an accumulation window on several processes a collective (every rank calls it).
         """
-        self._refuse_window()
+        if self._sharded is not None:
+            state: dict[str, Any] = {"steps": self._sharded_steps()}
+        else:
+            state = {"steps": {"accumulated": self.accumulated, "optimizer_steps": self.optimizer_steps}}
         module = self.raw_module
-        state: dict[str, Any] = {
-            "steps": {"accumulated": self.accumulated, "optimizer_steps": self.optimizer_steps},
-        }
-        if self.accumulated:
+        if self.accumulated and self._sharded is None:
             params = module.named_parameters()
             grads = {name: to_plain(p.grad, share=True) for name, p in params if p.grad is not None}
             if self._ddp is not None:
@@ -437,20 +440,50 @@ class TorchModel:
         """Put a :meth:`sharded_state_dict` that DCP loaded back into the module and optimizer."""
         sharded_state.load_sharded_state(self.raw_module, self.optimizer, state)
 
-    def _refuse_window(self) -> None:
-        """Under FSDP a state inside an accumulation window cannot be saved (one clear error)."""
-        if self._sharded is not None and self.accumulated:
-            raise EpochalError(
-                f"TorchModel strategy 'fsdp': cannot save a state inside a gradient accumulation window "
-                f"({self.accumulated} of {self.accumulate_grad_batches} batches): each rank holds "
-                "unsharded partial gradients; save at optimizer steps (every_n_batches a multiple of "
-                "accumulate_grad_batches), or use strategy 'ddp'"
+    @property
+    def state_exact(self) -> bool:
+        """Whether a state taken now holds all a resumed run needs to continue bitwise.
+
+        False only under FSDP inside a gradient accumulation window: FSDP holds the window's
+        gradients unsharded inside the module, and a state taken then leaves the window out
+        (:meth:`state_dict` warns). A checkpoint plugin defers its periodic saves until it is
+        True again, at the window's optimizer step.
+        """
+        return self._sharded is None or not self.accumulated
+
+    def _sharded_steps(self) -> dict[str, int]:
+        """``steps`` of a state taken under FSDP: inside a window, the window left out (warned)."""
+        steps = {"accumulated": 0, "optimizer_steps": self.optimizer_steps}
+        if self.accumulated:
+            steps["left_out"] = self.accumulated
+        if self.accumulated and not self._left_out_warned:  # once per run: every rank takes it
+            self._left_out_warned = True
+            warnings.warn(
+                f"TorchModel strategy 'fsdp': a state taken inside a gradient accumulation window "
+                f"leaves the window out ({self.accumulated} of {self.accumulate_grad_batches} batches: "
+                "FSDP holds their gradients unsharded inside the module). Its weights and optimizer "
+                "state are exact; a run resumed from it starts a new window, so it is not bitwise a "
+                "straight run. Periodic checkpoints wait for the window's optimizer step; a final, "
+                "interrupt or error save cannot",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        return steps
+
+    def _warn_left_out(self, steps: Mapping[str, Any]) -> None:
+        if steps.get("left_out"):
+            warnings.warn(
+                f"TorchModel: the state was saved under FSDP inside a gradient accumulation window, "
+                f"whose {steps['left_out']} batch(es) of gradients it left out: training continues "
+                "with a new window, so this run is not bitwise the straight run",
+                RuntimeWarning,
+                stacklevel=4,
             )
 
     def _sharded_state(self) -> dict[str, Any]:
         """:meth:`state_dict` under FSDP: the full state on rank 0 (the other ranks' is empty)."""
         assert self._sharded is not None
-        self._refuse_window()
+        steps = self._sharded_steps()
         module_state, optimizer = self._sharded.full_state()
         state: dict[str, Any] = {
             "module": {k: to_plain(v, share=True) for k, v in module_state.items()},
@@ -458,7 +491,7 @@ class TorchModel:
                 "state": {str(pid): to_plain(s, share=True) for pid, s in optimizer.get("state", {}).items()},
                 "param_groups": [to_plain(group) for group in optimizer.get("param_groups", [])],
             },
-            "steps": {"accumulated": 0, "optimizer_steps": self.optimizer_steps},
+            "steps": steps,
         }
         if self._train_metrics is not None:
             state["train_metrics"] = self._train_metrics.by_rank(self.world)
@@ -555,6 +588,7 @@ class TorchModel:
             )
             self.accumulated = 0
             self.optimizer_steps = int(state.get("steps", {}).get("optimizer_steps", 0))
+            self._warn_left_out(state.get("steps", {}))
             if self._train_metrics is not None:
                 self._train_metrics.load_by_rank(state.get("train_metrics"), self.world)
             return
@@ -583,6 +617,7 @@ class TorchModel:
         steps = state.get("steps", {})
         self.accumulated = int(steps.get("accumulated", 0))
         self.optimizer_steps = int(steps.get("optimizer_steps", 0))
+        self._warn_left_out(steps)
         grads = steps.get("grads", {})
         if "rank_grads" in steps:
             grads = steps["rank_grads"][self.world.rank]

@@ -126,6 +126,9 @@ class BackgroundWrites:
     deferred: int
     _writer: bool
     _pending: str | None
+    _window_warned: bool
+    idle_hooks: frozenset[str]
+    _quiet: frozenset[str]
     _thread: threading.Thread | None
     _error: BaseException | None
     _shards: AsyncShards
@@ -147,6 +150,37 @@ class BackgroundWrites:
         if loop.world.distributed:
             busy = loop.world.all_reduce([busy], "max")[0] > 0
         return busy
+
+    def _inexact(self, loop: Loop) -> bool:
+        """Whether the model's state taken now would leave something out (``state_exact`` False:
+        under FSDP, inside a gradient accumulation window): periodic saves wait for it. The same
+        on every rank (the ranks run the same batches)."""
+        return getattr(loop.model, "state_exact", True) is False
+
+    def _listen(self, loop: Loop, batches: bool) -> None:
+        """Call ``after_batch`` from now on (*batches*), where the options made it idle, while a
+        save waits for a batch end; back to the options' idle hooks once it is taken."""
+        wanted = self._quiet - {"after_batch"} if batches else self._quiet
+        if wanted != self.idle_hooks:
+            self.idle_hooks = wanted
+            loop.hooks.rebuild()
+
+    def _defer_to_window(self, loop: Loop, reason: str) -> None:
+        if self._pending is None:
+            self._pending = reason
+        self.deferred += 1
+        self._listen(loop, batches=True)  # the window ends at a batch end
+        if not self._window_warned and self._writer:
+            self._window_warned = True
+            warnings.warn(
+                f"epochal-checkpoint: the {reason} save due at iteration {loop.iteration} came inside a "
+                "gradient accumulation window, which the model cannot save exactly (FSDP holds its "
+                "gradients unsharded); it is deferred to the window's optimizer step (save at "
+                "multiples of accumulate_grad_batches to save on time). Said once per run; "
+                "Checkpoint.deferred and the manifests' deferred_saves count it",
+                RuntimeWarning,
+                stacklevel=3,
+            )
 
     def _defer(self, loop: Loop, reason: str) -> None:
         if self._pending is None:

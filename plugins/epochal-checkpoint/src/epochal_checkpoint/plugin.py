@@ -176,6 +176,8 @@ class Checkpoint(Saving):
         self.idle_hooks = (
             frozenset() if every_n_batches or every_n_seconds or async_save else frozenset({"after_batch"})
         )
+        #: the idle hooks its options make (a save deferred to a batch end listens meanwhile).
+        self._quiet = self.idle_hooks
         #: the best ``monitor`` value exported to best.safetensors so far (None: none yet).
         self._best_exported: float | None = None
         #: the run family's best save so far (epoch, iteration, metric), recorded in each manifest.
@@ -214,6 +216,7 @@ class Checkpoint(Saving):
         self.deferred = 0
         #: the reason of a deferred save still to take (None: none).
         self._pending: str | None = None
+        self._window_warned = False
 
     # -- hooks ------------------------------------------------------------------------------------
 
@@ -384,15 +387,16 @@ class Checkpoint(Saving):
             due = seconds or due
         if due:
             self._save(loop, "batch", periodic=True)
-        elif self._pending is not None and not self._busy(loop):
+        elif self._pending is not None and not self._inexact(loop) and not self._busy(loop):
             self._save(loop, self._pending, periodic=True)
+            self._listen(loop, batches=False)
 
     @hookimpl
     def after_epoch(self, loop: Loop) -> None:
         """Save every n epochs (or a save deferred until the writer is idle)."""
         if self._epoch_due(loop):
             self._save(loop, "epoch", periodic=True)
-        elif self._pending is not None and not self._busy(loop):
+        elif self._pending is not None and not self._inexact(loop) and not self._busy(loop):
             self._save(loop, self._pending, periodic=True)
         elif self._unmet and not self._busy(loop):  # sharded writes done: their failure said now
             self._meet(loop)

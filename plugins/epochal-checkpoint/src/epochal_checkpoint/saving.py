@@ -121,6 +121,9 @@ class Saving(BackgroundWrites):
         if key == self._last_key:
             self._pending = None
             return
+        if periodic and self._inexact(loop):
+            self._defer_to_window(loop, reason)
+            return
         if periodic and self._busy(loop):
             self._defer(loop, reason)  # back-pressure: never wait for the disk on a periodic save
             return
