@@ -132,7 +132,9 @@ def test_check_resume_passes(npy_site, tmp_path):
     write_run(tmp_path, max_epochs=2)
     done = epochal(npy_site, tmp_path, "check-resume", "run.toml")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "check-resume: 3/3" in done.stdout + done.stderr
+    assert "check-resume: 5/5" in done.stdout + done.stderr
+    assert "ok: interrupted after batch" in done.stdout
+    assert "as kill -9 ends it and resumed from its latest complete checkpoint" in done.stdout
 
 
 @pytest.mark.distributed

@@ -361,13 +361,7 @@ def check_resume_processes(
             f"check-resume: 2/5 the same run, stopped after batch {at} as SIGTERM stops it "
             "(no signal is sent)"
         )
-        stop = [
-            "--set",
-            "plugins.epochal_check_resume_stop.factory=epochal.resumecheck:InterruptAt",
-            "--set",
-            f"plugins.epochal_check_resume_stop.at={at}",
-        ]
-        done = run("resumed", *stop, dump=False)
+        done = run("resumed", *_local_plugin("stop", "InterruptAt", at=at), dump=False)
         if done.returncode != 128 + signal.SIGTERM:
             raise failed(f"run interrupted at batch {at}", done)
         say(f"check-resume: 3/5 resuming it from its checkpoint at batch {at}, to the end")
@@ -377,13 +371,7 @@ def check_resume_processes(
         difference = first_difference(straight, dumped("resumed")["state"])
         epoch = kill_point(ends)
         say(f"check-resume: 4/5 the same run, ended after the end of epoch {epoch} as kill -9 ends it")
-        kill = [
-            "--set",
-            "plugins.epochal_check_resume_kill.factory=epochal.resumecheck:KillAfterEpoch",
-            "--set",
-            f"plugins.epochal_check_resume_kill.epoch={epoch}",
-        ]
-        done = run("killed", *kill, dump=False)
+        done = run("killed", *_local_plugin("kill", "KillAfterEpoch", epoch=epoch), dump=False)
         if done.returncode == 0 or "as kill -9 would" not in done.stderr + done.stdout:
             raise failed(f"run to end after epoch {epoch}", done)
         say("check-resume: 5/5 resuming it from its latest complete checkpoint, to the end")
@@ -393,6 +381,15 @@ def check_resume_processes(
         revived = dumped("killed")
     kill_difference = first_difference(straight, revived["state"])
     return ResumeReport(at, total, difference, left_out, ends, epoch, revived["resumed_at"], kill_difference)
+
+
+def _local_plugin(name: str, factory: str, **options: int) -> list[str]:
+    """``epochal run`` arguments adding this module's *factory* as plugin ``epochal_check_resume_NAME``."""
+    table = f"plugins.epochal_check_resume_{name}"
+    arguments = ["--set", f"{table}.factory=epochal.resumecheck:{factory}"]
+    for key, value in options.items():
+        arguments += ["--set", f"{table}.{key}={value}"]
+    return arguments
 
 
 def first_difference(expected: Any, found: Any, path: str = "") -> str | None:

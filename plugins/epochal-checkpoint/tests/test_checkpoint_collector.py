@@ -53,7 +53,7 @@ def run_watching_saves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, async_sa
     return started
 
 
-@pytest.mark.filterwarnings("ignore:.*came due while the previous asynchronous write:RuntimeWarning")
+@pytest.mark.filterwarnings("ignore:.*came while the previous asynchronous write:RuntimeWarning")
 @pytest.mark.parametrize("async_save", [False, True])
 def test_no_collection_runs_inside_a_save_and_the_collector_runs_after(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, async_save: bool

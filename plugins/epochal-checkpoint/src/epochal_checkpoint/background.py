@@ -188,7 +188,7 @@ class BackgroundWrites:
         self.deferred += 1
         if self.deferred == 1 and self._writer:
             warnings.warn(
-                f"epochal-checkpoint: a {reason} save at iteration {loop.iteration} came due while the "
+                f"epochal-checkpoint: the {reason} save due at iteration {loop.iteration} came while the "
                 "previous asynchronous write was still running; it is deferred to the first batch "
                 "end after that write finishes (saves come faster than the disk writes them: "
                 "save less often, or use async_save = false to wait instead). Said once per run; "
