@@ -205,7 +205,7 @@ class StopIn:
     ("hook", "at", "iterations", "epochs"),
     [
         ("before_training", 0, 0, 0),  # no epoch starts
-        ("before_epoch", 5, 6, 1),  # the stop is seen after the epoch's first batch
+        ("before_epoch", 5, 5, 1),  # a boundary too: the epoch trains no batch
         ("before_batch", 7, 8, 1),  # the batch being started still trains
         ("after_batch", 7, 7, 1),
         ("after_batch", 5, 5, 0),  # the epoch's last batch: the epoch does not end

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import pytest
 
 from epochal import Loop, hookimpl
-from epochal.errors import EpochalError
+from epochal.errors import EpochalError, PluginError
 from epochal.examples.tiny import TinyModel, tiny_data
 
 
@@ -157,3 +157,19 @@ def test_resuming_through_the_cli_names_the_plugin_and_loses_no_checkpoint(throw
     assert "Traceback" not in resumed.stderr, resumed.stderr
     # what the first run wrote is all there (the failed start may add its own run's files)
     assert set(saved) <= {p.name for p in config.parent.glob("runs/**/*") if p.is_file()}
+
+
+class Renamed(CounterV1):
+    """Reads the count under a key version 1 never wrote, without raising state_version."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.n = state["count"]
+
+
+def test_a_load_state_dict_that_raises_is_one_error_naming_the_plugin():
+    state = saved_by(CounterV1())
+    with pytest.raises(
+        PluginError,
+        match=r"cannot resume: plugin 'counter' failed to load its saved state: KeyError: 'count'",
+    ):
+        load_into(Renamed(), state)

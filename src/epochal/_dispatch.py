@@ -5,7 +5,8 @@ pluggy stays the registry, the validator and the source of the call order; but a
 a list copy, ``_multicall``'s bookkeeping), ten times a direct call. For every hook this module
 compiles a small function that calls the implementations in pluggy's order, each with only the
 arguments it declares, exactly as ``_multicall`` would. A hook with no implementation compiles
-to ``None`` so the loop skips it with one test. Hooks with wrappers keep pluggy's own call.
+to ``None`` so the loop skips it with one test. Hooks with wrappers keep pluggy's own call
+(its multicall runs the wrappers), with each implementation guarded in the same way.
 
 A plugin configured with trigger keys (:mod:`epochal.triggers`) has its implementations
 compiled behind its gate (``if _g0(loop): f0(...)``); every other plugin compiles exactly as
@@ -113,12 +114,7 @@ def compile_hook(
                 f"hook {hook!r} has a wrapper implementation, and trigger keys cannot gate a hook "
                 "with wrappers: remove the trigger keys of the plugins implementing it"
             )
-        call = getattr(pm.hook, hook)
-
-        def through_pluggy(*values: Any) -> Any:
-            return call(**dict(zip(args, values)))
-
-        return through_pluggy
+        return _through_pluggy(pm, hook, args, on_failure)
     plugins = [impl.plugin_name for impl in impls]
 
     def failed(error: BaseException, k: int) -> bool:
@@ -181,6 +177,62 @@ def compile_hook(
     exec(_compiled("\n".join(lines)), namespace)
     caller: Callable[..., Any] = namespace[hook]
     return caller
+
+
+def _through_pluggy(
+    pm: pluggy.PluginManager, hook: str, args: tuple[str, ...], on_failure: FailureHandler | None
+) -> Callable[..., Any]:
+    """A caller of *hook*, which has wrappers, through pluggy's own multicall, each implementation
+    guarded as the compiled callers guard theirs: its exceptions blamed on its plugin and given
+    to *on_failure* (an isolated plugin's part of the call is skipped, the others still run)."""
+    caller = getattr(pm.hook, hook)
+    guarded = [_guarded(impl, hook, on_failure) for impl in caller.get_hookimpls()]
+
+    def through_pluggy(*values: Any) -> Any:
+        # pluggy's call, as pm.hook.NAME(**kwargs) makes it, with the guarded implementations
+        return pm._hookexec(hook, guarded, dict(zip(args, values)), False)
+
+    return through_pluggy
+
+
+def _guarded(impl: pluggy.HookImpl, hook: str, on_failure: FailureHandler | None) -> pluggy.HookImpl:
+    """A copy of *impl* whose exceptions are blamed on its plugin and offered to *on_failure*.
+
+    A wrapper's generator is guarded around every step pluggy drives (``yield from`` passes on
+    what pluggy sends and throws); an exception thrown into it from an inner implementation,
+    already blamed on that one, passes through untouched.
+    """
+    plugin, function = impl.plugin_name, impl.function
+
+    def handled(error: BaseException) -> bool:
+        if getattr(error, "epochal_plugin", plugin) != plugin:
+            return False  # another implementation's, on its way out through this wrapper
+        blame(error, plugin, hook)
+        return on_failure is not None and on_failure(error, plugin, hook)
+
+    if impl.wrapper or impl.hookwrapper:
+
+        def guarded(*values: Any) -> Any:
+            steps: Any = function(*values)  # the wrapper's generator
+            try:
+                return (yield from steps)
+            except BaseException as error:
+                if not handled(error):
+                    raise
+                return None
+
+    else:
+
+        def guarded(*values: Any) -> Any:
+            try:
+                return function(*values)
+            except BaseException as error:
+                if not handled(error):
+                    raise
+                return None
+
+    # functools.wraps: pluggy reads the arguments to pass from the signature it exposes
+    return pluggy.HookImpl(impl.plugin, plugin, functools.wraps(function)(guarded), impl.opts)
 
 
 @functools.lru_cache(maxsize=1024)

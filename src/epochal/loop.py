@@ -393,6 +393,8 @@ class Loop:
         # One comparison per batch for both ends of the epoch's batch loop: the iteration limit,
         # and a decided stop (which sets halt to -1).
         stopping.arm(limit)
+        if stopping.reason is not None:  # asked in before_epoch (or earlier): not one batch more
+            return False
         train_step = self.model.train_step
         started = self.batch_in_epoch
         interval, at = self.eval_interval, sys.maxsize  # the iteration of the next in-epoch evaluation

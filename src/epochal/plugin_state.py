@@ -12,7 +12,7 @@ import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from epochal.errors import EpochalError
+from epochal.errors import EpochalError, PluginError
 from epochal.protocol import declared
 
 
@@ -102,7 +102,16 @@ def restore(
         if plugin is None or not callable(load):
             orphans[name] = entry
             continue
-        load(_migrated(name, plugin, entry, own.get(name, entry["state"]), by_name))
+        state = _migrated(name, plugin, entry, own.get(name, entry["state"]), by_name)
+        try:
+            load(state)
+        except Exception as error:  # the plugin's code, given a state it cannot read: name it
+            by = _release(entry.get("distribution"), entry.get("version"))
+            raise PluginError(
+                f"cannot resume: plugin {name!r} failed to load its saved state"
+                f"{f' (saved by {by})' if by else ''}: {type(error).__name__}: {error}; resume with "
+                "the plugin's version that saved it, or start afresh (without --resume)"
+            ) from error
     unknown = set(orphans) - set(elsewhere)
     if unknown:
         warnings.warn(
