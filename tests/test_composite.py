@@ -36,3 +36,36 @@ def test_one_child_can_be_left_out():
 def test_a_child_name_must_be_a_plain_name(name):
     with pytest.raises(ValueError, match="invalid child plugin name"):
         CompositePlugin({name: object()})
+
+
+class Counted(Named):
+    """A child with a state: a composite's children are saved and resumed, nested ones too."""
+
+    def __init__(self, name: str, calls: list[str]) -> None:
+        super().__init__(name, calls)
+        self.n = 0
+
+    @hookimpl
+    def after_epoch(self, loop):
+        self.n += 1
+
+    def state_dict(self):
+        return {"n": self.n}
+
+    def load_state_dict(self, state):
+        self.n = state["n"]
+
+
+def test_a_composite_inside_a_composite_expands_its_children_too():
+    from epochal import Loop
+    from epochal.examples.tiny import TinyModel, tiny_data
+
+    calls: list[str] = []
+    inner = CompositePlugin({"x": Counted("x", calls), "y": Counted("y", calls)})
+    outer = CompositePlugin({"a": Counted("a", calls), "inner": inner})
+    plugins = compose({"first": Named("first", calls), "outer": outer}, disable=["outer/inner/y"])
+    assert plugins.call_order("before_training") == ["first", "outer/a", "outer/inner/x"]
+    loop = Loop(TinyModel(), tiny_data(), plugins=plugins, max_epochs=2, handle_signals=False)
+    loop.run()
+    assert loop.state_dict()["plugins"]["outer/inner/x"]["state"] == {"n": 2}
+    assert "outer/inner/y" not in loop.plugins

@@ -345,19 +345,27 @@ def compose(plugins: Mapping[str, object], disable: Iterable[str] = ()) -> Plugi
 
 def _unit(name: str, plugin: object, infos: dict[str, PluginInfo], disabled: set[str]) -> Unit:
     """The unit ordering sees for *plugin*: itself, or its children if it is a composite."""
+    return Unit(name, plugin, _members(name, plugin, infos, disabled))
+
+
+def _members(
+    name: str, plugin: object, infos: dict[str, PluginInfo], disabled: set[str]
+) -> list[tuple[str, object]]:
+    """*plugin* (where it implements hooks or is no composite) and its children, depth first: a
+    composite inside a composite expands too (``outer/inner/child``)."""
     members: list[tuple[str, object]] = []
     if not isinstance(plugin, CompositePlugin) or hook_names(plugin):
         members.append((name, plugin))
     if isinstance(plugin, CompositePlugin):
+        info = infos[name]
         for child, child_plugin in plugin.plugins.items():
             full = f"{name}/{child}"
-            info = infos[name]
             infos[full] = PluginInfo(full, info.distribution, info.version, parent=name)
             if full in disabled:
                 infos[full].status = "disabled"
             else:
-                members.append((full, child_plugin))
-    return Unit(name, plugin, members)
+                members += _members(full, child_plugin, infos, disabled)
+    return members
 
 
 def _assemble(
