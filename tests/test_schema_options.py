@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 import tomllib
 from pathlib import Path
@@ -75,8 +76,13 @@ def test_none_callables_and_nested_tables(tmp_path):
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ('window = {size = "big"}\n', "[plugins.mine] window: invalid table: size:"),
-        ("window = {size = 4, strid = 2}\n", "[plugins.mine] window: invalid table"),
+        ('window = {size = "big"}\n', "[plugins.mine] window.size must be int, not str 'big'"),
+        ('window = {size = "8"}\n', "[plugins.mine] window.size must be int, not str '8'"),  # strict
+        (
+            "window = {size = 4, strid = 2}\n",
+            "[plugins.mine] window.strid: unknown key (did you mean 'stride'?); keys: size, stride",
+        ),
+        ("window = {stride = 2}\n", "[plugins.mine] window: invalid table: size: Field required"),
         ('reduce = "builtins:nope"\n', "[plugins.mine] reduce: 'builtins:nope'"),
         ('keep = "all"\n', "option 'keep' of plugin 'mine' must be int | None"),
         ("kep = 2\n", "did you mean 'keep'"),
@@ -103,6 +109,8 @@ def test_schema_has_every_standard_plugin_with_docs(tmp_path):
     assert plugins["mine"]["required"] == ["out", "factory"]
     assert plugins["mine"]["properties"]["keep"]["description"] == "how many to keep (none: all)."
     assert "max_epochs" in schema["properties"]["loop"]["properties"]
+    window = plugins["mine"]["properties"]["window"]  # a nested table refuses unknown keys too
+    assert json.dumps(window).count('"additionalProperties": false') >= 1, window
 
 
 def test_schema_validates_the_example_and_refuses_a_typo(tmp_path):
@@ -149,3 +157,67 @@ def test_schema_of_a_config_catches_what_its_run_catches(tmp_path, old, new, cul
         assert "did you mean 'checkpoint'" in json.dumps(
             schema["properties"]["plugins"]["properties"][culprit]
         )
+
+
+NESTED = """
+import dataclasses
+
+import pydantic
+from typing_extensions import TypedDict
+
+from epochal import hookimpl
+
+
+@dataclasses.dataclass
+class Size:
+    rows: int = 1
+
+
+@dataclasses.dataclass
+class Outer:
+    size: Size = dataclasses.field(default_factory=Size)
+
+
+class Model(pydantic.BaseModel):
+    size: int = 4
+
+
+class Typed(TypedDict):
+    size: int
+
+
+class Nested:
+    def __init__(self, outer: Outer = Outer(), model: Model = Model(), typed: Typed | None = None):
+        self.outer, self.model, self.typed = outer, model, typed
+
+    @hookimpl
+    def after_training(self, loop):
+        pass
+"""
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"outer": {"size": {"rows": 2, "cols": 3}}}, "outer.size.cols: unknown key"),
+        ({"outer": {"size": {"rows": "2"}}}, "outer.size.rows must be int, not str '2'"),
+        ({"model": {"size": 8, "sise": 9}}, "model.sise: unknown key (did you mean 'size'?)"),
+        ({"typed": {"size": 8, "extra": 1}}, "typed.extra: unknown key"),
+        ({"typed": {"size": 2.5}}, "typed.size must be int, not float 2.5"),
+    ],
+)
+def test_nested_tables_refuse_unknown_keys_and_loose_values_at_any_depth(
+    tmp_path, monkeypatch, options, message
+):
+    from epochal import load_plugins
+    from epochal.errors import PluginError
+
+    (tmp_path / "nested.py").write_text(NESTED)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from nested import Nested  # type: ignore[import-not-found]
+
+    with pytest.raises(PluginError, match=re.escape(message)):
+        load_plugins(autoload=False, extra={"n": Nested}, options={"n": options})
+    good = {"outer": {"size": {"rows": 2}}, "model": {"size": 8}, "typed": {"size": 3}}
+    loaded = load_plugins(autoload=False, extra={"n": Nested}, options={"n": good}).plugins["n"]
+    assert (loaded.outer.size.rows, loaded.model.size, loaded.typed) == (2, 8, {"size": 3})

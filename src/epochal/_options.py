@@ -171,9 +171,66 @@ def _is_structure(hint: Any) -> bool:
 
     if not isinstance(hint, type):
         return False
-    if dataclasses.is_dataclass(hint) or typing.is_typeddict(hint):
+    if dataclasses.is_dataclass(hint) or _is_typeddict(hint):
         return True
     return any(b.__name__ == "BaseModel" and b.__module__.startswith("pydantic") for b in hint.__mro__)
+
+
+def _is_typeddict(hint: Any) -> bool:
+    """``typing``'s TypedDict or ``typing_extensions``' (which pydantic needs before 3.12)."""
+    if typing.is_typeddict(hint):
+        return True
+    try:
+        import typing_extensions
+    except ImportError:  # pragma: no cover - pydantic brings it
+        return False
+    return bool(typing_extensions.is_typeddict(hint))
+
+
+def _bare(hint: Any) -> Any:
+    """*hint* without its ``Annotated`` constraints."""
+    return typing.get_args(hint)[0] if typing.get_origin(hint) is Annotated else hint
+
+
+def _fields(structure: type) -> dict[str, Any] | None:
+    """The keys a table for *structure* may hold, each with its annotation (None: any key, for
+    a pydantic model that allows extra ones)."""
+    import dataclasses
+
+    if dataclasses.is_dataclass(structure):
+        hints = typing.get_type_hints(structure, include_extras=True)
+        return {f.name: hints.get(f.name, Any) for f in dataclasses.fields(structure) if f.init}
+    if _is_typeddict(structure):
+        return typing.get_type_hints(structure, include_extras=True)
+    model: Any = structure
+    if model.model_config.get("extra") == "allow":
+        return None
+    return {name: field.annotation for name, field in model.model_fields.items()}
+
+
+def table_problem(table: Mapping[str, Any], hint: Any, path: str) -> str | None:
+    """What is wrong in a nested *table* for the structure *hint* names (``"window.sise: unknown
+    key ..."``), or None: unknown keys at any depth, and values checked as strictly as an
+    option's (pydantic would take ``"8"`` for 8 and ignore an unknown key of a dataclass)."""
+    structures = [a for a in _flatten(_bare(hint)) if _is_structure(a)]
+    fields = _fields(structures[0]) if len(structures) == 1 else None
+    if fields is None:
+        return None  # several structures, or any key: pydantic decides
+    for key, value in table.items():
+        if key not in fields:
+            return (
+                f"{path}.{key}: unknown key{did_you_mean(str(key), list(fields))}; "
+                f"keys: {', '.join(fields) or 'none'}"
+            )
+        field = fields[key]
+        if isinstance(value, dict) and any(_is_structure(a) for a in _flatten(_bare(field))):
+            problem = table_problem(value, field, f"{path}.{key}")
+        else:
+            wrong = invalid(value, field)
+            problem = None if wrong is None else f"{path}.{key} {wrong}, not {type(value).__name__} {value!r}"
+        if problem is not None:
+            return problem
+    return None
 
 
 def _is_callable(hint: Any) -> bool:
@@ -221,10 +278,18 @@ def convert_options(factory: Callable[..., Any], options: Mapping[str, Any], whe
         elif isinstance(value, dict) and any(map(_is_structure, alternatives)):
             import pydantic
 
+            problem = table_problem(value, hint, key)
+            if problem is not None:
+                raise PluginError(f"{where} {problem}")
             try:  # an unknown key of a nested table is an error, as it is in [plugins.NAME]
                 adapter = pydantic.TypeAdapter(hint, config=pydantic.ConfigDict(extra="forbid"))
             except pydantic.PydanticUserError:  # a model with its own config
-                adapter = pydantic.TypeAdapter(hint)
+                try:
+                    adapter = pydantic.TypeAdapter(hint)
+                except pydantic.PydanticUserError as error:  # typing.TypedDict before 3.12, say
+                    raise PluginError(
+                        f"{where} {key}: pydantic cannot validate {describe(hint)}: {error}"
+                    ) from None
             try:
                 converted[key] = adapter.validate_python(value)
             except pydantic.ValidationError as error:

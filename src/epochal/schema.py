@@ -71,11 +71,23 @@ def type_schema(hint: Any) -> dict[str, Any]:
     if any(getattr(a, "__origin__", a) is Callable or "Callable" in str(a) for a in alternatives):
         return {"type": "string", "pattern": r"^[\w.]+:[\w.]+$", "description": '"module:attr"'}
     try:
-        schema = pydantic.TypeAdapter(hint).json_schema()
+        schema = _closed(pydantic.TypeAdapter(hint).json_schema())
     except Exception:
         return {}
     if type(None) in alternatives and str not in alternatives:
         schema = {"anyOf": [schema, {"const": NONE_SPELLING}]}
+    return schema
+
+
+def _closed(schema: Any) -> Any:
+    """*schema* with every object of named properties closed (``additionalProperties: false``,
+    unless it says otherwise): a run refuses unknown keys of nested tables, so editors do too."""
+    if isinstance(schema, dict):
+        schema = {key: _closed(value) for key, value in schema.items()}
+        if schema.get("type") == "object" and "properties" in schema:
+            schema.setdefault("additionalProperties", False)
+    elif isinstance(schema, list):
+        schema = [_closed(value) for value in schema]
     return schema
 
 
