@@ -670,3 +670,32 @@ def test_a_signal_after_training_says_how_the_run_ended(failed, said):
     signals.end(failed)
     signals(signal.SIGTERM, None)
     assert messages[0].startswith(said) and signals.late == signal.SIGTERM
+
+
+def test_a_run_resumed_from_a_failed_runs_state_does_not_keep_its_error():
+    import copy
+
+    from epochal.examples.tiny import TinyModel, tiny_data
+
+    class FailThenSave:
+        state = None
+
+        @hookimpl
+        def after_epoch(self, loop):
+            if loop.epoch == 1:
+                raise RuntimeError("boom at epoch 1")
+
+        @hookimpl
+        def on_error(self, loop):  # as the checkpoint plugin's save on error
+            self.state = copy.deepcopy(loop.state_dict())
+
+    saver = FailThenSave()
+    failed = Loop(TinyModel(), tiny_data(), plugins={"fail": saver}, max_epochs=3, handle_signals=False)
+    with pytest.raises(RuntimeError):
+        failed.run()
+    assert saver.state["log"]["status"]["error"] == "RuntimeError: boom at epoch 1"
+    resumed = Loop(TinyModel(), tiny_data(), max_epochs=3, handle_signals=False)
+    resumed.load_state_dict(saver.state)
+    status = resumed.run().status
+    assert status["status"] == "finished" and status["finish_reason"] == "max_epochs=3 reached"
+    assert "error" not in status

@@ -61,6 +61,10 @@ OPTIONS = (
 _NO_ITEM = object()
 
 
+#: the keys of ``log.status`` that say how a run ended: a resumed run starts without them.
+_OUTCOME = ("error", "finish_reason", "isolated_plugins", "test_weights")
+
+
 class Loop:
     """Runs training epochs over a train stream, evaluates eval streams, calls the hooks.
 
@@ -358,7 +362,10 @@ class Loop:
             self.load_state_dict(state)
         elif self.seed is not None and not self.resumed:
             _rng.seed_all(self.seed)
-        self.log.status.update(status="running", run_id=self.run_id, resumed_from=self.resumed_from)
+        status = self.log.status
+        for outcome in _OUTCOME:  # the saved run's, not this one's (a resume from a failed run)
+            status.pop(outcome, None)
+        status.update(status="running", run_id=self.run_id, resumed_from=self.resumed_from)
         hooks = self.hooks
         if hooks.before_training is not None:
             hooks.before_training(self)
