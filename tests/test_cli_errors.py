@@ -201,3 +201,11 @@ def test_an_empty_run_dir_is_refused_not_the_current_directory(throwaway_cli, wr
     result = throwaway_cli("run", str(config))
     assert_clean_error(result, "[loop]: run_dir must be non-empty str | Path | None")
     assert not (tmp_path / "version_0").exists()  # it used to train into the working directory
+
+
+@pytest.mark.parametrize("argument", [["--resume", ""], ["--resume="], ["--resume", "  "]])
+def test_an_empty_resume_value_is_refused_not_a_fresh_start(throwaway_cli, write_config, argument):
+    config = write_config(["checkpoint"])
+    result = throwaway_cli("run", str(config), *argument)
+    assert_clean_error(result, "'--resume'", "an empty value")
+    assert not (config.parent / "runs").exists()  # nothing trained, no run directory

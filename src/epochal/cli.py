@@ -211,6 +211,11 @@ def run(
     from epochal.errors import ConfigError
 
     keep_running_on_closed_pipes()  # `epochal run ... | head` must not kill the training
+    if resume is not None and not resume.strip():  # `--resume "$CKPT"` with CKPT unset
+        raise click.BadParameter(
+            "an empty value: give a checkpoint's path, `auto`, or no value (the latest)",
+            param_hint="'--resume'",
+        )
     global _END_WITHOUT_FINALIZING
     _END_WITHOUT_FINALIZING = nproc > 1 or nnodes > 1 or launched()
     if profile:
