@@ -295,3 +295,22 @@ def test_show_one_key_as_csv_is_the_same_as_through_the_general_path(tmp_path: P
             assert lines[0] == f"iteration,run_id,{key}"
             if key == "train.loss" and chain == "--chain":
                 assert len(lines) == 1 + 12  # 3 iterations of the first run, 9 of the resumed one
+
+
+@pytest.mark.parametrize(("sets", "plotted"), [((), True), (("loop.max_epochs=0",), False)])
+def test_the_summarys_plot_command_works_and_is_left_out_when_nothing_was_logged(tmp_path, sets, plotted):
+    (tmp_path / "digits.toml").write_text(CONFIG)
+    args = ["run", "digits.toml", "--plugins", "sqlite_log", "--set", "plugins.autoload=false"]
+    done = epochal(tmp_path, *args, *(a for s in sets for a in ("--set", s)))
+    assert done.returncode == 0, done.stderr
+    assert "epochal: log: " in done.stdout
+    lines = [line for line in done.stdout.splitlines() if line.startswith("epochal: plot: ")]
+    assert bool(lines) is plotted, done.stdout
+    if plotted:  # the command as printed runs
+        import shlex
+
+        command = shlex.split(lines[0].removeprefix("epochal: plot: "))
+        assert command[:3] == ["epochal", "log", "plot"] and "-o" in command
+        drawn = epochal(tmp_path, *command[1:])
+        assert drawn.returncode == 0, drawn.stderr
+        assert (tmp_path / command[command.index("-o") + 1]).stat().st_size > 0

@@ -251,20 +251,22 @@ class SQLiteLog:
 
     @hookimpl
     def run_summary(self, loop: Loop) -> list[str]:
-        """Where the log database is, and the command that plots this run's main metric.
+        """Where the log database is, and the command that plots this run's main metric (when
+        the run logged one).
 
         On several machines the database is on rank 0's (its local disk: SQLite's WAL needs
         one), so the line names that machine too.
         """
         if self.db_path is None:
             return []
-        plot = ["epochal", "log", "plot", loop.run_id[:12], "--db", str(self.db_path)]
-        key = _plot_key(loop)
-        if key:
-            plot += ["--key", key, "-o", f"{key.replace('.', '-')}.png"]
         where = str(self.db_path)
         if loop.world.several_nodes:  # the machine of rank 0 (torch's choice) holds this file
             where = f"{self.db_path.absolute()} (on {_hostname()}, the machine of rank 0)"
+        key = _plot_key(loop)
+        if key is None:  # no metric was logged (no batch trained): nothing to plot
+            return [f"log: {where}"]
+        plot = ["epochal", "log", "plot", loop.run_id[:12], "--db", str(self.db_path)]
+        plot += ["--key", key, "-o", f"{key.replace('.', '-')}.png"]
         return [f"log: {where}", f"plot: {shlex.join(plot)}"]
 
     # -- writing ------------------------------------------------------------------------------
