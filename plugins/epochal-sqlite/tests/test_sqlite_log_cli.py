@@ -314,3 +314,22 @@ def test_the_summarys_plot_command_works_and_is_left_out_when_nothing_was_logged
         drawn = epochal(tmp_path, *command[1:])
         assert drawn.returncode == 0, drawn.stderr
         assert (tmp_path / command[command.index("-o") + 1]).stat().st_size > 0
+
+
+def test_a_branch_from_an_older_checkpoint_leaves_the_runs_own_history_whole(tmp_path):
+    """``--resume PATH`` starts a run of its own from run A's epoch-1 checkpoint: A's epoch 2
+    really happened (A's last checkpoint holds it), so A's rows past epoch 1 stay A's; a resume
+    in A's own directory would supersede them."""
+    (tmp_path / "digits.toml").write_text(CONFIG)
+    both = {"EPOCHAL_PLUGINS": "sqlite_log,checkpoint"}
+    args = ["run", "digits.toml", "--set", "plugins.autoload=false"]
+    first = epochal(tmp_path, *args, extra_env=both)
+    assert first.returncode == 0, first.stderr
+    run_a = first.stdout.split()[2]
+    (older,) = (tmp_path / "runs" / "digits" / "version_0" / "checkpoints").glob("ckpt-e0001-*")
+    branch = epochal(tmp_path, *args, "--resume", str(older), "--set", "loop.max_epochs=3", extra_env=both)
+    assert branch.returncode == 0, branch.stderr
+    shown = epochal(tmp_path, "log", "show", run_a, "--no-chain", "--json", "--keys", "epochs_done")
+    assert shown.returncode == 0, shown.stderr
+    rows = json.loads(shown.stdout)["rows"]
+    assert [row["values"]["epochs_done"] for row in rows if "epochs_done" in row["values"]] == [1, 2]

@@ -184,10 +184,14 @@ class SQLiteLog:
         conn.execute("UPDATE runs SET num = rowid WHERE run_id = ?", (loop.run_id,))
         (self._num,) = conn.execute("SELECT num FROM runs WHERE run_id = ?", (loop.run_id,)).fetchone()
         self._key_ids = dict(conn.execute("SELECT name, id FROM keys"))
-        if loop.resumed_from is not None:
-            # Rows the run that saved the restored state wrote after it are not part of the
-            # history of the model that was restored: mark them, so that every view of that
-            # run (not only the resumed chain) matches what training actually continued from.
+        here = None if loop.run_dir is None else str(loop.run_dir)
+        saved_in = conn.execute("SELECT run_dir FROM runs WHERE run_id = ?", (loop.resumed_from,)).fetchone()
+        if loop.resumed_from is not None and (saved_in is None or saved_in[0] == here):
+            # A run continued in its own directory (a resume after a crash or a stop): the rows
+            # the run that saved the restored state wrote after it are not part of the history
+            # of the model that was restored. Mark them, so that every view of that run (not
+            # only the resumed chain) matches what training actually continued from. A branch
+            # (`--resume PATH`, a directory of its own) leaves that run's history as it was.
             conn.execute(
                 "UPDATE runs SET superseded_after = min(coalesce(superseded_after, ?), ?) WHERE run_id = ?",
                 (loop.iteration, loop.iteration, loop.resumed_from),
