@@ -64,3 +64,26 @@ def test_it_is_not_autoloaded(epochal_cli: EpochalCli) -> None:
     result = epochal_cli("plugins", "--json")
     statuses = {p["name"]: p["status"] for p in json.loads(result.stdout)}
     assert statuses["guarded"] == "available"
+
+
+def test_beside_the_standard_checkpoint_in_one_directory_it_names_both(
+    tmp_path: Path, epochal_cli: EpochalCli
+) -> None:
+    config = CONFIG.replace('order = ["guarded"]', 'order = ["guarded", "checkpoint"]').replace(
+        'dir = "ckpt"\n', ""
+    )
+    (tmp_path / "run.toml").write_text(config.replace("max_epochs = 30", "max_epochs = 2"))
+    result = epochal_cli("run", "run.toml")
+    assert result.returncode == 2, result.stderr
+    assert "is written by two plugins of this run, 'guarded/save' and 'checkpoint'" in result.stderr
+    assert "--disable checkpoint" in result.stderr
+
+
+def test_the_readmes_example_runs(tmp_path: Path, epochal_cli: EpochalCli) -> None:
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    example = readme.split("```toml\n", 1)[1].split("```", 1)[0]
+    head = CONFIG.split("[plugins]")[0].replace("max_epochs = 30", "max_epochs = 2")
+    (tmp_path / "run.toml").write_text(head + example)
+    result = epochal_cli("run", "run.toml")
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (tmp_path / "runs" / "digits" / "guarded").glob("ckpt-*"))

@@ -64,9 +64,11 @@ def live_holder(directory: Path) -> str | None:
 class DirectoryLock:
     """An exclusive lock on a checkpoint directory for the run *run_id*."""
 
-    def __init__(self, directory: Path, run_id: str) -> None:
+    def __init__(self, directory: Path, run_id: str, plugin: str = "checkpoint") -> None:
         self.directory = directory
         self.run_id = run_id
+        #: the name of the plugin (of this run) that takes the lock.
+        self.plugin = plugin
         import filelock  # here: importing the plugin (every CLI start) does not pay for it
 
         self._timeout = filelock.Timeout
@@ -88,7 +90,20 @@ class DirectoryLock:
         try:
             self._lock.acquire(timeout=0)
         except self._timeout:
-            who = _describe(_read_holder(self.directory))
+            holder = _read_holder(self.directory)
+            if (
+                isinstance(holder, dict)
+                and holder.get("run_id") == self.run_id
+                and holder.get("pid") == os.getpid()
+            ):
+                other = holder.get("plugin", "another checkpoint plugin")
+                raise CheckpointLockedError(
+                    f"checkpoint directory {str(self.directory)!r} is written by two plugins of this run, "
+                    f"{other!r} and {self.plugin!r} (a composite's checkpoint beside the standard one, "
+                    f"say): give one its own directory ([plugins.{self.plugin}] dir) or leave one out "
+                    f"(--disable {self.plugin})"
+                ) from None
+            who = _describe(holder)
             raise CheckpointLockedError(
                 f"checkpoint directory {str(self.directory)!r} is in use by {who}; "
                 "two runs must not write one directory (wait for it, stop it, or set "
@@ -108,6 +123,7 @@ class DirectoryLock:
             )
         holder = {
             "run_id": self.run_id,
+            "plugin": self.plugin,
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "since": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

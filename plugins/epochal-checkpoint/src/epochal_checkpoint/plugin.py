@@ -307,7 +307,8 @@ class Checkpoint(Saving):
     def _claim(self, directory: Path, loop: Loop) -> None:
         if self._lock is None or self._lock.directory != directory:
             self._release()
-            self._lock = DirectoryLock(directory, loop.run_id)
+            self._name = _plugin_name(loop, self, "checkpoint")  # resume_state comes first
+            self._lock = DirectoryLock(directory, loop.run_id, self._name)
         self._lock.acquire()
 
     def _release(self) -> None:
