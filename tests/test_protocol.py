@@ -52,6 +52,15 @@ def test_the_users_order_and_declared_constraints_win_over_phases():
         call_order(["a", "b"], ["a", "b"], {"b": ["a"]}, {}, phases)
 
 
+def test_one_listed_plugin_comes_first_whatever_the_phases_of_the_others():
+    # `--plugins reporter`: "these first", though a report phase would place it last
+    phases = {"reporter": "report", "saver": "save", "measurer": "measure"}
+    preferred = ["reporter", "measurer", "saver"]
+    assert call_order(preferred, ["reporter"], {}, {}, phases) == ["reporter", "measurer", "saver"]
+    # an unlisted plugin's own constraint still holds: it is no contradiction of the order
+    assert call_order(preferred, ["reporter"], {"saver": ["reporter"]}, {}, phases)[0] == "saver"
+
+
 def test_composing_in_python_keeps_the_mappings_order():
     plugins = {"reporter": Staged("report"), "measurer": Staged("measure")}
     assert compose(plugins).call_order("after_epoch") == ["reporter", "measurer"]

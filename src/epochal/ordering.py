@@ -40,10 +40,12 @@ def call_order(
     :param run_before: unit → units it must run before (unknown names are ignored).
     :param run_after: unit → units it must run after (unknown names are ignored).
     :param phases: unit → its phase (one of :data:`epochal.protocol.PHASES`): the units with
-        one are preferred in phase order (in the places they hold in *preferred*); the others
-        keep their places.
+        one that *explicit* does not list are preferred in phase order (in the places they hold
+        in *preferred*); the others keep their places.
     """
-    preferred = by_phase(preferred, phases or {})
+    # the listed units keep their places (first, as listed): a phase only places the others
+    listed = set(explicit)
+    preferred = by_phase(preferred, {n: p for n, p in (phases or {}).items() if n not in listed})
     index = {name: i for i, name in enumerate(preferred)}
     why: dict[tuple[str, str], str] = {}
 
