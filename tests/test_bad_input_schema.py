@@ -193,3 +193,23 @@ def test_through_the_cli_exit_2_one_line_nothing_written(tmp_path, table, key, v
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1 and key in done.stderr, done.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("line", "key", "expected"),
+    [
+        ('max_epochs = "none"\nmax_iterations = 3', "max_epochs", None),  # int | None: "none" is None
+        ('seed = "none"', "seed", None),
+        ('run_dir = "none"', "run_dir", "none"),  # a str option keeps the string
+    ],
+)
+def test_none_in_the_loop_table_is_what_the_schema_says_it_is(tmp_path, line, key, expected):
+    jsonschema = pytest.importorskip("jsonschema")
+    text = f'[loop]\n{line}\n[model]\nfactory = "epochal.examples.tiny:TinyModel"\n'
+    text += '[data]\nfactory = "epochal.examples.tiny:tiny_data"\n'
+    (tmp_path / "run.toml").write_text(text)
+    config = load_config(str(tmp_path / "run.toml"))
+    assert config["loop"][key] == expected
+    import tomllib
+
+    jsonschema.validate(tomllib.loads(text), run_schema())  # the editor accepts what the run does

@@ -252,6 +252,18 @@ def _hints(factory: Callable[..., Any]) -> dict[str, Any]:
         return {}
 
 
+def spelled_none(value: Any, hint: Any) -> bool:
+    """Whether *value* is TOML's spelling of None for an annotation that accepts None and no
+    string (``"none"``)."""
+    alternatives = [_bare(a) for a in _flatten(hint)]  # a NonEmptyStr takes a string too
+    return (
+        value == NONE_SPELLING
+        and type(None) in alternatives
+        and str not in alternatives
+        and Any not in alternatives
+    )
+
+
 def convert_options(factory: Callable[..., Any], options: Mapping[str, Any], where: str) -> dict[str, Any]:
     """*options* with the values TOML cannot spell converted for *factory*'s annotations.
 
@@ -266,7 +278,7 @@ def convert_options(factory: Callable[..., Any], options: Mapping[str, Any], whe
             continue
         alternatives = _flatten(hint)
         takes_str = str in alternatives or Any in alternatives
-        if value == NONE_SPELLING and type(None) in alternatives and not takes_str:
+        if spelled_none(value, hint):
             converted[key] = None
         elif isinstance(value, str) and not takes_str and any(map(_is_callable, alternatives)):
             from epochal.imports import resolve

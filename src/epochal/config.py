@@ -73,6 +73,7 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, An
     from_file = copy.deepcopy(config) if overrides else config
     for override in overrides:
         apply_override(config, override)
+    spell_none(config)
     run_config = RunConfig(config)
     run_config.source, run_config.directory = str(path), path.parent
     add_import_paths(path.parent)
@@ -93,16 +94,35 @@ def _culprit(from_file: dict[str, Any], overrides: Sequence[str], source: str) -
     does not, or none of them alone is to blame)."""
     config = copy.deepcopy(from_file)
     try:
-        check_config(config, source)
+        check_config(spell_none(config), source)
     except ConfigError:
         return None
     for override in overrides:
         apply_override(config, override)
+        spell_none(config)
         try:
             check_config(config, source)
         except ConfigError:
             return override
     return None
+
+
+def spell_none(config: dict[str, Any]) -> dict[str, Any]:
+    """*config* with ``"none"`` read as None in ``[loop]`` and ``[distributed]``, for a key whose
+    annotation accepts None and no string (as in a plugin's table: TOML has no null)."""
+    from epochal._options import NONE_SPELLING, option_hints, spelled_none
+    from epochal.distributed.world import init_from_env
+    from epochal.loop import Loop
+
+    targets: tuple[tuple[str, Callable[..., Any]], ...] = (("loop", Loop), ("distributed", init_from_env))
+    for section, target in targets:
+        table = config.get(section)
+        if isinstance(table, dict) and NONE_SPELLING in table.values():
+            hints = option_hints(target)
+            for key, value in table.items():
+                if key in hints and spelled_none(value, hints[key]):
+                    table[key] = None
+    return config
 
 
 def apply_override(config: dict[str, Any], override: str) -> None:
