@@ -119,6 +119,8 @@ def test_schema_validates_the_example_and_refuses_a_typo(tmp_path):
     schema = json.loads(result.stdout)
     example = tomllib.loads((HERE.parent / "examples" / "digits.toml").read_text())
     jsonschema.validate(example, schema)
+    example["plugins"]["checkpoint"] = {"distribution": "epochal-checkpoint", "on_failure": "isolate"}
+    jsonschema.validate(example, schema)  # the keys every table takes (configuration.md)
     example["plugins"]["checkpoint"] = {"keep_lats": 2}
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(example, schema)

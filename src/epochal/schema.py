@@ -51,6 +51,10 @@ TRIGGER_SCHEMAS: dict[str, dict[str, Any]] = {
         "enum": ["fatal", "isolate"],
         "description": "What an exception in the plugin's hooks does.",
     },
+    "distribution": {
+        "type": "string",
+        "description": "The distribution whose plugin of this name to load (where two offer it).",
+    },
 }
 
 
