@@ -400,3 +400,22 @@ def test_distributed_sampler_order_reaches_the_streams_a_callable_makes() -> Non
     )  # fmt: skip
     made = loop.data["train"]()
     assert flatten(ids_of(made)) == _sampler_order(9, 1, 0, True, 1, 0, False)
+
+
+def test_an_unseeded_runs_drawn_order_seed_is_rank_zeros_on_every_rank() -> None:
+    from types import SimpleNamespace
+
+    from epochal.adapters import DrawnSeed
+    from epochal.distributed.strategy import DistributedStrategy
+
+    sent: list[object] = []
+
+    def broadcast_object(obj: object, src: int = 0) -> object:
+        sent.append(obj)
+        return 12345  # rank 0's draw, as torch's broadcast gives it to every rank
+
+    other_rank = SimpleNamespace(rank=1, size=2, is_zero=False, broadcast_object=broadcast_object)
+    seed = DistributedStrategy(other_rank).order_seed(None)
+    assert seed == 12345 and isinstance(seed, DrawnSeed)  # a stream adopts a saved seed over it
+    assert sent == [None]  # rank 1 draws nothing of its own
+    assert DistributedStrategy(other_rank).order_seed(7) == 7 and len(sent) == 1  # seeded: no collective

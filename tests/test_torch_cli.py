@@ -190,3 +190,44 @@ def test_the_example_reaches_its_documented_accuracy(tmp_path: Path) -> None:
 def test_model_line_counts_read_as_people_write_them() -> None:
     assert [human(n) for n in (7, 9_930, 1_234_567, 7e9)] == ["7", "9.93 K", "1.23 M", "7 B"]
     assert [human(n, "B") for n in (512, 39_720, 3e9)] == ["512 B", "39.7 KB", "3 GB"]
+
+
+def test_sigterm_to_the_process_group_with_loader_workers_stops_and_saves(tmp_path: Path) -> None:
+    """A scheduler's SIGTERM reaches the DataLoader's workers too (the process group): found by
+    an outside-user pass, they died of it and the run failed with torch's "worker killed"."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
+    args = [
+        "--set",
+        "loop.max_epochs=200",
+        "--set",
+        "data.num_workers=2",
+        "--set",
+        "loop.run_dir=run",
+        *QUIET,
+    ]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "epochal", "run", str(EXAMPLE), *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a batch job's
+    )
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob("run/version_0/checkpoints/ckpt-e0001-*")):  # an epoch trained
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGTERM)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 128 + signal.SIGTERM, err
+    assert "killed by signal" not in err and "Traceback" not in err
+    assert "interrupted" in out
+    resumed = run(tmp_path, "run", str(EXAMPLE), *args, "--set", "loop.max_epochs=2", "--resume")
+    assert resumed.returncode == 0, resumed.stderr

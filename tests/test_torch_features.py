@@ -470,6 +470,34 @@ def test_the_loop_makes_dataloaders_resumable_by_itself() -> None:
     assert loop.state_dict()["data"]["train"] == {"seed": 3, "epoch": 1, "position": 0, "batches": 5}
 
 
+def test_unseeded_runs_order_their_dataloaders_afresh_and_a_resume_continues_the_saved_order() -> None:
+    # found by an outside-user pass: without [loop] seed every run shuffled alike (seed 0)
+    x = torch.randn(60, 4)
+
+    def loop(seed: int | None = None) -> Loop:
+        module = mlp()
+        model = TorchModel(
+            module, torch.optim.SGD(module.parameters(), 0.1), torch.nn.functional.cross_entropy
+        )
+        data = {"train": DataLoader(TensorDataset(x, torch.arange(60) % 3), batch_size=4, shuffle=True)}
+        return Loop(model, data, max_epochs=1, seed=seed)
+
+    def order(stream: Any) -> list[list[float]]:
+        return [batch[0][:, 0].tolist() for batch in stream]
+
+    unseeded = [order(loop().data["train"]) for _ in range(3)]
+    assert unseeded[0] != unseeded[1] or unseeded[1] != unseeded[2]  # 3 draws among 15! orders
+    assert order(loop(seed=5).data["train"]) == order(loop(seed=5).data["train"])
+    saved = loop().data["train"]
+    batches = iter(saved)
+    next(batches)  # one batch: position 1
+    state = saved.state_dict()
+    rest = order(batches)
+    resumed = loop().data["train"]  # another drawn seed, until it loads the saved one
+    resumed.load_state_dict(state)
+    assert order(resumed) == rest and resumed.state_dict()["seed"] == state["seed"]
+
+
 # -- torch.compile ----------------------------------------------------------------------------
 
 

@@ -18,7 +18,7 @@ from typing import Any, Literal
 from epochal import _rng, evaluation, heldout, loop_state
 from epochal._dispatch import blame, each_implementation
 from epochal._options import Fraction, NonEmptyStr, NonNegativeInt, PositiveInt, Seed, check_options
-from epochal.adapters import adapt_stream
+from epochal.adapters import adapt_stream, orders_itself
 from epochal.data import ShardOrder, _empty_rule, _mapping_empty, _ndarray, _sequence_empty
 from epochal.distributed.sharding import in_shard_order
 from epochal.distributed.strategy import strategy_for
@@ -164,12 +164,17 @@ class Loop:
         self.strategy = strategy_for(self.world)
         #: the empty-batch and empty-stream policies (and the streams whose len() is 0, as given).
         self._empty = EmptyData(data)
-        wrapped = {name: adapt_stream(stream, seed) for name, stream in data.items()}
+        # unseeded: drawn, so each run orders its DataLoaders afresh as torch does; with
+        # DistributedSampler's order, 0 as that sampler's own default
+        order = 0 if seed is None and shard_order == "distributed_sampler" else seed
+        if order is None and any(map(orders_itself, data.values())):
+            order = self.strategy.order_seed(None)
+        wrapped = {name: adapt_stream(stream, order) for name, stream in data.items()}
         if shard_order != "epochal":
             wrapped = {
-                n: in_shard_order(n, s, shard_order, seed, self._source or "") for n, s in wrapped.items()
+                n: in_shard_order(n, s, shard_order, order, self._source or "") for n, s in wrapped.items()
             }
-        self.data = self.strategy.shard_data(wrapped, uneven_shards, seed, self._source or "")
+        self.data = self.strategy.shard_data(wrapped, uneven_shards, order, self._source or "")
         self._plugin_set = plugins if isinstance(plugins, PluginSet) else compose(plugins or {})
         self._plugin_set.check_dependencies()
         #: plugin instances by name, in call order.
@@ -334,6 +339,10 @@ class Loop:
             raise
         finally:
             restore_handlers(previous)
+            for stream in self.data.values():  # a DataLoader's workers end with the training
+                close = getattr(stream, "close_workers", None)
+                if callable(close):
+                    close()
             if tracer is not None:
                 self.hooks.trace(None)
                 tracer.close()

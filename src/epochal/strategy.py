@@ -37,6 +37,12 @@ class Strategy:
         """This process's part of every stream."""
         return data
 
+    def order_seed(self, seed: int | None) -> int:
+        """The seed of the data order: *seed* (``[loop] seed``), else one drawn afresh."""
+        from epochal.adapters import draw_seed
+
+        return seed if seed is not None else draw_seed()
+
     def distribute(self, model: Any) -> None:
         """Make the model's training steps agree across the processes."""
 

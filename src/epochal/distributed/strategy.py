@@ -40,6 +40,15 @@ class DistributedStrategy(Strategy):
             for name, stream in data.items()
         }
 
+    def order_seed(self, seed: int | None) -> int:
+        """*seed*, else rank 0's drawn seed on every rank: the shards split one order."""
+        if seed is not None:
+            return seed
+        from epochal.adapters import DrawnSeed
+
+        drawn = super().order_seed(None) if self.world.is_zero else None
+        return DrawnSeed(self.world.broadcast_object(drawn))
+
     def distribute(self, model: Any) -> None:
         distribute = getattr(model, "distribute", None)
         if not callable(distribute):

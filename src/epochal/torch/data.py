@@ -28,6 +28,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
+from epochal.adapters import DrawnSeed
 from epochal.data import (
     OPTIONAL_STATE_KEYS,
     Remainder,
@@ -50,6 +51,51 @@ def is_dataloader(stream: Any) -> bool:
     return isinstance(stream, DataLoader)
 
 
+#: seconds a DataLoader worker keeps serving after a SIGTERM before it leaves by itself.
+WORKER_GRACE = 10.0
+
+
+class QuietWorker:
+    """A DataLoader's ``worker_init_fn`` that first makes the worker outlive a scheduler's signal.
+
+    A scheduler's SIGTERM (SLURM, ``timeout``, a container stop) reaches the workers too (the
+    process group, the job's processes): a worker killed by it makes torch raise "DataLoader
+    worker ... killed by signal" in the training process, which then cannot finish its batch and
+    save. So a worker ignores SIGINT (the training process handles Ctrl-C) and, on SIGTERM, keeps
+    serving for :data:`WORKER_GRACE` seconds, then leaves with status 0 (which torch does not
+    count as a failure); the training process shuts its workers down itself when training ends
+    (:meth:`LoaderStream.close_workers`), and torch's watchdog ends them if it is gone. *inner* is the
+    loader's own ``worker_init_fn``.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def __call__(self, worker_id: int) -> None:
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, _leave_after_grace)
+        if self.inner is not None:
+            self.inner(worker_id)
+
+
+def _leave_after_grace(signum: int, frame: Any) -> None:
+    """A worker's SIGTERM: leave with status 0 after :data:`WORKER_GRACE` seconds (once)."""
+    import os
+    import signal
+    import threading
+    import time
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one countdown
+
+    def leave() -> None:
+        time.sleep(WORKER_GRACE)
+        os._exit(0)
+
+    threading.Thread(target=leave, name="epochal-worker-grace", daemon=True).start()
+
+
 def _generator(seed: int, epoch: int, purpose: int, *rank: int) -> torch.Generator:
     value = int(np.random.SeedSequence([seed, epoch, purpose, *rank]).generate_state(1, np.uint64)[0] >> 1)
     return torch.Generator().manual_seed(value)
@@ -70,7 +116,9 @@ class LoaderStream:
     """A DataLoader whose order and position derive from ``(seed, epoch)`` and are its state.
 
     :param loader: the DataLoader (map-style or iterable dataset, any sampler, any workers).
-    :param seed: with the epoch, determines the shuffling and the workers' seeds.
+    :param seed: with the epoch, determines the shuffling and the workers' seeds (a
+        :class:`epochal.adapters.DrawnSeed`, drawn for an unseeded run, gives way to the seed
+        of a state it loads).
 
     A map-style dataset resumes by building the remaining batches; an iterable dataset (no
     sampler) resumes by skipping the batches already seen. A sampler with ``set_epoch`` (such
@@ -80,10 +128,15 @@ class LoaderStream:
     def __init__(self, loader: DataLoader[Any], seed: int = 0) -> None:
         if not is_dataloader(loader):
             raise TypeError(f"LoaderStream needs a torch DataLoader, not {type(loader).__name__}")
+        if loader.num_workers and not isinstance(loader.worker_init_fn, QuietWorker):
+            loader.worker_init_fn = QuietWorker(loader.worker_init_fn)
         self.loader = loader
-        self._seed = int(seed)
+        #: a seed drawn for an unseeded run (a DrawnSeed) gives way to the saved one on resume.
+        self._seed: int = seed if isinstance(seed, DrawnSeed) else int(seed)
         self._epoch = 0
         self._position = 0
+        #: the loader's iterator of the epoch being read (its workers), None between epochs.
+        self._open: Any = None
         #: this stream's shard: rank ``rank`` of ``shards`` (0 of 1: the whole data).
         self.rank, self.shards = 0, 1
         self.remainder: Remainder = "keep"
@@ -224,6 +277,7 @@ class LoaderStream:
             iterator = iter(loader)
             for _ in range(position):
                 next(iterator, None)
+        self._open = iterator
         k = position
         for batch in iterator:
             if (self._epoch, self._position) != (epoch, k):
@@ -231,6 +285,7 @@ class LoaderStream:
             k += 1
             self._position = k
             yield batch
+        self._open = None
         if (self._epoch, self._position) == (epoch, k):
             self._epoch, self._position = epoch + 1, 0
 
@@ -250,10 +305,22 @@ class LoaderStream:
             options["prefetch_factor"] = loader.prefetch_factor
         return DataLoader(loader.dataset, **options)
 
+    def close_workers(self) -> None:
+        """Shut the loader's workers down now (persistent ones, or those of an epoch cut short),
+        rather than leave them to the interpreter's exit. The loop calls it when training ends."""
+        # the persistent workers' iterator, and that of an epoch cut short (torch's own method)
+        for iterator in (getattr(self.loader, "_iterator", None), self._open):
+            shutdown = getattr(iterator, "_shutdown_workers", None)
+            if callable(shutdown):
+                shutdown()
+        if getattr(self.loader, "_iterator", None) is not None:
+            self.loader._iterator = None  # a later pass starts workers afresh
+        self._open = None
+
     def state_dict(self) -> dict[str, int]:
         """``{"seed", "epoch", "position"}`` as plain ints, with ``"batches"`` (of an epoch) where
         the loader knows its length (a shard adds ``"world_size"``)."""
-        state = {"seed": self._seed, "epoch": self._epoch, "position": self._position}
+        state = {"seed": int(self._seed), "epoch": self._epoch, "position": self._position}
         batches = self._epoch_length()
         if batches is not None:
             state["batches"] = batches
@@ -285,7 +352,9 @@ class LoaderStream:
                 raise ValueError(
                     f"invalid LoaderStream state: {key!r} must be a non-negative int, got {value!r}"
                 )
-        if state["seed"] != self._seed:
+        if isinstance(self._seed, DrawnSeed):  # an unseeded run continues the saved order
+            self._seed = DrawnSeed(state["seed"])
+        elif state["seed"] != self._seed:
             raise ValueError(
                 f"cannot load the state of a LoaderStream seeded with {state['seed']} into one seeded "
                 f"with {self._seed}: the batches would differ"
