@@ -152,6 +152,34 @@ def test_exported_weights_load_with_safetensors_into_the_same_module(tmp_path: P
     assert set(loaded) == {"W", "nested.b"} and loaded["W"].dtype == torch.float32
 
 
+def test_weights_only_loads_the_weights_and_keeps_the_fine_tunes_own_optimizer(tmp_path: Path) -> None:
+    # found by an outside-user pass: it loaded the optimizer too (the pretraining's lr, momentum
+    # and step count) and refused another optimizer class
+    from epochal_checkpoint import Load
+
+    x = torch.randn(32, 4)
+    data = {"train": [(x[i : i + 8], (x[i : i + 8, 0] > 0).long()) for i in range(0, 32, 8)]}
+    pre = mlp(1)
+    pretrained = TorchModel(
+        pre, torch.optim.SGD(pre.parameters(), lr=0.3, momentum=0.9), torch.nn.functional.cross_entropy
+    )
+    plugins = {"checkpoint": Checkpoint(dir=str(tmp_path / "ckpt"))}
+    Loop(pretrained, data, plugins=plugins, max_epochs=1, run_dir=tmp_path).run()
+    weights = {k: v.clone() for k, v in pre.state_dict().items()}
+    fine = mlp(2)
+    tuned = TorchModel(fine, torch.optim.AdamW(fine.parameters(), lr=1e-3), torch.nn.functional.cross_entropy)
+    load = Load(path=str(tmp_path / "ckpt"), weights_only=True)
+    loop = Loop(tuned, data, plugins={"load": load}, max_epochs=0, run_dir=tmp_path / "ft")
+    loop.run()  # no epoch: before_training loads the weights, nothing trains
+    assert all(torch.equal(fine.state_dict()[k], v) for k, v in weights.items())
+    assert tuned.optimizer.param_groups[0]["lr"] == 1e-3 and type(tuned.optimizer) is torch.optim.AdamW
+    assert tuned.optimizer.state == {} and tuned.optimizer_steps == 0
+    wrong = torch.nn.Sequential(torch.nn.Linear(4, 5))
+    other = TorchModel(wrong, torch.optim.SGD(wrong.parameters(), 0.1), torch.nn.functional.cross_entropy)
+    with pytest.raises(StateMismatchError, match=r"does not fit the model: cannot load TorchModel weights"):
+        Loop(other, data, plugins={"load": load}, max_epochs=0, run_dir=tmp_path / "x").run()
+
+
 # -- devices ----------------------------------------------------------------------------------
 
 

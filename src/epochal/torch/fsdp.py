@@ -232,13 +232,17 @@ class Sharded:
         groups = self.optimizer.state_dict()["param_groups"]  # ids and hyperparameters, no tensors
         return module_state, {"state": tensors, "param_groups": groups}
 
+    def load_full_module(self, module_state: Mapping[str, Any]) -> None:
+        """Load a full module state (tensors on the host): each rank takes its own shards."""
+        self._gathered_state = None
+        live = self.module.state_dict()
+        self.module.load_state_dict({k: _shard_like(v, live.get(k)) for k, v in module_state.items()})
+
     def load_full_state(self, module_state: Mapping[str, Any], optimizer_state: Mapping[str, Any]) -> None:
         """Load a full state (tensors on the host): each rank takes its own shards, by local
         slicing: no collective (rank 0 alone loads a checkpoint to check it before the others
         do). *optimizer_state* is numbered as :meth:`full_state` numbers it."""
-        self._gathered_state = None
-        live = self.module.state_dict()
-        self.module.load_state_dict({k: _shard_like(v, live.get(k)) for k, v in module_state.items()})
+        self.load_full_module(module_state)
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         state = {
             int(i): {k: _shard_like(v, params[int(i)]) for k, v in entry.items()}

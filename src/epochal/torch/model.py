@@ -611,6 +611,29 @@ class TorchModel:
         )
         self._load_rest(state)
 
+    def load_weights(self, state: Mapping[str, Any]) -> None:
+        """Load only the module's weights of a :meth:`state_dict` (fine-tuning: the ``load``
+        plugin's ``weights_only``): the optimizer, its learning rates and state, the step count
+        and the accumulation window stay this model's own, as configured.
+
+        :raises ValueError: naming every missing or unexpected key and every shape or dtype
+            mismatch of the module, before anything is changed.
+        """
+        module = self.raw_module
+        if "dcp" in state:  # a sharded checkpoint: its module's tensors, read by every rank
+            options = state.get("dcp_storage")
+            sharded_state.load_from(
+                module, self.optimizer, state["dcp"], model_only=True, storage_options=options
+            )
+            return
+        problems = check_module("module.", module.state_dict(), state.get("module"))
+        if problems:
+            raise ValueError("cannot load TorchModel weights: " + "; ".join(problems))
+        if self._sharded is not None:
+            self._sharded.load_full_module({k: from_plain(v) for k, v in state["module"].items()})
+        else:
+            load_module(module, state["module"], may_share=self._ddp is None)
+
     def _load_rest(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`rest_state_dict` saved: the accumulation window, the scaler."""
         module = self.raw_module

@@ -14,7 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 from epochal import hookimpl
 from epochal_checkpoint import storage
-from epochal_checkpoint.errors import CheckpointNotFoundError, CorruptCheckpointError, ForeignCheckpointError
+from epochal_checkpoint.errors import (
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    ForeignCheckpointError,
+    StateMismatchError,
+)
 from epochal_checkpoint.fit import check_fits, check_model
 from epochal_checkpoint.storage import store
 
@@ -31,8 +36,9 @@ class Load:
         is used); a local path or an fsspec URL (``s3://bucket/run/ckpt-e0002-i000046``). None:
         do nothing.
     :param storage_options: keyword arguments of the URL's filesystem (endpoint, credentials).
-    :param weights_only: load only the model's arrays (fine-tuning): counters, log, RNG,
-        streams and plugin states start afresh.
+    :param weights_only: load only the model's weights (fine-tuning): counters, log, RNG,
+        streams and plugin states start afresh, and a model with ``load_weights(state)``
+        (:class:`epochal.torch.TorchModel`) keeps its own optimizer, learning rate and steps.
 
     A run started with ``--resume`` continues from its own newest checkpoint when the
     ``checkpoint`` plugin is part of the run; ``load`` then does nothing.
@@ -74,7 +80,16 @@ class Load:
         if self.path is None or not self.weights_only or loop.resumed:
             return
         state, where = read_from(self.path, model_only=True, storage_options=self.storage_options)
-        check_model(loop, state.get("model"), where)
+        load_weights = getattr(loop.model, "load_weights", None)
+        if callable(load_weights):  # its weights alone: the optimizer stays as configured
+            try:
+                load_weights(state.get("model"))
+            except (ValueError, TypeError, KeyError) as error:
+                raise StateMismatchError(
+                    f"checkpoint {str(where)!r} does not fit the model: {error}"
+                ) from error
+        else:
+            check_model(loop, state.get("model"), where)
         self.loaded = where
 
 
