@@ -595,21 +595,42 @@ class TorchModel:
         load_module(module, state["module"], may_share=self._ddp is None)
         current = self.optimizer.state_dict()
         live = current["state"]
+        # on the host: torch moves each value where its parameter's policy wants it (no copy
+        # where it is there already); a value read into the live tensor (load_destinations) is
+        # that tensor
+        values = {int(pid): from_plain_or_live(s, live.get(int(pid))) for pid, s in saved["state"].items()}
         self.optimizer.load_state_dict(
             {
-                # on the host: torch moves each value where its parameter's policy wants it
-                # (no copy where it is there already); a value read into the live tensor
-                # (load_destinations) is that tensor
-                "state": {
-                    int(pid): from_plain_or_live(s, live.get(int(pid))) for pid, s in saved["state"].items()
-                },
+                "state": values,
                 "param_groups": [
                     from_plain(group, template)
                     for group, template in zip(saved["param_groups"], current["param_groups"], strict=True)
                 ],
             }
         )
+        self._keep_saved_dtypes(values)
         self._load_rest(state)
+
+    def _keep_saved_dtypes(self, values: Mapping[int, Mapping[str, Any]]) -> None:
+        """Give the optimizer's state back the dtypes it was saved in.
+
+        torch's ``Optimizer.load_state_dict`` casts floating state to its parameter's dtype; a
+        state an optimizer made before the module was cast (Adagrad's float32 ``sum`` beside
+        ``bf16-true`` parameters) would come back bf16 and the resumed run compute otherwise.
+        """
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        for pid, entry in values.items():
+            loaded = self.optimizer.state.get(params[pid]) if pid < len(params) else None
+            if not loaded:
+                continue
+            for key, value in entry.items():
+                now = loaded.get(key)
+                if (
+                    isinstance(value, torch.Tensor)
+                    and isinstance(now, torch.Tensor)
+                    and now.dtype != value.dtype
+                ):
+                    loaded[key] = now.to(value.dtype)
 
     def load_weights(self, state: Mapping[str, Any]) -> None:
         """Load only the module's weights of a :meth:`state_dict` (fine-tuning: the ``load``
