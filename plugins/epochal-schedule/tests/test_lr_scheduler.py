@@ -268,3 +268,25 @@ def test_a_resume_at_an_epochs_last_batch_does_not_warn_of_a_step_before_the_opt
     assert result.returncode == 0, result.stderr
     assert "ok: interrupted after batch 6 of " in result.stdout  # 6 batches an epoch: its last one
     assert "before `optimizer.step()`" not in result.stderr
+
+
+def test_a_resume_that_changes_an_auto_length_is_one_error_naming_both_lengths() -> None:
+    # found by an outside-user pass: the summary's "train on" command (more epochs, --resume)
+    # kept the saved total_steps and OneCycleLR failed one step past it, a raw traceback
+    import copy
+
+    def scheduler() -> LRScheduler:
+        return LRScheduler("OneCycleLR", interval="batch", max_lr=0.5, total_steps="auto")
+
+    first = run(scheduler(), epochs=2)
+    state = copy.deepcopy(first.state_dict())
+    same = Loop(torch_model(), {"train": batches()}, plugins={"lr_scheduler": scheduler()}, max_epochs=2)
+    same.load_state_dict(state)
+    same.run()  # the same length: fine (nothing left to train)
+    longer = Loop(torch_model(), {"train": batches()}, plugins={"lr_scheduler": scheduler()}, max_epochs=4)
+    longer.load_state_dict(state)
+    with pytest.raises(
+        ConfigError,
+        match=r"total_steps = 'auto' made the resumed run's schedule 8 steps long, and this run takes 16",
+    ):
+        longer.run()

@@ -118,6 +118,28 @@ class LRScheduler:
             total = loop.max_epochs if loop.max_epochs is not None else math.inf
         return total if total == math.inf else total // self.frequency
 
+    def _check_length(self, loop: Any, saved: Mapping[str, Any]) -> None:
+        """Refuse a resume whose ``"auto"`` length differs from the saved schedule's: the saved
+        state would keep the old length (OneCycleLR then fails once past it), and a schedule
+        that ends elsewhere has another shape from its first step on.
+
+        :raises ConfigError: naming the argument, both lengths and the ways out.
+        """
+        from epochal_schedule.build import LENGTH_ARGUMENTS
+
+        length = self._length(loop)
+        for key in LENGTH_ARGUMENTS:
+            was = saved.get(key)
+            if self.arguments.get(key) != "auto" or not isinstance(was, int) or length == math.inf:
+                continue
+            if int(length) != was:
+                raise ConfigError(
+                    f"{WHERE} {key} = 'auto' made the resumed run's schedule {was} steps long, and "
+                    f"this run takes {int(length)}: a resumed run cannot change a schedule's length "
+                    f"(its shape depends on it). Keep the run's length ([loop] max_epochs / "
+                    f"max_iterations), start afresh without --resume, or give {key} a number"
+                )
+
     def _sync_proxy(self) -> None:
         if self._proxy_model is not None and self.optimizer is not None:
             self._proxy_model.lr = self.optimizer.param_groups[0]["lr"]
@@ -138,6 +160,7 @@ class LRScheduler:
         self.scheduler = build(self.name, self.arguments, self.optimizer, WHERE, self._length(loop))
         pending, self._pending = self._pending, None
         if pending is not None and loop.resumed:
+            self._check_length(loop, pending["scheduler"])
             # Making a scheduler steps it once and rewrites the rates; the saved ones win.
             self.scheduler.load_state_dict(from_plain(pending["scheduler"]))
             for group, saved in zip(self.optimizer.param_groups, pending["param_groups"], strict=True):
