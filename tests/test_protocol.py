@@ -139,3 +139,17 @@ def test_an_autoload_declaration_that_is_not_a_bool_is_refused_not_read_as_true(
     assert "quoted" not in unnamed.plugins
     (info,) = [i for i in unnamed.infos if i.name == "quoted"]
     assert info.status == "failed" and "declares autoload = 'false'" in str(info.error)
+
+
+@pytest.mark.parametrize("key", ["run_before", "run_after", "requires", "conflicts"])
+def test_a_bare_string_for_plugin_names_is_refused_not_read_letter_by_letter(key):
+    # found by an outside-user pass: run_after = "monitor" was ignored, requires = "monitor"
+    # asked for plugins 'm', 'o', 'n'...
+    class Declaring:
+        @hookimpl
+        def after_epoch(self, loop):
+            pass
+
+    setattr(Declaring, key, "monitor")
+    with pytest.raises(PluginError, match=rf"plugin 'a' declares {key} = 'monitor'.*write \('monitor',\)"):
+        compose({"a": Declaring(), "monitor": Staged("measure")}).check_dependencies()

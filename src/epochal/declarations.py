@@ -106,6 +106,26 @@ def declared_rank(plugin: object) -> Any:
     return getattr(owner, "rank", None)  # declared by the class: not protocol.declared's default
 
 
+def plugin_names(name: str, plugin: object, key: str) -> tuple[str, ...]:
+    """The plugin names *plugin* declares as *key* (``run_before``, ``run_after``,
+    ``requires``, ``conflicts``): a collection of names, empty by default.
+
+    :raises PluginError: a bare string (``run_after = "monitor"`` would be read letter by
+        letter) or anything else that is not a collection of names.
+    """
+    names = declared(plugin, key)
+    try:
+        found = tuple(names) if not isinstance(names, (str, bytes)) else None
+    except TypeError:
+        found = None
+    if found is None or not all(isinstance(other, str) for other in found):
+        hint = f" (write ({names!r},))" if isinstance(names, str) else ""
+        raise PluginError(
+            f"plugin {name!r} declares {key} = {names!r}; it must be a tuple of plugin names{hint}"
+        )
+    return found
+
+
 def check_dependencies(units: Sequence[Unit], elsewhere: Iterable[str] = ()) -> None:
     """Raise :class:`PluginError` for a missing ``requires`` or a present ``conflicts``.
 
@@ -119,13 +139,13 @@ def check_dependencies(units: Sequence[Unit], elsewhere: Iterable[str] = ()) -> 
     problems = []
     for unit in units:
         for name, plugin in [(unit.name, unit.plugin), *unit.members]:
-            for needed in declared(plugin, "requires"):
+            for needed in plugin_names(name, plugin, "requires"):
                 if needed not in loaded:
                     problems.append(
                         f"plugin {name!r} requires plugin {needed!r}, which is not loaded in this run: "
                         f"add {needed!r} to [plugins] order (and install it), or disable {name!r}"
                     )
-            for other in declared(plugin, "conflicts"):
+            for other in plugin_names(name, plugin, "conflicts"):
                 if other in loaded and other != name:
                     problems.append(
                         f"plugin {name!r} conflicts with plugin {other!r}: disable one of them "

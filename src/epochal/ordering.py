@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
-from epochal.declarations import plugin_phase
+from epochal.declarations import plugin_names, plugin_phase
 from epochal.errors import OrderError
-from epochal.protocol import PHASES, declared
+from epochal.protocol import PHASES
 
 
 def call_order(
@@ -148,11 +148,11 @@ def order_units(units: list[Unit], explicit: list[str]) -> list[Unit]:
         phase = plugin_phase(unit.name, unit.plugin)
         if phase is not None:
             phases[unit.name] = phase
-        for plugin in [unit.plugin, *(p for _, p in unit.members)]:
-            for target in declared(plugin, "run_before"):
+        for name, plugin in [(unit.name, unit.plugin), *unit.members]:
+            for target in plugin_names(name, plugin, "run_before"):
                 if target in owner and owner[target] != unit.name:
                     before.setdefault(unit.name, []).append(owner[target])
-            for target in declared(plugin, "run_after"):
+            for target in plugin_names(name, plugin, "run_after"):
                 if target in owner and owner[target] != unit.name:
                     after.setdefault(unit.name, []).append(owner[target])
     by_name = {unit.name: unit for unit in units}
