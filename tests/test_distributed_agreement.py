@@ -297,10 +297,11 @@ def test_ranks_out_of_step_are_a_clear_error():
 def test_evaluation_reduces_sums_and_counts_in_one_all_reduce():
     world = PeerWorld()
     loop = run(world, max_epochs=1)
-    sums = [values for values in world.reductions if len(values) == 2]  # [examples, loss sum]
+    sums = [values for values in world.reductions if len(values) == 3]  # [examples, loss sum, its weight]
     assert len(sums) == 1 and sums[0][0] == 8  # this rank's half of the 16 valid examples
-    examples, total = (2 * v for v in sums[0])  # the peer's sums are this rank's
-    assert loop.last_metrics["valid"] == {"loss": total / examples}
+    examples, total, weight = (2 * v for v in sums[0])  # the peer's sums are this rank's
+    assert weight == examples  # every batch returned the loss
+    assert loop.last_metrics["valid"] == {"loss": total / weight}
 
 
 def test_state_holds_every_rank_and_resume_refuses_another_world_size_mid_epoch():

@@ -699,3 +699,20 @@ def test_a_run_resumed_from_a_failed_runs_state_does_not_keep_its_error():
     status = resumed.run().status
     assert status["status"] == "finished" and status["finish_reason"] == "max_epochs=3 reached"
     assert "error" not in status
+
+
+def test_a_metric_some_batches_return_is_their_mean_not_diluted_by_the_others():
+    # found by an outside-user pass: every metric was divided by the stream's whole example count
+    from epochal.testing import StubModel
+
+    def evaluation(batch):
+        (x,) = batch
+        return {"v": 1.0, **({"w": 2.0} if len(x) == 3 else {})}
+
+    loop = Loop(
+        StubModel(evaluation=evaluation),
+        {"train": [(np.zeros((2, 1)),)], "valid": [(np.ones((3, 1)),), (np.zeros((1, 1)),)]},
+        max_epochs=1,
+        handle_signals=False,
+    )
+    assert loop.evaluate("valid") == {"v": 1.0, "w": 2.0}

@@ -27,13 +27,15 @@ class MetricSums:
     def __init__(self) -> None:
         #: metric name → sum of value × batch size (a float, or a device scalar).
         self.totals: dict[str, Any] = {}
+        #: metric name → the examples of the batches that returned it (its mean's weight).
+        self.weights: dict[str, int] = {}
         #: examples seen.
         self.seen = 0
         self._skipped: set[str] = set()
 
     def add(self, outputs: Mapping[str, Any], size: int) -> None:
         """Add one batch's step results, weighted by its *size*."""
-        totals, skipped = self.totals, self._skipped
+        totals, weights, skipped = self.totals, self.weights, self._skipped
         for key, value in outputs.items():
             if key in skipped:
                 continue
@@ -52,15 +54,21 @@ class MetricSums:
                 totals[key] = totals.get(key, 0.0) + value * size
             except TypeError:
                 skipped.add(key)
+                continue
+            weights[key] = weights.get(key, 0) + size
         self.seen += size
 
 
-def means(totals: Mapping[str, Any], seen: int) -> dict[str, float]:
-    """Each metric's sum over *seen* examples, read as a float (none when nothing was seen)."""
+def means(totals: Mapping[str, Any], weights: Mapping[str, int]) -> dict[str, float]:
+    """Each metric's sum over the examples of the batches that returned it (*weights*), read
+    as a float (none for a metric no example weighed)."""
     metrics: dict[str, float] = {}
-    for key, total in totals.items() if seen else ():
+    for key, total in totals.items():
+        weight = weights.get(key, 0)
+        if not weight:
+            continue
         try:
-            metrics[key] = float(total / seen)
+            metrics[key] = float(total / weight)
         except (TypeError, ValueError):  # e.g. an array of several values
             continue
     return metrics
@@ -157,10 +165,10 @@ def evaluate(loop: Any, stream: str) -> dict[str, float]:
             raise
         if hooks.after_eval_batch is not None:
             hooks.after_eval_batch(loop, stream, batch, outputs)
-    seen, totals = loop.strategy.reduce_evaluation(stream, sums.seen, sums.totals)
+    seen, totals, weights = loop.strategy.reduce_evaluation(stream, sums.seen, sums.totals, sums.weights)
     if seen == 0:
         loop._empty_stream(stream)
-    metrics: dict[str, Any] = means(totals, seen)
+    metrics: dict[str, Any] = means(totals, weights) if seen else {}
     end = getattr(model, "end_evaluation", None)
     if seen and callable(end):
         metrics.update(end(stream))

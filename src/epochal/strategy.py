@@ -46,9 +46,12 @@ class Strategy:
     def distribute(self, model: Any) -> None:
         """Make the model's training steps agree across the processes."""
 
-    def reduce_evaluation(self, stream: str, seen: int, totals: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        """The example count and batch-size-weighted metric sums of *stream* over every process."""
-        return seen, totals
+    def reduce_evaluation(
+        self, stream: str, seen: int, totals: dict[str, Any], weights: dict[str, int]
+    ) -> tuple[int, dict[str, Any], dict[str, int]]:
+        """The example count, the batch-size-weighted metric sums and each metric's weight (the
+        examples of the batches that returned it) of *stream* over every process."""
+        return seen, totals, weights
 
     def resume_state(self, ask: Callable[[], Mapping[str, Any] | None]) -> Mapping[str, Any] | None:
         """The state to resume from, as *ask* (the plugins' ``resume_state``) gives it."""

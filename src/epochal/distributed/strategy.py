@@ -61,8 +61,11 @@ class DistributedStrategy(Strategy):
             )
         distribute(self.world)
 
-    def reduce_evaluation(self, stream: str, seen: int, totals: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        """One all-reduce of the count and the sums (the names are agreed once per stream)."""
+    def reduce_evaluation(
+        self, stream: str, seen: int, totals: dict[str, Any], weights: dict[str, int]
+    ) -> tuple[int, dict[str, Any], dict[str, int]]:
+        """One all-reduce of the count, the sums and their weights (the names are agreed once
+        per stream)."""
         values: dict[str, float] = {}
         for name in sorted(totals):
             try:  # a device scalar is read here, once per stream
@@ -87,8 +90,10 @@ class DistributedStrategy(Strategy):
                 f"on rank {world.rank}, {', '.join(expected)} before; every rank must return the "
                 "same names at every evaluation to reduce them"
             )
-        sums = world.all_reduce([seen, *values.values()], "sum")
-        return int(sums[0]), dict(zip(names, sums[1:]))
+        sums = world.all_reduce([seen, *values.values(), *(weights.get(n, 0) for n in names)], "sum")
+        count = len(names)
+        reduced = dict(zip(names, sums[1 : 1 + count]))
+        return int(sums[0]), reduced, {n: int(w) for n, w in zip(names, sums[1 + count :])}
 
     def resume_state(self, ask: Callable[[], Mapping[str, Any] | None]) -> Mapping[str, Any] | None:
         return agreed_resume_state(self.world, ask)
