@@ -190,7 +190,9 @@ def test_batch_size_helper() -> None:
     assert batch_size({}) == 0
     assert batch_size(np.float32(1.0)) == 1
     assert batch_size(np.array(3.0)) == 1
-    assert batch_size((1.5, 2.5)) == 1
+    assert batch_size((1.5, 2.5)) == 1  # one example (x, y)
+    # found by an outside-user pass: a list of token ids or texts weighed 1 (or a text's length)
+    assert batch_size([1, 1, 1]) == 3 and batch_size(["hello", "x"]) == 2 and batch_size(["", "x"]) == 2
     assert batch_size(object()) == 1
     assert batch_size("abcd") == 4
 

@@ -350,8 +350,9 @@ def batch_size(batch: Any) -> int:
     The leading dimension of the first array or tensor found depth-first: a tuple or list
     counts its first element, a mapping its first value, and so on into nested tuples, lists
     and mappings (``{"inputs": (x, flag), "targets": y}`` counts ``len(x)``); an array or tensor
-    counts its leading dimension (a 0-d one counts 1); a nested tuple or list of plain values
-    (numbers, strings) its length; an empty batch 0; any other sized object its length,
+    counts its leading dimension (a 0-d one counts 1); a list of plain values (numbers,
+    strings) its length, and so does a nested tuple of them, where a top-level tuple of them is
+    one example ``(x, y)``; an empty batch 0; any other sized object its length,
     anything else 1.
     Called once per batch: the rule for a type is chosen once and cached (no ``isinstance``
     against ABCs, no raised and caught ``TypeError`` per batch).
@@ -367,7 +368,7 @@ def batch_size(batch: Any) -> int:
         first = batch[0]
         if type(first) is _ndarray:
             return len(first) if first.ndim else 1
-        return _len_or_1(first)
+        return len(batch) if kind is list and type(first) in _PLAIN else _len_or_1(first)
     if kind is dict:
         for key in batch:  # the first value (cheaper than a values() view)
             first = batch[key]
@@ -390,8 +391,15 @@ def _shape_size(batch: Any) -> int:
     return batch.shape[0] if batch.ndim else 1
 
 
+#: values of which a top-level list is a batch (token ids, texts): it counts them. A tuple of
+#: them is one example, ``(x, y)``.
+_PLAIN = frozenset({int, float, complex, bool, str, bytes, type(None)})
+
+
 def _sequence_size(batch: Any) -> int:
-    return _len_or_1(batch[0]) if batch else 0
+    if not batch:
+        return 0
+    return len(batch) if isinstance(batch, list) and type(batch[0]) in _PLAIN else _len_or_1(batch[0])
 
 
 def _mapping_size(batch: Any) -> int:
@@ -490,6 +498,8 @@ def _sequence_empty(batch: Any, _ndarray: Any = np.ndarray) -> bool:
             return len(first) == 0
         except TypeError:  # 0-d: one example
             return False
+    if isinstance(batch, list) and type(first) in _PLAIN:  # plain values: a batch of them
+        return False
     return _len_or_1(first) == 0
 
 
