@@ -199,7 +199,9 @@ def load_plugins(
         ``EPOCHAL_PLUGINS`` or *options*.
     :param options: ``name → keyword arguments`` for each plugin's factory.
     :param extra: plugin objects given directly (not installed), by name; they are ordered with
-        the installed ones (listed in *order* or appended after it).
+        the installed ones (listed in *order* or appended after it). Each is asked for, as a
+        name in *order* is: one that fails to start (or declares ``autoload = False``) is not
+        left out quietly.
     :raises PluginError: for an unknown name, a plugin named explicitly that fails to load,
         bad options, an ordering cycle or a failed registration.
     """
@@ -275,7 +277,8 @@ def load_plugins(
     for name in selected:
         if name not in objects:
             continue  # failed to import, reported already
-        named = name in explicit_set or name in options
+        # a plugin the caller gave as an object (extra) is named too: it was asked for
+        named = name in explicit_set or name in options or name in extra
         try:
             infos[name].autoload = plugin_autoload(name, objects[name])
         except PluginError as error:
