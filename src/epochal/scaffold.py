@@ -42,14 +42,17 @@ training batches of every epoch and writes them to the training log as `{name}.b
 pip install -e ".[test]"
 epochal plugins            # {name} is listed
 pytest                     # its tests
-epochal run CONFIG.toml --plugins {name} --set plugins.{name}.every=2
+epochal run CONFIG.toml --plugins {name} --set plugins.{name}.every_n_epochs=2
 ```
 
 ## Options (`[plugins.{name}]`)
 
 | option | type | default | meaning |
 |---|---|---|---|
-| `every` | int | 1 | record after every n-th epoch |
+| `key` | str | `"{name}.batches"` | the record it writes |
+
+Like every plugin's table, it also takes the shared trigger keys (`every_n_epochs = 2`,
+`after_n_epochs`, `when = "valid.loss < 0.1"`, ...): epochal calls its hooks only then.
 """
 
 PLUGIN = '''\
@@ -60,21 +63,23 @@ from __future__ import annotations
 from typing import Any
 
 from epochal import hookimpl
-from epochal.triggers import every_n_epochs
 
 
 class {cls}:
     """Counts the training batches of each epoch and logs them as ``{name}.batches``.
 
-    :param every: record after every n-th epoch.
+    When it runs is the shared trigger keys' business (``every_n_epochs = 2`` in its table):
+    no option of its own for that.
+
+    :param key: the record it writes.
     """
 
     #: it writes a record in after_epoch: it runs with the measurements, before the plugins that
     #: save, decide or report the epoch (a checkpoint then holds this epoch's count)
     phase = "measure"
 
-    def __init__(self, every: int = 1) -> None:
-        self.due = every_n_epochs(every)
+    def __init__(self, key: str = "{name}.batches") -> None:
+        self.key = key
         self.batches = 0
 
     @hookimpl
@@ -89,9 +94,8 @@ class {cls}:
 
     @hookimpl
     def after_epoch(self, loop: Any) -> None:
-        """Called after every epoch: write the count when it is due."""
-        if self.due(loop):
-            loop.log.current_row["{name}.batches"] = self.batches
+        """Called after every epoch: write the count."""
+        loop.log.current_row[self.key] = self.batches
 
     def state_dict(self) -> dict[str, Any]:
         """What a resumed run needs: the count of the epoch in progress."""
@@ -117,14 +121,15 @@ def test_logs_the_batches_of_every_epoch(epochal_run):
     assert result.log.history("{name}.batches") == [(4, 4), (8, 4)]
 
 
-def test_every_option(epochal_run):
-    result = epochal_run({{"{name}": {cls}(every=2)}}, max_epochs=4)
-    assert [value for _, value in result.log.history("{name}.batches")] == [4, 4]
+def test_key_option(epochal_run):
+    result = epochal_run({{"{name}": {cls}(key="counted")}}, max_epochs=1)
+    assert result.log.last("counted") == 4
 
 
-def test_installed_entry_point_loads_by_name(epochal_run):
-    result = epochal_run(["{name}"], options={{"{name}": {{"every": 1}}}}, max_epochs=1)
-    assert result.log.last("{name}.batches") == 4
+def test_installed_entry_point_loads_by_name_with_a_trigger_key(epochal_run):
+    # every_n_epochs is epochal's, as for every plugin: its epoch hooks run every 2nd epoch
+    result = epochal_run(["{name}"], options={{"{name}": {{"every_n_epochs": 2}}}}, max_epochs=4)
+    assert [iteration for iteration, _ in result.log.history("{name}.batches")] == [8, 16]
 '''
 
 
@@ -165,7 +170,7 @@ def new_plugin(name: str, directory: Path) -> Path:
         )
     dist = "epochal-" + name.replace("_", "-")
     package = "epochal_" + name
-    cls = "".join(part.capitalize() for part in name.split("_")) + "Plugin"
+    cls = "".join(part.capitalize() for part in name.split("_"))  # loss_guard: LossGuard
     root = directory / dist
     if root.exists():
         raise ConfigError(f"{root} already exists; choose another name or --dir")

@@ -60,7 +60,11 @@ TRIGGER_SCHEMAS: dict[str, dict[str, Any]] = {
 
 def param_docs(obj: Any) -> dict[str, str]:
     """``:param name: text`` entries of a class's (or its ``__init__``'s) or function's docstring."""
-    text = "\n".join(filter(None, [inspect.getdoc(obj), inspect.getdoc(getattr(obj, "__init__", None))]))
+    # the __init__'s own docstring: inspect.getdoc would give one without it object's
+    # ("Initialize self. See help(type(self))...")
+    own = getattr(getattr(obj, "__init__", None), "__doc__", None)
+    init_doc = inspect.cleandoc(own) if isinstance(own, str) and own != object.__init__.__doc__ else None
+    text = "\n".join(filter(None, [inspect.getdoc(obj), init_doc]))
     docs: dict[str, str] = {}
     for match in re.finditer(r":param (\w+):(.*?)(?=\n\s*:\w|\n\s*\n|\Z)", text, re.S):
         docs[match.group(1)] = " ".join(match.group(2).split())
