@@ -209,3 +209,27 @@ def test_an_empty_resume_value_is_refused_not_a_fresh_start(throwaway_cli, write
     result = throwaway_cli("run", str(config), *argument)
     assert_clean_error(result, "'--resume'", "an empty value")
     assert not (config.parent / "runs").exists()  # nothing trained, no run directory
+
+
+@pytest.mark.parametrize(
+    ("extra", "args", "env", "culprit"),
+    [
+        ("", [], {"EPOCHAL_PLUGINS": "tw_alpah"}, "unknown plugin 'tw_alpah' in EPOCHAL_PLUGINS"),
+        ("", ["--set", "plugins.tw_alpha.slep=1"], {}, "--set 'plugins.tw_alpha.slep=1': [plugins.tw_alpha]"),
+        ("", ["--set", "data.nn=3"], {}, "--set 'data.nn=3': [data]: unknown option 'nn'"),
+        ("[data]\nnn = 3\n", [], {}, "run.toml: [data]: unknown option 'nn'"),
+    ],
+    ids=["environment", "set-plugin-option", "set-data-key", "file-data-key"],
+)
+def test_an_error_names_the_culprit_the_file_a_set_or_the_environment(
+    throwaway_cli, write_config, extra, args, env, culprit
+):
+    # found by an outside-user pass: EPOCHAL_PLUGINS's and --set's mistakes were blamed on the
+    # file, and [model]/[data] errors named neither
+    config = write_config(["tw_alpha"])
+    if extra:
+        config.write_text(config.read_text().replace("[data]\n", extra, 1))
+    result = throwaway_cli("run", str(config), *args, env=env)
+    assert_clean_error(result, culprit)
+    if "run.toml" not in culprit:
+        assert "run.toml" not in result.stderr.splitlines()[-1]

@@ -45,6 +45,8 @@ class RunConfig(dict[str, Any]):
 
     source: str = "<config>"
     directory: Path | None = None
+    #: the ``--set`` overrides applied to the file (blamed for the errors they cause).
+    overrides: tuple[str, ...] = ()
 
 
 def source_of(config: Mapping[str, Any]) -> str:
@@ -76,6 +78,7 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> dict[str, An
     spell_none(config)
     run_config = RunConfig(config)
     run_config.source, run_config.directory = str(path), path.parent
+    run_config.overrides = tuple(overrides)
     add_import_paths(path.parent)
     try:
         check_config(run_config, str(path))
@@ -206,11 +209,14 @@ def call_factory(config: Mapping[str, Any], section: str) -> Any:
     ``[loop] seed`` is passed as ``seed`` when the factory takes one and the section has none.
     """
     factory, table = factory_arguments(config, section)
-    check_options(factory.__name__, factory, table, where=f"[{section}]", error=ConfigError)
+    try:
+        check_options(factory.__name__, factory, table, where=f"[{section}]", error=ConfigError)
+    except ConfigError as error:
+        raise blame(config, error) from None
     try:
         return factory(**table)
     except ValueError as error:  # the factory refused a value (batch_size = 0): name the section
-        raise ConfigError(f"[{section}] {config[section]['factory']}: {error}") from error
+        raise blame(config, ConfigError(f"[{section}] {config[section]['factory']}: {error}")) from error
 
 
 def factory_arguments(config: Mapping[str, Any], section: str) -> tuple[Callable[..., Any], dict[str, Any]]:
@@ -282,11 +288,39 @@ def plugins_for(
 
 
 def name_the_file(config: Mapping[str, Any], error: PluginError) -> PluginError:
-    """*error* with the configuration's file in front (itself when it names it, or there is none)."""
+    """*error* with its culprit in front: the ``--set`` that set the key it names, else the
+    configuration's file (itself when it names it already, or there is none)."""
+    override = _override_of(config, str(error))
+    if override is not None:
+        return PluginError(f"--set {override!r}: {error}")
+    source = getattr(config, "source", None)
+    if source is None or str(error).startswith(source) or "EPOCHAL_PLUGINS" in str(error):
+        return error
+    return PluginError(f"{source}: {error}")
+
+
+def _override_of(config: Mapping[str, Any], message: str) -> str | None:
+    """The ``--set`` of *config* whose table and key *message* names (None: none)."""
+    for override in reversed(getattr(config, "overrides", ())):
+        path = [part.strip() for part in override.partition("=")[0].split(".")]
+        if len(path) < 2 or (f"'{path[-1]}'" not in message and f" {path[-1]} " not in message):
+            continue
+        table = ".".join(path[:-1])
+        if f"[{table}]" in message or (path[0] == "plugins" and f"'{path[1]}'" in message):
+            return override
+    return None
+
+
+def blame(config: Mapping[str, Any], error: ConfigError) -> ConfigError:
+    """*error* (about a ``[model]``/``[data]`` table) with its culprit in front: the ``--set``
+    that set the key it names, else the configuration's file."""
+    override = _override_of(config, str(error))
+    if override is not None:
+        return ConfigError(f"--set {override!r}: {error}")
     source = getattr(config, "source", None)
     if source is None or str(error).startswith(source):
         return error
-    return PluginError(f"{source}: {error}")
+    return ConfigError(f"{source}: {error}")
 
 
 def _warn_unloaded_tables(config: Mapping[str, Any], plugin_set: PluginSet) -> None:

@@ -236,9 +236,12 @@ def load_plugins(
             f"installed: {', '.join(choices) or 'none'}"
         )
 
+    from_env = [n for n in env_list(ENV_PLUGINS) if n not in order]
     for name in explicit:
         if name not in known:
-            raise unknown(name, "the plugin order")
+            raise unknown(
+                name, "EPOCHAL_PLUGINS (the environment)" if name in from_env else "the plugin order"
+            )
     for name in disabled:
         if name.split("/")[0] not in known:
             raise unknown(name, "disable")

@@ -7,7 +7,7 @@ from typing import Any
 
 from epochal import _rng
 from epochal._options import check_options
-from epochal.config import call_factory, factory_arguments, loop_options, name_the_file, plugins_for
+from epochal.config import blame, call_factory, factory_arguments, loop_options, name_the_file, plugins_for
 from epochal.errors import ConfigError, PluginError
 from epochal.loop import Loop
 from epochal.plugins import PluginSet
@@ -86,5 +86,8 @@ def check_run(
     _check_dependencies(config, plugin_set)
     for section in ("model", "data"):
         factory, arguments = factory_arguments(config, section)
-        check_options(factory.__name__, factory, arguments, where=f"[{section}]", error=ConfigError)
+        try:
+            check_options(factory.__name__, factory, arguments, where=f"[{section}]", error=ConfigError)
+        except ConfigError as error:
+            raise blame(config, error) from None
     return plugin_set
