@@ -684,3 +684,10 @@ def test_a_resume_loads_the_model_once_its_own_check_passed(tmp_path: Path) -> N
     with pytest.raises(StateMismatchError, match=r"does not fit the model: .*shape"):
         run(True, 3, size=8)
     assert CountingLoads.loads == 0
+
+
+def test_an_optimizer_that_needs_a_closure_is_one_error_when_the_model_is_made() -> None:
+    # found by an outside-user pass: LBFGS failed at the first step with torch's TypeError
+    module = mlp()
+    with pytest.raises(ConfigError, match=r"optimizer LBFGS needs a closure at every step"):
+        TorchModel(module, torch.optim.LBFGS(module.parameters()), torch.nn.functional.cross_entropy)

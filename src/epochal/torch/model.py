@@ -132,6 +132,7 @@ class TorchModel:
         }
         check_options("TorchModel", TorchModel, options, "TorchModel", ConfigError, keys=list(options))
         check_strategy(strategy, precision, ddp_options)
+        _check_stepping(optimizer)
         self.strategy = strategy
         self.device = resolve_device(device)
         self.precision = Precision(precision, self.device)
@@ -671,3 +672,24 @@ class TorchModel:
             self.precision.scaler.load_state_dict(from_plain(state["scaler"]))
         if self._train_metrics is not None:
             self._train_metrics.load_by_rank(state.get("train_metrics"), self.world)
+
+
+def _check_stepping(optimizer: Any) -> None:
+    """Refuse an optimizer whose ``step`` needs a closure (LBFGS): TorchModel steps it once per
+    optimizer step, without re-evaluating the loss.
+
+    :raises ConfigError: naming the optimizer.
+    """
+    import inspect
+
+    step = getattr(type(optimizer), "step", None)
+    try:
+        closure = inspect.signature(step).parameters.get("closure") if step is not None else None
+    except (TypeError, ValueError):  # a step without a signature to read: it may still work
+        return
+    if closure is not None and closure.default is inspect.Parameter.empty:
+        raise ConfigError(
+            f"TorchModel: optimizer {type(optimizer).__name__} needs a closure at every step (it "
+            "re-evaluates the loss, as LBFGS does); TorchModel steps without one: use another "
+            "optimizer, or a model of your own with train_step (see the Model protocol)"
+        )
