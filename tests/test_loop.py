@@ -716,3 +716,32 @@ def test_a_metric_some_batches_return_is_their_mean_not_diluted_by_the_others():
         handle_signals=False,
     )
     assert loop.evaluate("valid") == {"v": 1.0, "w": 2.0}
+
+
+def test_the_loop_says_whether_its_interrupt_hooks_ran_before_a_third_sigint():
+    # found by an outside-user pass: a third SIGINT during the wind-down said "nothing was
+    # saved" though the interrupt checkpoint was on disk
+    class Late:
+        saved = False
+
+        @hookimpl
+        def after_batch(self, loop):
+            if loop.iteration == 2:
+                loop.stopping.interrupt(signal.SIGTERM)
+
+        @hookimpl
+        def on_interrupt(self, loop):
+            self.saved = True
+
+        @hookimpl
+        def after_training(self, loop):
+            for _ in range(3):
+                loop.stopping.interrupt(signal.SIGINT)
+
+    late = Late()
+    loop = Loop(Noisy(), make_data(), plugins={"late": late}, max_epochs=2, handle_signals=False)
+    with pytest.raises(KeyboardInterrupt):
+        loop.run()
+    assert late.saved and loop.interrupt_hooks_ran
+    early = Loop(Noisy(), make_data(), max_epochs=2, handle_signals=False)
+    assert not early.interrupt_hooks_ran

@@ -301,10 +301,16 @@ def _train(
     failed = False
     try:
         log = loop.run()
-    except KeyboardInterrupt:  # a third Ctrl-C: stopped at once, nothing saved
+    except KeyboardInterrupt:  # a third Ctrl-C: stopped at once
+        saved = (
+            "after its interrupt hooks ran (an interrupt checkpoint is saved there): only its "
+            "wind-down was cut short"
+            if loop.interrupt_hooks_ran
+            else "nothing was saved at this point"
+        )
         click.echo(
             f"epochal: run {loop.run_id} stopped at once by a third SIGINT after {loop.iteration} "
-            "batch(es); nothing was saved at this point",
+            f"batch(es); {saved}",
             err=True,
         )
         sys.exit(128 + signal.SIGINT)

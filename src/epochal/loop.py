@@ -215,6 +215,9 @@ class Loop:
         #: true once a saved state was loaded; ``resumed_from`` is the run that saved it.
         self.resumed = False
         self.resumed_from: str | None = None
+        #: ``on_interrupt`` ran to its end (a checkpoint plugin saved there): a third SIGINT
+        #: after it cut only the wind-down short.
+        self.interrupt_hooks_ran = False
         #: where the resumed state came from, as the plugin that gave it says (e.g. a path).
         self.resumed_source: str | None = None
         #: the plugin whose hook raised the error that ended the run (None: model or data).
@@ -507,6 +510,7 @@ class Loop:
             status.update(status="interrupted", finish_reason=reason or name)
             if hooks.on_interrupt is not None:
                 hooks.on_interrupt(self, signum)
+            self.interrupt_hooks_ran = True
         else:
             status.update(status="finished", finish_reason=reason or "completed")
         if hooks.after_training is not None:
