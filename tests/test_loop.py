@@ -745,3 +745,18 @@ def test_the_loop_says_whether_its_interrupt_hooks_ran_before_a_third_sigint():
     assert late.saved and loop.interrupt_hooks_ran
     early = Loop(Noisy(), make_data(), max_epochs=2, handle_signals=False)
     assert not early.interrupt_hooks_ran
+
+
+def test_a_loop_runs_once_and_says_how_to_train_on():
+    # found by an outside-user pass: a second run() (with a higher max_epochs) trained nothing
+    # and said nothing, after calling before_training again
+    from epochal.errors import EpochalError
+
+    loop = Loop(Noisy(), make_data(), max_epochs=1, handle_signals=False)
+    loop.run()
+    loop.max_epochs = 2
+    with pytest.raises(EpochalError, match=r"a loop runs once.*new.load_state_dict\(loop.state_dict\(\)\)"):
+        loop.run()
+    again = Loop(Noisy(), make_data(), max_epochs=2, handle_signals=False)
+    again.load_state_dict(loop.state_dict())
+    assert again.run().status["epochs_done"] == 2

@@ -116,6 +116,9 @@ def before_epoch(loop: Loop) -> None:
 def before_batch(loop: Loop, batch: Any) -> None:
     """Called for every training batch, after it was read and before ``model.train_step``.
 
+    The stream's position is already past this batch: a ``loop.state_dict()`` taken here
+    resumes after it, without training on it (save in ``after_batch``, as ``checkpoint`` does).
+
     :param loop: the training loop; ``loop.iteration`` counts the batches completed before
         this one.
     :param batch: the batch exactly as the train stream produced it.

@@ -24,7 +24,7 @@ from epochal.distributed.sharding import in_shard_order
 from epochal.distributed.strategy import strategy_for
 from epochal.distributed.world import World, current_world, peer_lost
 from epochal.empty import EmptyData
-from epochal.errors import ConfigError
+from epochal.errors import ConfigError, EpochalError
 from epochal.estimates import stepping_batches
 from epochal.evaluation import batch_interval, due, schedule
 from epochal.log import TrainingLog
@@ -218,6 +218,7 @@ class Loop:
         #: ``on_interrupt`` ran to its end (a checkpoint plugin saved there): a third SIGINT
         #: after it cut only the wind-down short.
         self.interrupt_hooks_ran = False
+        self._ran = False
         #: where the resumed state came from, as the plugin that gave it says (e.g. a path).
         self.resumed_source: str | None = None
         #: the plugin whose hook raised the error that ended the run (None: model or data).
@@ -327,8 +328,17 @@ class Loop:
         """Train until a limit, a stop request or a signal; return the training log.
 
         An exception from the model, the data or a hook calls ``on_error`` on every plugin and
-        is re-raised.
+        is re-raised. A loop runs once: to train on, make a new one and load this one's state.
+
+        :raises EpochalError: when the loop ran already.
         """
+        if self._ran:
+            raise EpochalError(
+                "Loop.run() was called before: a loop runs once (its plugins saw its training end). "
+                "To train on, make a new Loop and load this one's state: "
+                "new.load_state_dict(loop.state_dict()), with a higher max_epochs"
+            )
+        self._ran = True
         previous = install_handlers(self._on_signal) if self.handle_signals else {}
         tracer = HookTracer(self.trace_plugins) if self.trace_plugins else None
         if tracer is not None:
@@ -501,7 +511,7 @@ class Loop:
             status["isolated_plugins"] = dict(self._plugin_set.isolated)
         reason = self.stopping.reason
         signum = self.stopping.settle(self)
-        if signum is not None and evaluated and (own := self._own_end()) is not None:
+        if signum is not None and evaluated and (own := self.stopping.own_end(self)) is not None:
             # the signal came too late to cut anything short: the run finished
             name = signal.Signals(signum).name
             status.update(status="finished", finish_reason=f"{own} ({name} received as training ended)")
@@ -515,21 +525,6 @@ class Loop:
             status.update(status="finished", finish_reason=reason or "completed")
         if hooks.after_training is not None:
             hooks.after_training(self)
-
-    def _own_end(self) -> str | None:
-        """Why training ended without the signal it got: a limit reached, or a stop decided
-        by a plugin before the signal's (None: the signal ended it).
-
-        A first SIGINT in the last epoch finishes that epoch, which ends the run all the same.
-        """
-        if self.max_iterations is not None and self.iteration >= self.max_iterations:
-            return f"max_iterations={self.max_iterations} reached"
-        if not self._in_epoch and self.max_epochs is not None and self.epoch >= self.max_epochs:
-            return f"max_epochs={self.max_epochs} reached"
-        stopping = self.stopping
-        if stopping.reason is not None and not stopping.by_signal:
-            return stopping.reason
-        return None
 
     def _fail(self, error: BaseException) -> None:
         self.error_plugin = getattr(error, "epochal_plugin", None)

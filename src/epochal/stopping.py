@@ -178,6 +178,20 @@ class Stop:
         """At the end of *loop*'s training: the signal that ended it (None: none)."""
         return self.signum
 
+    def own_end(self, loop: Any) -> str | None:
+        """Why *loop*'s training ended besides the signal it got: a limit reached, or a stop
+        decided before the signal's (None: the signal ended it, a run to continue).
+
+        A first SIGINT in the last epoch finishes that epoch, which ends the run all the same.
+        """
+        if loop.max_iterations is not None and loop.iteration >= loop.max_iterations:
+            return f"max_iterations={loop.max_iterations} reached"
+        if not loop.in_epoch and loop.max_epochs is not None and loop.epoch >= loop.max_epochs:
+            return f"max_epochs={loop.max_epochs} reached"
+        if self.reason is not None and not self.by_signal:
+            return self.reason
+        return None
+
 
 class ProcessSignals:
     """SIGINT and SIGTERM for the whole life of an ``epochal run`` process, around the loop's own.
