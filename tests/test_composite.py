@@ -69,3 +69,21 @@ def test_a_composite_inside_a_composite_expands_its_children_too():
     loop.run()
     assert loop.state_dict()["plugins"]["outer/inner/x"]["state"] == {"n": 2}
     assert "outer/inner/y" not in loop.plugins
+
+
+@pytest.mark.parametrize(
+    ("name", "plugin", "message"),
+    [
+        ("c", Named, r"plugin 'c' is the class Named, not a plugin object: give an instance \(Named\(\)\)"),
+        ("x", None, r"plugin 'x' is None, not a plugin object"),
+        ("x", "abc", r"plugin 'x' is 'abc', not a plugin object"),
+        ("a/b", object(), r"invalid plugin name 'a/b'"),
+        ("", object(), r"invalid plugin name ''"),
+    ],
+)
+def test_what_cannot_be_a_plugin_is_refused_naming_it(name, plugin, message):
+    # found by an outside-user pass: a class failed at the first hook, None ran as no plugin
+    from epochal.errors import PluginError
+
+    with pytest.raises(PluginError, match=message):
+        compose({name: plugin})

@@ -127,6 +127,7 @@ def test_test_streams_resume_bitwise(tmp_path):
     [
         ('test_streams = ["tset"]', "test_streams names 'tset', which is not an evaluation stream"),
         ('test_streams = ["train"]', "test_streams names 'train'"),
+        ('test_streams = ["test", "test"]', "test_streams names 'test' twice"),
         ('test_streams = ["test"]\ntest_weights = "best"', 'test_weights = "best" needs a plugin'),
         ('test_weights = "worst"', "test_weights"),
     ],

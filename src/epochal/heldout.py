@@ -35,6 +35,8 @@ def check_streams(streams: Sequence[str], data: Mapping[str, Any], where: str) -
                 f"{where}: test_streams names {stream!r}, which is not an evaluation stream"
                 f"{did_you_mean(stream, others)}; streams: {', '.join(others) or 'none'}"
             )
+        if held.count(stream) > 1:
+            raise ConfigError(f"{where}: test_streams names {stream!r} twice (it would be evaluated twice)")
     return held
 
 

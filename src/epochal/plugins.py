@@ -341,12 +341,31 @@ def compose(plugins: Mapping[str, object], disable: Iterable[str] = ()) -> Plugi
     composite plugins expand into their children.
     """
     disabled = set(disable)
+    for name, plugin in plugins.items():
+        _check_object(name, plugin)
     infos = {name: PluginInfo(name) for name in plugins}
     units = [_unit(name, plugin, infos, disabled) for name, plugin in plugins.items() if name not in disabled]
     policies = {unit.name: failure_policy(unit.name, unit.plugin, {}) for unit in units}
     members = {name: p for unit in units for name, p in [(unit.name, unit.plugin), *unit.members]}
     added = added_hookspecs(members)
     return _assemble(order_units(units, list(plugins)), infos, policies, added=added)
+
+
+def _check_object(name: str, plugin: object) -> None:
+    """Refuse what cannot be a plugin object: a class (its hooks would be called unbound), None,
+    a number or a string; and a name that is empty or holds ``/`` (a composite child's).
+
+    :raises PluginError: naming the plugin.
+    """
+    if not name or "/" in name:
+        raise PluginError(f"invalid plugin name {name!r}: must be non-empty, no '/' (a composite child's)")
+    if isinstance(plugin, type):
+        raise PluginError(
+            f"plugin {name!r} is the class {plugin.__name__}, not a plugin object: give an instance "
+            f"({plugin.__name__}()), or load_plugins(extra=...), which builds a class"
+        )
+    if plugin is None or isinstance(plugin, (bool, int, float, complex, str, bytes)):
+        raise PluginError(f"plugin {name!r} is {plugin!r}, not a plugin object (an instance or a module)")
 
 
 def _unit(name: str, plugin: object, infos: dict[str, PluginInfo], disabled: set[str]) -> Unit:
