@@ -163,12 +163,14 @@ def test_check_resume_speaks_for_itself(tmp_path: Path, epochal_cli: EpochalCli)
     assert result.returncode == 0, result.stderr
     assert "received" not in result.stderr and "SIGTERM received" not in result.stdout
     out = result.stdout
-    assert "check-resume: 1/3 straight run" in out
-    assert "check-resume: 2/3 the same run, stopped after batch 10 as SIGTERM stops it" in out
-    assert "check-resume: 3/3 resuming it from its checkpoint" in out
-    assert (
-        out.index("1/3") < out.index("2/3") < out.index("3/3") < out.index("ok: interrupted after batch 10")
-    )
+    assert "check-resume: 1/5 straight run" in out
+    assert "check-resume: 2/5 the same run, stopped after batch 10 as SIGTERM stops it" in out
+    assert "check-resume: 3/5 resuming it from its checkpoint" in out
+    assert "check-resume: 4/5 the same run, ended after the end of epoch 1 as kill -9 ends it" in out
+    assert "check-resume: 5/5 resuming it from its latest complete checkpoint" in out
+    steps = [out.index(f"{k}/5") for k in range(1, 6)]
+    assert steps == sorted(steps) and steps[-1] < out.index("ok: interrupted after batch 10")
+    assert "received" not in out  # the kill -9 run says nothing of a signal either
 
 
 @pytest.mark.slow
