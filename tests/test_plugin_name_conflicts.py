@@ -78,6 +78,7 @@ def test_plugins_lists_both_distributions_and_imports_neither(
     assert any("epochal-throwaway" in d for d in info["offered_by"])
     assert any("epochal-impostor 6.6.6" in d for d in info["offered_by"])
     assert "distribution = " in info["error"]
+    assert info["distribution"] is None and info["version"] is None  # neither's, not a stray one
     assert not (tmp_path / "impostor-ran").exists()
     table = run(tmp_path, throwaway_site, impostor_site, "plugins", "--disable", "tw_cycle_a")
     assert "conflict" in table.stdout and "epochal-impostor" in table.stdout + table.stderr

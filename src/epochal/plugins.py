@@ -264,7 +264,7 @@ def load_plugins(
         if name in disabled:
             infos[name].status = "disabled"
         elif name in conflicts:  # never imported: either could be an impostor
-            infos[name].distribution = None
+            infos[name].distribution = infos[name].version = None
             mark_failed(infos[name], conflicts[name])
             infos[name].status = "conflict"
     for name in extra:
