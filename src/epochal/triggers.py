@@ -19,6 +19,8 @@ respectively and hold the same way after a resume. A value of 0 or None means "n
 
 The same conditions are also shared options of every plugin (:data:`TRIGGER_KEYS`, parsed
 by :func:`parse_triggers`): the core gates the plugin's hooks with them, no plugin code needed.
+There a key of 0 leaves the hooks ungated (the key's default), where the function of that name
+given 0 is never true (a plugin's own "every 0 epochs": never, as the checkpoint's).
 """
 
 from __future__ import annotations
