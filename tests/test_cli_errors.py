@@ -218,8 +218,10 @@ def test_an_empty_resume_value_is_refused_not_a_fresh_start(throwaway_cli, write
         ("", ["--set", "plugins.tw_alpha.slep=1"], {}, "--set 'plugins.tw_alpha.slep=1': [plugins.tw_alpha]"),
         ("", ["--set", "data.nn=3"], {}, "--set 'data.nn=3': [data]: unknown option 'nn'"),
         ("[data]\nnn = 3\n", [], {}, "run.toml: [data]: unknown option 'nn'"),
+        # the file's typo, though a --set sets the key the message suggests
+        ("[data]\nnn = 3\n", ["--set", "data.n=3"], {}, "run.toml: [data]: unknown option 'nn'"),
     ],
-    ids=["environment", "set-plugin-option", "set-data-key", "file-data-key"],
+    ids=["environment", "set-plugin-option", "set-data-key", "file-data-key", "file-key-beside-a-set"],
 )
 def test_an_error_names_the_culprit_the_file_a_set_or_the_environment(
     throwaway_cli, write_config, extra, args, env, culprit

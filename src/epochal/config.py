@@ -303,10 +303,13 @@ def _override_of(config: Mapping[str, Any], message: str) -> str | None:
     """The ``--set`` of *config* whose table and key *message* names (None: none)."""
     for override in reversed(getattr(config, "overrides", ())):
         path = [part.strip() for part in override.partition("=")[0].split(".")]
-        if len(path) < 2 or (f"'{path[-1]}'" not in message and f" {path[-1]} " not in message):
+        if len(path) < 2:
             continue
-        table = ".".join(path[:-1])
-        if f"[{table}]" in message or (path[0] == "plugins" and f"'{path[1]}'" in message):
+        key, table = path[-1], ".".join(path[:-1])
+        # the key as the culprit: "unknown option 'k'", "option 'k' of", "[table]: k must be"
+        # (not a "did you mean 'k'" or a list of valid options)
+        named = f"option '{key}'" in message or f"key '{key}'" in message or f"]: {key} " in message
+        if named and (f"[{table}]" in message or (path[0] == "plugins" and f"'{path[1]}'" in message)):
             return override
     return None
 
