@@ -225,12 +225,19 @@ def table_problem(table: Mapping[str, Any], hint: Any, path: str) -> str | None:
         field = fields[key]
         if isinstance(value, dict) and any(_is_structure(a) for a in _flatten(_bare(field))):
             problem = table_problem(value, field, f"{path}.{key}")
+        elif _holds_structure(field):  # a list of tables (list[Window]): pydantic builds it
+            problem = None
         else:
             wrong = invalid(value, field)
             problem = None if wrong is None else f"{path}.{key} {wrong}, not {type(value).__name__} {value!r}"
         if problem is not None:
             return problem
     return None
+
+
+def _holds_structure(hint: Any) -> bool:
+    """Whether a structure appears inside *hint* (``list[Window]``, ``dict[str, Window]``)."""
+    return any(_is_structure(arg) or _holds_structure(arg) for arg in typing.get_args(hint))
 
 
 def _is_callable(hint: Any) -> bool:
