@@ -498,7 +498,7 @@ def _sequence_empty(batch: Any, _ndarray: Any = np.ndarray) -> bool:
             return len(first) == 0
         except TypeError:  # 0-d: one example
             return False
-    if isinstance(batch, list) and type(first) in _PLAIN:  # plain values: a batch of them
+    if type(batch) is list and type(first) in _PLAIN:  # plain values (cheap for a tuple batch)
         return False
     return _len_or_1(first) == 0
 
