@@ -231,3 +231,30 @@ def test_sigterm_to_the_process_group_with_loader_workers_stops_and_saves(tmp_pa
     assert "interrupted" in out
     resumed = run(tmp_path, "run", str(EXAMPLE), *args, "--set", "loop.max_epochs=2", "--resume")
     assert resumed.returncode == 0, resumed.stderr
+
+
+def test_a_fine_tune_loads_the_weights_with_another_optimizer(tmp_path: Path) -> None:
+    """`load` with `weights_only`: found by an outside-user pass, another optimizer class was
+    refused ("unexpected keys optimizer.param_groups...") and the same class took the
+    pretraining's learning rate and state."""
+    common = ("--set", "plugins.checkpoint.export=last", "--set", "loop.max_epochs=1", *QUIET)
+    pre = run(
+        tmp_path, "run", str(EXAMPLE), "--set", "model.optimizer=sgd", "--set", "loop.run_dir=pre", *common
+    )
+    assert pre.returncode == 0, pre.stderr
+    (saved,) = (tmp_path / "pre/version_0/checkpoints").glob("ckpt-e0001-*")
+    sets = ("--set", f"plugins.load.path={saved}", "--set", "plugins.load.weights_only=true")
+    tuned = run(
+        tmp_path, "run", str(EXAMPLE), "--set", "model.optimizer=adamw", "--set", "loop.run_dir=ft",
+        "--set", "loop.max_epochs=0", *sets, *QUIET,
+    )  # fmt: skip
+    assert tuned.returncode == 0, tuned.stderr
+    weights = load_file(str(tmp_path / "pre/version_0/checkpoints/last.safetensors"))
+    (final,) = (tmp_path / "ft/version_0/checkpoints").glob("ckpt-*")  # saved at the end, untrained
+    from epochal_checkpoint.plugin import read_from
+
+    state, _ = read_from(final)
+    assert set(state["model"]["optimizer"]["param_groups"][0]) >= {"betas", "weight_decay"}  # AdamW's own
+    assert state["model"]["steps"]["optimizer_steps"] == 0
+    module = state["model"]["module"]
+    assert all(torch.equal(torch.from_numpy(module[k].copy()), weights[k]) for k in weights)
