@@ -134,7 +134,7 @@ class Probe:
         model = loop.model
         if self.load_from:
             model.load_state_dict(pickle.loads(Path(self.load_from).read_bytes()))
-        ddp = getattr(model, "_ddp", None)
+        ddp = model.parts.ddp.get("module") if hasattr(model, "parts") else None
         if ddp is not None:
             from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 

@@ -260,21 +260,20 @@ def test_a_ddp_option_ddp_does_not_take_is_refused_on_one_process_already(tmp_pa
     assert not (tmp_path / "runs").exists()
 
 
-def test_fsdp_on_a_module_without_parameters_names_the_option() -> None:
-    model = fsdp_mlp.make_model("fsdp", empty=True)
-    world = types.SimpleNamespace(size=2, rank=0, local_rank=0, backend="gloo", is_zero=True)
-    with pytest.raises(ConfigError, match=r"strategy 'fsdp'.*no parameters to shard"):
-        model.distribute(world)
-    assert not model.sharded
+def test_an_optimizer_over_a_tensor_of_no_module_is_refused_when_the_model_is_made() -> None:
+    """The module has no parameters, so its optimizer holds a tensor of no module: DDP would
+    not average its gradients and FSDP cannot shard it; refused on one process already."""
+    with pytest.raises(ConfigError, match=r"optimizer 'optimizer' holds a tensor of shape \[1\] that is no "):
+        fsdp_mlp.make_model("fsdp", empty=True)
 
 
 @pytest.mark.distributed
-def test_fsdp_on_a_module_without_parameters_stops_two_processes_in_one_line(tmp_path: Path) -> None:
+def test_an_optimizer_over_a_tensor_of_no_module_stops_two_processes_in_one_line(tmp_path: Path) -> None:
     config = write_run(tmp_path, "fsdp", model={"empty": True})
     done = epochal(tmp_path, "run", str(config), "--nproc", "2")
     assert done.returncode == 2, done.stdout + done.stderr
     (line,) = done.stderr.strip().splitlines()
-    assert "TorchModel strategy 'fsdp'" in line and "no parameters to shard" in line
+    assert "TorchModel optimizer 'optimizer' holds a tensor" in line and "no parameter of the module" in line
     assert not (tmp_path / "run").exists()  # nothing written
 
 
@@ -319,7 +318,9 @@ def sharded_model(world: Any, **options: Any) -> TorchModel:
     from epochal.torch.fsdp import Sharded
 
     model = fsdp_mlp.make_model("fsdp", **options)
-    model._sharded = Sharded(model.raw_module, model.optimizer, world, model.device, "32-true")
+    model._sharded = Sharded(
+        model.raw_module, {"module": model.raw_module}, model.optimizers, world, model.device, "32-true"
+    )
     model.world = world
     return model
 

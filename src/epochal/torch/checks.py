@@ -62,55 +62,56 @@ def _fits(shape: tuple[int, ...], param: tuple[int, ...], total: int) -> bool:
     return all(s in (1, p) for s, p in zip(shape, param))
 
 
-def check_optimizer(optimizer: torch.optim.Optimizer, saved: Any) -> list[str]:
-    """Problems of a saved optimizer state (``{"state", "param_groups"}``) for *optimizer*."""
-    problems = compare_keys("optimizer.", {"state", "param_groups"}, saved)
+def check_optimizer(optimizer: torch.optim.Optimizer, saved: Any, prefix: str = "optimizer.") -> list[str]:
+    """Problems of a saved optimizer state (``{"state", "param_groups"}``) for *optimizer*,
+    each named with *prefix* (``optimizer.``, or ``optimizers.NAME.`` for one of several)."""
+    problems = compare_keys(prefix, {"state", "param_groups"}, saved)
     if problems:
         return problems
     current = optimizer.state_dict()
     groups, saved_groups = current["param_groups"], saved["param_groups"]
     if not isinstance(saved_groups, list):
-        return [f"optimizer.param_groups must be a list, got {type(saved_groups).__name__}"]
+        return [f"{prefix}param_groups must be a list, got {type(saved_groups).__name__}"]
     if len(saved_groups) != len(groups):
-        return [f"optimizer.param_groups: {len(saved_groups)} groups != expected {len(groups)}"]
+        return [f"{prefix}param_groups: {len(saved_groups)} groups != expected {len(groups)}"]
     for i, (group, saved_group) in enumerate(zip(groups, saved_groups, strict=True)):
         # A hyperparameter missing from a saved group is one a newer torch added: the optimizer
         # fills in its default, as torch's own load_state_dict does. An unexpected one means
         # another kind of optimizer (or a scheduler's key, such as initial_lr: allowed).
         known = set(group) | {"initial_lr", "max_lr", "min_lr", "max_momentum", "base_momentum"}
-        problems += compare_keys(f"optimizer.param_groups.{i}.", known, saved_group, missing_ok=True)
+        problems += compare_keys(f"{prefix}param_groups.{i}.", known, saved_group, missing_ok=True)
         if problems:
             continue
         if not isinstance(saved_group.get("params"), list):
-            problems.append(f"optimizer.param_groups.{i}: 'params' must be a list of ids")
+            problems.append(f"{prefix}param_groups.{i}: 'params' must be a list of ids")
         elif len(saved_group["params"]) != len(group["params"]):
             problems.append(
-                f"optimizer.param_groups.{i}: {len(saved_group['params'])} parameters "
+                f"{prefix}param_groups.{i}: {len(saved_group['params'])} parameters "
                 f"!= expected {len(group['params'])}"
             )
     if problems:
         return problems
     if not isinstance(saved["state"], Mapping):
-        return ["optimizer.state must be a mapping"]
+        return [f"{prefix}state must be a mapping"]
     # Saved parameter ids are positions in the groups' order; map them onto the live parameters.
     params: dict[str, torch.Tensor] = {}
     for saved_group, live_group in zip(saved_groups, optimizer.param_groups, strict=True):
         for pid, param in zip(saved_group["params"], live_group["params"], strict=True):
             params[str(pid)] = param
     if unknown := set(map(str, saved["state"])) - set(params):
-        problems.append(f"optimizer.state: unknown parameter ids {sorted(unknown)}")
+        problems.append(f"{prefix}state: unknown parameter ids {sorted(unknown)}")
     total = sum(p.numel() for p in params.values())  # what a flat state (L-BFGS) spans
     for pid in sorted(set(map(str, saved["state"])) & set(params), key=_natural):
         entry = saved["state"][pid]
         if not isinstance(entry, Mapping):
-            problems.append(f"optimizer.state.{pid} must be a mapping, got {type(entry).__name__}")
+            problems.append(f"{prefix}state.{pid} must be a mapping, got {type(entry).__name__}")
             continue
         shape = tuple(params[pid].shape)
         for key in sorted(entry):
             found = plain_dtype_and_shape(entry[key])
             if found is not None and not _fits(found[1], shape, total):
                 problems.append(
-                    f"optimizer.state.{pid}.{key}: shape {list(found[1])} does not fit "
+                    f"{prefix}state.{pid}.{key}: shape {list(found[1])} does not fit "
                     f"parameter {pid} of shape {list(shape)}"
                 )
     return problems

@@ -32,12 +32,15 @@ def describe(model: Any) -> str:
     size = sum(p.numel() * p.element_size() for p in params)
     size += sum(b.numel() * b.element_size() for b in module.buffers())
     world = getattr(model, "world", None)
-    name = type(module).__name__
+    parts = model.parts
+    # fully_shard swaps a class for FSDP<name>
+    names = {n: type(m).__name__.removeprefix("FSDP") for n, m in parts.raw.items()}
+    name = " + ".join(f"{n} ({c})" for n, c in names.items()) if parts.several_modules else names.popitem()[1]
     wrapped_by: str | None
-    if getattr(model, "sharded", False):  # fully_shard swaps the class for FSDP<name>
-        name, wrapped_by = name.removeprefix("FSDP"), "FSDP2"
+    if getattr(model, "sharded", False):
+        wrapped_by = "FSDP2"
     else:
-        wrapped_by = type(model.module).__name__ if model.module is not module else None
+        wrapped_by = "DistributedDataParallel" if parts.ddp else None
     where = f", {wrapped_by} over {world.size} processes" if world is not None and wrapped_by else ""
     return (
         f"{name}: {human(total)} parameters ({human(trainable)} trainable), "

@@ -138,9 +138,26 @@ class Precision:
             self.scaler.unscale_(optimizer)
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Step *optimizer* (through the scaler under 16-mixed, which skips non-finite steps)."""
+        """Step *optimizer* (through the scaler under 16-mixed, which skips non-finite steps).
+
+        Under 16-mixed, :meth:`update` follows once the batch's optimizers have all stepped
+        (torch's rule for several optimizers: one ``scaler.update()`` per iteration).
+        """
         if self.scaler is not None:
             self.scaler.step(optimizer)
-            self.scaler.update()
         else:
             optimizer.step()
+
+    def update(self) -> None:
+        """Update the scale (16-mixed) after the optimizer steps of one batch."""
+        if self.scaler is not None:
+            self.scaler.update()
+
+    def backward_outside_autocast(self, loss: torch.Tensor) -> None:
+        """:meth:`backward` called from inside :meth:`autocast` (a step that owns its
+        optimization): autocast is left off for the backward pass, as torch advises."""
+        if self._autocast_dtype is None:
+            self.backward(loss)
+            return
+        with torch.autocast(self.device.type, enabled=False):
+            self.backward(loss)

@@ -116,65 +116,76 @@ def _policy(precision: str) -> MixedPrecisionPolicy:
 
 
 class Sharded:
-    """A module sharded by FSDP2 over the ranks of *world*, and its optimizer re-pointed.
+    """Modules sharded by FSDP2 over the ranks of *world*, and their optimizers re-pointed.
 
-    :param module: the module to shard in place (the one inside any ``torch.compile`` wrapper).
-    :raises ConfigError: a module without parameters, an optimizer that has stepped already or
-        that holds tensors other than the module's parameters.
+    :param root: the model's root module (:class:`epochal.torch.parts.Parts`): the one module,
+        or an ``nn.ModuleDict`` of several. Its names are the state's.
+    :param modules: the modules to shard in place (each inside any ``torch.compile`` wrapper),
+        each an FSDP root of its own: the root itself, or the trained modules of several. The
+        root's other modules (frozen ones) stay whole on every rank.
+    :param optimizers: the optimizers by name, over the sharded modules' parameters.
+    :raises ConfigError: an optimizer that has stepped already or that holds tensors other
+        than the modules' parameters (:class:`~epochal.torch.parts.Parts` refuses those first).
     """
 
     def __init__(
         self,
-        module: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
+        root: torch.nn.Module,
+        modules: Mapping[str, torch.nn.Module],
+        optimizers: Mapping[str, torch.optim.Optimizer],
         world: Any,
         device: torch.device,
         precision: str,
     ) -> None:
-        if not _has_parameters(module):
-            raise ConfigError(
-                f"TorchModel strategy 'fsdp': the module ({type(module).__name__}) has no parameters "
-                "to shard; use strategy 'ddp' (or train on one process)"
-            )
-        if optimizer.state:
-            raise ConfigError(
-                "TorchModel strategy 'fsdp': the optimizer has already stepped; FSDP2 replaces the "
-                "parameters, so make the optimizer fresh in the model factory"
-            )
-        names = {id(p): name for name, p in module.named_parameters()}
-        for group in optimizer.param_groups:
-            for param in group["params"]:
-                if id(param) not in names:
-                    raise ConfigError(
-                        f"TorchModel strategy 'fsdp': the optimizer holds a tensor of shape "
-                        f"{list(param.shape)} that is no parameter of the module; FSDP2 shards "
-                        "the module's parameters only"
-                    )
-        #: the fully qualified name of each parameter in the optimizer's order (its state ids).
-        self.order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+        for name, optimizer in optimizers.items():
+            if optimizer.state:
+                which = "the optimizer" if len(optimizers) == 1 else f"optimizer {name!r}"
+                raise ConfigError(
+                    f"TorchModel strategy 'fsdp': {which} has already stepped; FSDP2 replaces the "
+                    "parameters, so make the optimizer fresh in the model factory"
+                )
+        names = {id(p): name for name, p in root.named_parameters()}
+        for optimizer in optimizers.values():
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    if id(param) not in names:
+                        raise ConfigError(
+                            f"TorchModel strategy 'fsdp': the optimizer holds a tensor of shape "
+                            f"{list(param.shape)} that is no parameter of the module; FSDP2 shards "
+                            "the module's parameters only"
+                        )
+        #: the fully qualified name of each parameter in each optimizer's order (its state ids).
+        self.orders = {
+            name: [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+            for name, optimizer in optimizers.items()
+        }
         if device.type == "cuda":
             torch.cuda.set_device(device)
         self.mesh = init_device_mesh(device.type, (world.size,))
         with torch.no_grad():  # every rank starts from rank 0's values, as under DDP
-            for tensor in module.state_dict().values():
+            for tensor in root.state_dict().values():
                 if isinstance(tensor, torch.Tensor):
                     torch.distributed.broadcast(tensor, src=0)
         policy = _policy(precision)
-        for unit in shard_units(module):
-            fully_shard(unit, mesh=self.mesh, mp_policy=policy)
-        fully_shard(module, mesh=self.mesh, mp_policy=policy)
-        self.module = module
-        self.optimizer = optimizer
+        for module in modules.values():
+            for unit in shard_units(module):
+                fully_shard(unit, mesh=self.mesh, mp_policy=policy)
+            fully_shard(module, mesh=self.mesh, mp_policy=policy)
+        self.root = root
+        #: the FSDP roots: each sharded module.
+        self.roots: list[Any] = list(modules.values())
+        self.optimizers = dict(optimizers)
         self.world = world
-        # the same parameter objects FSDP2 made, by the names the optimizer's ones had
-        new = dict(module.named_parameters())
-        for group in optimizer.param_groups:
-            group["params"] = [new[names[id(p)]] for p in group["params"]]
-        self._units = [m for m in module.modules() if isinstance(m, FSDPModule)]
+        # the same parameter objects FSDP2 made, by the names the optimizers' ones had
+        new = dict(root.named_parameters())
+        for optimizer in optimizers.values():
+            for group in optimizer.param_groups:
+                group["params"] = [new[names[id(p)]] for p in group["params"]]
+        self._units = [m for m in root.modules() if isinstance(m, FSDPModule)]
         #: whether :meth:`begin_evaluation` gathered the parameters (until :meth:`end_evaluation`).
         self.gathered = False
         #: the full state :meth:`full_state` gathered since the last training batch or load.
-        self._gathered_state: tuple[dict[str, Any], dict[int, Any]] | None = None
+        self._gathered_state: tuple[dict[str, Any], dict[str, dict[int, Any]]] | None = None
 
     # -- training -----------------------------------------------------------------------------
 
@@ -186,71 +197,80 @@ class Sharded:
         if self.gathered:
             self.end_evaluation()
         if sync is not None:
-            root: Any = self.module
-            root.set_requires_gradient_sync(sync)
+            for root in self.roots:
+                root.set_requires_gradient_sync(sync)
 
     def begin_evaluation(self) -> None:
         """Gather every parameter once and keep them through the stream's forwards, so that they
         take no collective (the ranks' evaluation shards may differ in length). A collective:
         every rank calls it."""
-        root: Any = self.module
-        root.set_reshard_after_forward(False)
+        for root in self.roots:
+            root.set_reshard_after_forward(False)
         for unit in self._units:
             unit.unshard()
         self.gathered = True
 
     def end_evaluation(self) -> None:
-        """Free the gathered parameters; back to FSDP2's defaults (the root keeps its parameters
+        """Free the gathered parameters; back to FSDP2's defaults (each root keeps its parameters
         gathered after forward, the other units reshard)."""
-        root: Any = self.module
-        root.set_reshard_after_forward(True)
-        root.set_reshard_after_forward(False, recurse=False)
+        for root in self.roots:
+            root.set_reshard_after_forward(True)
+            root.set_reshard_after_forward(False, recurse=False)
         for unit in self._units:
             unit.reshard()
         self.gathered = False
 
     # -- state --------------------------------------------------------------------------------
 
-    def full_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The module's and the optimizer's full state on rank 0's host, by parameter ids as
-        ``optimizer.state_dict()`` numbers them (empty on the other ranks). A collective, except
-        when asked again before the next training batch or load: the tensors gathered then are
-        kept until that batch (rank 0 alone may ask again after the last save, to export the
-        weights), the hyperparameters are read afresh."""
+    def full_state(self) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+        """The modules' full state and each optimizer's (``{name: {"state", "param_groups"}}``,
+        by parameter ids as ``optimizer.state_dict()`` numbers them) on rank 0's host (empty
+        on the other ranks). A collective, except when asked again before the next training
+        batch or load: the tensors gathered then are kept until that batch (rank 0 alone may
+        ask again after the last save, to export the weights), the hyperparameters are read
+        afresh."""
         if self._gathered_state is None:
             options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-            module_state: dict[str, Any] = dict(get_model_state_dict(self.module, options=options))
-            optimizer_state: dict[str, Any] = dict(
-                get_optimizer_state_dict(self.module, self.optimizer, options=options)
+            module_state: dict[str, Any] = dict(get_model_state_dict(self.root, options=options))
+            merged: dict[str, Any] = dict(
+                get_optimizer_state_dict(self.root, list(self.optimizers.values()), options=options)
             )
-            ids = {name: i for i, name in enumerate(self.order)}
-            tensors = {ids[name]: value for name, value in optimizer_state.get("state", {}).items()}
-            self._gathered_state = (module_state, dict(sorted(tensors.items())))
+            by_name = merged.get("state", {})
+            tensors = {
+                name: {i: by_name[fqn] for i, fqn in enumerate(order) if fqn in by_name}
+                for name, order in self.orders.items()
+            }
+            self._gathered_state = (module_state, tensors)
         if not self.world.is_zero:
             return {}, {}
         module_state, tensors = self._gathered_state
-        groups = self.optimizer.state_dict()["param_groups"]  # ids and hyperparameters, no tensors
-        return module_state, {"state": tensors, "param_groups": groups}
+        return module_state, {
+            # ids and hyperparameters of the optimizer itself (no tensors)
+            name: {"state": tensors[name], "param_groups": optimizer.state_dict()["param_groups"]}
+            for name, optimizer in self.optimizers.items()
+        }
 
     def load_full_module(self, module_state: Mapping[str, Any]) -> None:
         """Load a full module state (tensors on the host): each rank takes its own shards."""
         self._gathered_state = None
-        live = self.module.state_dict()
-        self.module.load_state_dict({k: _shard_like(v, live.get(k)) for k, v in module_state.items()})
+        live = self.root.state_dict()
+        self.root.load_state_dict({k: _shard_like(v, live.get(k)) for k, v in module_state.items()})
 
-    def load_full_state(self, module_state: Mapping[str, Any], optimizer_state: Mapping[str, Any]) -> None:
+    def load_full_state(
+        self, module_state: Mapping[str, Any], optimizer_states: Mapping[str, Mapping[str, Any]]
+    ) -> None:
         """Load a full state (tensors on the host): each rank takes its own shards, by local
         slicing: no collective (rank 0 alone loads a checkpoint to check it before the others
-        do). *optimizer_state* is numbered as :meth:`full_state` numbers it."""
+        do). *optimizer_states* are by optimizer name, numbered as :meth:`full_state` numbers them."""
         self.load_full_module(module_state)
-        params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        state = {
-            int(i): {k: _shard_like(v, params[int(i)]) for k, v in entry.items()}
-            for i, entry in optimizer_state["state"].items()
-        }
-        self.optimizer.load_state_dict(
-            {"state": state, "param_groups": list(optimizer_state["param_groups"])}
-        )
+        for name, optimizer in self.optimizers.items():
+            saved = optimizer_states[name]
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            state = {
+                int(i): {k: _shard_like(v, params[int(i)]) for k, v in entry.items()}
+                for i, entry in saved["state"].items()
+            }
+            optimizer.load_state_dict({"state": state, "param_groups": list(saved["param_groups"])})
 
 
 def _shard_like(value: Any, template: Any) -> Any:

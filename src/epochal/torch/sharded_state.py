@@ -14,7 +14,7 @@ checkpoint plugin writes in its own format.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,9 @@ from epochal.errors import EpochalError
 
 __all__ = ["load_from", "load_sharded_state", "sharded_state"]
 
+#: one optimizer, or the several of a model (DCP merges their states, keyed by parameter names).
+Optimizers = torch.optim.Optimizer | Sequence[torch.optim.Optimizer]
+
 
 def _options(full: bool = False) -> Any:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
@@ -32,18 +35,17 @@ def _options(full: bool = False) -> Any:
     return StateDictOptions(full_state_dict=full, cpu_offload=False)
 
 
-def sharded_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def sharded_state(module: torch.nn.Module, optimizer: Optimizers) -> dict[str, Any]:
     """``{"model": ..., "optim": ...}``: the tensors (or DTensor shards) of *module* and
-    *optimizer* keyed by the parameters' fully qualified names, as views (no copy)."""
+    *optimizer* (or several: one state over all of them) keyed by the parameters' fully
+    qualified names, as views (no copy)."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model, optim = get_state_dict(module, optimizer, options=_options())
     return {"model": model, "optim": optim}
 
 
-def load_sharded_state(
-    module: torch.nn.Module, optimizer: torch.optim.Optimizer, state: Mapping[str, Any]
-) -> None:
+def load_sharded_state(module: torch.nn.Module, optimizer: Optimizers, state: Mapping[str, Any]) -> None:
     """Put *state* (from :func:`sharded_state`, as loaded by DCP) into *module* and *optimizer*."""
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
@@ -58,7 +60,7 @@ def load_sharded_state(
 
 def load_from(
     module: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer: Optimizers,
     path: str | Path,
     model_only: bool = False,
     storage_options: Mapping[str, Any] | None = None,

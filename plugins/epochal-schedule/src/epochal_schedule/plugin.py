@@ -15,6 +15,18 @@ previous evaluation's value again. ``SequentialLR`` and ``ChainedScheduler`` tak
 used by each epoch (or optimizer step) is written into the log as ``lr`` (``lr.groupN`` for
 further parameter groups). The scheduler's state is saved in checkpoints and restored exactly.
 
+A model with several optimizers (``TorchModel``'s ``optimizers``: a GAN's generator and
+discriminator) gets one scheduler of this class per optimizer, or of the one ``optimizer``
+names; its rates are logged as ``lr.<optimizer>``. With ``interval = "batch"`` each scheduler
+steps after the batches in which its own optimizer stepped (under manual optimization they may
+differ). Another schedule for another optimizer is a second table of this class::
+
+    [plugins.lr_discriminator]
+    factory = "epochal_schedule:LRScheduler"
+    optimizer = "discriminator"
+    name = "StepLR"
+    step_size = 10
+
 A model without an optimizer but with a numeric ``lr`` attribute (a numpy model) is scheduled
 through a one-parameter stand-in optimizer whose learning rate is copied into ``model.lr``.
 """
@@ -23,6 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from epochal import ConfigError, PluginError, hookimpl
@@ -36,6 +49,17 @@ __all__ = ["LRScheduler"]
 WHERE = "[plugins.lr_scheduler]"
 
 
+@dataclass
+class Schedule:
+    """One optimizer's scheduler, and the steps counted for it (``interval = "batch"``)."""
+
+    #: the optimizer's name in the model (None: the model's one optimizer, or the stand-in).
+    name: str | None
+    optimizer: Any
+    scheduler: Any
+    steps: int = 0
+
+
 class LRScheduler:
     """Step a ``torch.optim.lr_scheduler`` scheduler of the model's optimizer.
 
@@ -46,7 +70,10 @@ class LRScheduler:
     :param frequency: step every *frequency* epochs or optimizer steps.
     :param monitor: the log key ``ReduceLROnPlateau`` watches (e.g. ``"valid.loss"``); it steps
         only in the rows (epochs, or batches with ``interval = "batch"``) that hold it.
-    :param log: write the learning rate into the log (``lr``, ``lr.group1``, ...).
+    :param log: write the learning rate into the log (``lr``, ``lr.group1``, ...; with several
+        optimizers ``lr.<optimizer>``, ``lr.<optimizer>.group1``).
+    :param optimizer: the name of the model's optimizer to schedule (``model.optimizers``);
+        None: every optimizer of the model, each with a scheduler of its own.
     :param arguments: the scheduler's own keyword arguments (``step_size``, ``T_max``, ...).
         A length argument (``total_steps``, ``T_max``, ``total_iters``) may be ``"auto"``: the
         steps the schedule takes in this run (optimizer steps from
@@ -67,6 +94,7 @@ class LRScheduler:
         frequency: PositiveInt = 1,
         monitor: str = "valid.loss",
         log: bool = True,
+        optimizer: str | None = None,
         **arguments: Any,
     ) -> None:
         from epochal_schedule.build import check_arguments, scheduler_class
@@ -78,14 +106,13 @@ class LRScheduler:
         self.frequency = frequency
         self.monitor = monitor
         self.log = log
+        self.optimizer_name = optimizer
         self.arguments = dict(arguments)
         #: stepping once per epoch, it has nothing to do after a batch.
         self.idle_hooks = frozenset({"after_batch"}) if interval == "epoch" else frozenset()
         self.plateau = cls.__name__ == "ReduceLROnPlateau"
-        #: the scheduler (made in before_training, when the optimizer is known).
-        self.scheduler: Any = None
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.steps = 0
+        #: one schedule per optimizer scheduled (made in before_training, when they are known).
+        self.schedules: list[Schedule] = []
         self._proxy_model: Any = None
         #: a saved state (load_state_dict) for the next run to continue, if that one is resumed.
         self._pending: Mapping[str, Any] | None = None
@@ -93,18 +120,54 @@ class LRScheduler:
         self._seen = False
         self._evaluated: set[str] = set()
 
-    # -- the optimizer ------------------------------------------------------------------------
+    # -- the optimizers -----------------------------------------------------------------------
 
-    def _optimizer_of(self, model: Any) -> torch.optim.Optimizer:
+    @property
+    def scheduler(self) -> Any:
+        """The scheduler of the one optimizer scheduled (None before training, or with several)."""
+        return self.schedules[0].scheduler if len(self.schedules) == 1 else None
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        """The one optimizer scheduled (None before training, or with several)."""
+        return self.schedules[0].optimizer if len(self.schedules) == 1 else None
+
+    def _optimizers_of(self, model: Any) -> dict[str | None, torch.optim.Optimizer]:
+        """The optimizers to schedule by name (None: the model's one optimizer, or a stand-in).
+
+        :raises ConfigError: ``optimizer`` names no optimizer of the model.
+        """
         import torch
 
+        from epochal.errors import did_you_mean
+
+        named = getattr(model, "optimizers", None)
+        if (
+            isinstance(named, Mapping)
+            and named
+            and all(isinstance(o, torch.optim.Optimizer) for o in named.values())
+        ):
+            if self.optimizer_name is None:
+                return {name if len(named) > 1 else None: opt for name, opt in named.items()}
+            if self.optimizer_name not in named:
+                raise ConfigError(
+                    f"{WHERE} optimizer = {self.optimizer_name!r} is not an optimizer of the model"
+                    f"{did_you_mean(self.optimizer_name, list(named))}; its optimizers: "
+                    f"{', '.join(map(repr, named))}"
+                )
+            return {self.optimizer_name: named[self.optimizer_name]}
+        if self.optimizer_name is not None:
+            raise ConfigError(
+                f"{WHERE} optimizer = {self.optimizer_name!r}: the model ({type(model).__name__}) has "
+                "no optimizers by name (model.optimizers); leave optimizer out"
+            )
         optimizer = getattr(model, "optimizer", None)
         if isinstance(optimizer, torch.optim.Optimizer):
-            return optimizer
+            return {None: optimizer}
         lr = getattr(model, "lr", None)
         if isinstance(lr, (int, float)) and not isinstance(lr, bool):
             self._proxy_model = model
-            return torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=float(lr))
+            return {None: torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=float(lr))}
         raise PluginError(
             f"plugin 'lr_scheduler': the model ({type(model).__name__}) has no torch optimizer "
             "(model.optimizer) and no numeric learning rate (model.lr) to schedule"
@@ -141,37 +204,67 @@ class LRScheduler:
                 )
 
     def _sync_proxy(self) -> None:
-        if self._proxy_model is not None and self.optimizer is not None:
-            self._proxy_model.lr = self.optimizer.param_groups[0]["lr"]
+        if self._proxy_model is not None and self.schedules:
+            self._proxy_model.lr = self.schedules[0].optimizer.param_groups[0]["lr"]
 
     # -- hooks --------------------------------------------------------------------------------
 
     @hookimpl
     def before_training(self, loop: Any) -> None:
-        """Make the scheduler (and on a resumed run restore its state and the rates).
+        """Make the schedulers (and on a resumed run restore their states and the rates).
 
         A fresh run starts afresh: no step counted, nothing seen from an earlier run.
+
+        :raises ConfigError: ``optimizer`` names no optimizer of the model; a resumed state that
+            schedules other optimizers.
         """
-        from epochal.torch import from_plain
         from epochal_schedule.build import build
 
-        self.steps, self._seen, self._evaluated, self._proxy_model = 0, False, set(), None
-        self.optimizer = self._optimizer_of(loop.model)
-        self.scheduler = build(self.name, self.arguments, self.optimizer, WHERE, self._length(loop))
+        self._seen, self._evaluated, self._proxy_model = False, set(), None
+        optimizers = self._optimizers_of(loop.model)
+        length = self._length(loop)
+        self.schedules = [
+            Schedule(name, opt, build(self.name, self.arguments, opt, WHERE, length))
+            for name, opt in optimizers.items()
+        ]
         pending, self._pending = self._pending, None
         if pending is not None and loop.resumed:
-            self._check_length(loop, pending["scheduler"])
-            # Making a scheduler steps it once and rewrites the rates; the saved ones win.
-            self.scheduler.load_state_dict(from_plain(pending["scheduler"]))
-            for group, saved in zip(self.optimizer.param_groups, pending["param_groups"], strict=True):
-                group.update(from_plain(saved))
-            self.steps = int(pending["steps"])
-            if getattr(loop.model, "optimizer_steps", 0):
-                # the optimizer stepped before the checkpoint: what torch's step wrapper records,
-                # so that a scheduler that had not stepped yet (a run saved at an epoch's last
-                # batch) does not warn that it steps before the optimizer
-                self.optimizer._opt_called = True  # type: ignore[attr-defined]
+            saved = self._saved_by_name(pending)
+            for schedule in self.schedules:
+                self._restore(loop, schedule, saved[schedule.name])
         self._sync_proxy()
+
+    def _saved_by_name(self, pending: Mapping[str, Any]) -> dict[str | None, Mapping[str, Any]]:
+        """A saved state's schedules by optimizer name, refused unless they are this run's."""
+        saved: dict[str | None, Mapping[str, Any]] = (
+            dict(pending["optimizers"]) if "optimizers" in pending else {None: pending}
+        )
+        if set(saved) != {s.name for s in self.schedules}:
+
+            def names(keys: Any) -> str:
+                return ", ".join("the model's one optimizer" if k is None else repr(k) for k in keys)
+
+            raise ConfigError(
+                f"{WHERE} the resumed run's schedules were of the optimizers {names(saved)}, and this "
+                f"run schedules {names(s.name for s in self.schedules)}: resume with the same "
+                "optimizers and [plugins.lr_scheduler] optimizer, or start afresh without --resume"
+            )
+        return saved
+
+    def _restore(self, loop: Any, schedule: Schedule, saved: Mapping[str, Any]) -> None:
+        from epochal.torch import from_plain
+
+        self._check_length(loop, saved["scheduler"])
+        # Making a scheduler steps it once and rewrites the rates; the saved ones win.
+        schedule.scheduler.load_state_dict(from_plain(saved["scheduler"]))
+        for group, rates in zip(schedule.optimizer.param_groups, saved["param_groups"], strict=True):
+            group.update(from_plain(rates))
+        schedule.steps = int(saved["steps"])
+        if getattr(loop.model, "optimizer_steps", 0):
+            # the optimizer stepped before the checkpoint: what torch's step wrapper records,
+            # so that a scheduler that had not stepped yet (a run saved at an epoch's last
+            # batch) does not warn that it steps before the optimizer
+            schedule.optimizer._opt_called = True
 
     @hookimpl
     def after_evaluation(self, stream: str) -> None:
@@ -180,27 +273,36 @@ class LRScheduler:
 
     @hookimpl
     def after_batch(self, loop: Any) -> None:
-        """With ``interval = "batch"``: log the rate and step after each optimizer step."""
-        if self.interval != "batch" or not getattr(loop.model, "optimizer_stepped", True):
+        """With ``interval = "batch"``: log the rate and step after each step of the optimizer
+        (each schedule after its own optimizer's steps)."""
+        if self.interval != "batch":
             return
-        self.steps += 1
-        if self.steps % self.frequency == 0:
-            self._step(loop)
+        model = loop.model
+        names = getattr(model, "stepped_optimizers", None)
+        stepped = getattr(model, "optimizer_stepped", True)
+        for schedule in self.schedules:
+            if not (stepped if names is None or schedule.name is None else schedule.name in names):
+                continue
+            schedule.steps += 1
+            if schedule.steps % self.frequency == 0:
+                self._step(loop, schedule)
 
     @hookimpl
     def after_epoch(self, loop: Any) -> None:
         """With ``interval = "epoch"``: log the epoch's rate and step (after evaluation)."""
         if self.interval == "epoch" and loop.epoch % self.frequency == 0:
-            self._step(loop)
+            for schedule in self.schedules:
+                self._step(loop, schedule)
 
-    def _step(self, loop: Any) -> None:
-        assert self.optimizer is not None
+    def _step(self, loop: Any, schedule: Schedule) -> None:
+        optimizer = schedule.optimizer
         if self.log:
             row = loop.log.current_row
-            for i, group in enumerate(self.optimizer.param_groups):
-                row["lr" if i == 0 else f"lr.group{i}"] = float(group["lr"])
+            key = "lr" if schedule.name is None else f"lr.{schedule.name}"
+            for i, group in enumerate(optimizer.param_groups):
+                row[key if i == 0 else f"{key}.group{i}"] = float(group["lr"])
         if self._proxy_model is not None:
-            self.optimizer.step()  # a no-op (no gradients) that tells torch the optimizer stepped
+            optimizer.step()  # a no-op (no gradients) that tells torch the optimizer stepped
         if self.plateau:
             row = loop.log.current_row
             value = row.get(self.monitor)
@@ -210,9 +312,9 @@ class LRScheduler:
                 self._check_monitor(loop, row)
                 return
             self._seen = True
-            self.scheduler.step(float(value))
+            schedule.scheduler.step(float(value))
         else:
-            self.scheduler.step()
+            schedule.scheduler.step()
         self._sync_proxy()
 
     def _check_monitor(self, loop: Any, row: Mapping[str, Any]) -> None:
@@ -234,23 +336,38 @@ class LRScheduler:
     # -- state --------------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """The scheduler's state, the optimizer's rates and the steps counted."""
+        """Each scheduler's state, its optimizer's rates and the steps counted:
+        ``{"scheduler", "param_groups", "steps"}`` for one optimizer, ``{"optimizers": {name:
+        ...}}`` for several."""
         from epochal.torch import to_plain
         from epochal_schedule.build import hyperparameters
 
-        if self.scheduler is None:
-            return self._pending if self._pending is not None else {}  # type: ignore[return-value]
-        assert self.optimizer is not None
-        return {
-            "scheduler": to_plain(self.scheduler.state_dict()),
-            "param_groups": to_plain(hyperparameters(self.optimizer)),
-            "steps": self.steps,
+        if not self.schedules:
+            return dict(self._pending) if self._pending is not None else {}
+        states = {
+            schedule.name: {
+                "scheduler": to_plain(schedule.scheduler.state_dict()),
+                "param_groups": to_plain(hyperparameters(schedule.optimizer)),
+                "steps": schedule.steps,
+            }
+            for schedule in self.schedules
         }
+        if None in states:
+            return states[None]
+        return {"optimizers": states}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Keep a saved state until before_training makes the scheduler."""
-        if state:
-            missing = {"scheduler", "param_groups", "steps"} - set(state)
+        """Keep a saved state until before_training makes the schedulers."""
+        if not state:
+            return
+        entries = state.get("optimizers") if "optimizers" in state else {None: state}
+        if not isinstance(entries, Mapping) or not entries:
+            raise PluginError("plugin 'lr_scheduler': saved state's optimizers must be a table by name")
+        for name, entry in entries.items():
+            missing = {"scheduler", "param_groups", "steps"} - set(
+                entry if isinstance(entry, Mapping) else ()
+            )
             if missing:
-                raise PluginError(f"plugin 'lr_scheduler': saved state lacks {sorted(missing)}")
-            self._pending = state
+                which = "" if name is None else f" of optimizer {name!r}"
+                raise PluginError(f"plugin 'lr_scheduler': saved state{which} lacks {sorted(missing)}")
+        self._pending = state
