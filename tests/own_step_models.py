@@ -239,3 +239,60 @@ class Record:
 def copy_beside(directory: Path) -> None:
     """Copy this module into *directory*, where a config's factories can import it."""
     shutil.copy(Path(__file__), directory / "own_step_models.py")
+
+
+class KillAt:
+    """Ends its process as ``kill -9`` does (SIGKILL, nothing more saved) after the batch whose
+    ``loop.iteration`` is ``$OWN_STEP_KILL_AT`` (unset: never), once the plugins before it ran."""
+
+    @hookimpl
+    def after_batch(self, loop: Any) -> None:
+        import os
+        import signal
+
+        at = os.environ.get("OWN_STEP_KILL_AT")
+        if at is not None and loop.iteration == int(at):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def write_gan_config(
+    directory: Path, *, strategy: str = "ddp", format: str = "single", epochs: int = 2
+) -> Path:
+    """*directory*/gan.toml: the GAN trained under manual optimization with checkpoints every 2
+    batches in *format*, this module copied beside it."""
+    copy_beside(directory)
+    config = directory / "gan.toml"
+    config.write_text(
+        f"""[loop]
+max_epochs = {epochs}
+seed = 0
+run_dir = "run"
+
+[distributed]
+backend = "gloo"
+timeout = 60
+
+[model]
+factory = "own_step_models:make_gan"
+strategy = "{strategy}"
+
+[data]
+factory = "own_step_models:make_gan_data"
+
+[plugins]
+autoload = false
+order = ["checkpoint", "record", "kill"]
+
+[plugins.checkpoint]
+every_n_batches = 2
+format = "{format}"
+
+[plugins.record]
+factory = "own_step_models:Record"
+
+[plugins.kill]
+factory = "own_step_models:KillAt"
+""",
+        encoding="utf-8",
+    )
+    return config

@@ -28,8 +28,9 @@ _STATE_KEYS = frozenset({"seed", "epoch", "position"})
 Remainder = Literal["error", "drop", "pad", "keep"]
 REMAINDERS = ("error", "drop", "pad", "keep")
 #: how an epoch's order of the examples is derived (``[loop] shard_order``): epochal's own
-#: permutation, or ``torch.utils.data.DistributedSampler``'s.
-ShardOrder = Literal["epochal", "distributed_sampler"]
+#: permutation, ``torch.utils.data.DistributedSampler``'s, or a DataLoader's own draws from torch's
+#: global generator (one process; what a plain PyTorch loop does: :class:`epochal.torch.LoaderStream`).
+ShardOrder = Literal["epochal", "distributed_sampler", "torch"]
 
 
 def distributed_sampler_order(n: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
@@ -164,8 +165,14 @@ class BatchStream:
         ``"distributed_sampler"`` visits (and shards) the examples exactly as
         ``DistributedSampler(dataset, num_replicas, rank, shuffle, seed).set_epoch(epoch)`` does.
 
-        :raises ValueError: ``"distributed_sampler"`` without torch installed.
+        :raises ValueError: ``"distributed_sampler"`` without torch installed; ``"torch"`` for a
+            shuffling stream (its order is its seed's, never torch's generator's).
         """
+        if order == "torch" and self.shuffle:
+            raise ValueError(
+                "a shuffling BatchStream draws each epoch's order from its own seed, never from "
+                "torch's global generator: shard_order 'torch' is for torch DataLoaders"
+            )
         if order == "distributed_sampler" and self.shuffle:
             distributed_sampler_order(0, self._seed, 0, True)  # torch is there, or say so now
         self.shard_order = order
@@ -310,7 +317,7 @@ def check_world_size(state: Mapping[str, Any], size: int, what: str) -> None:
 
 
 #: the optional keys of a stream's state, beside ``seed``, ``epoch`` and ``position``.
-OPTIONAL_STATE_KEYS = frozenset({"world_size", "batches"})
+OPTIONAL_STATE_KEYS = frozenset({"world_size", "batches", "torch_rng"})
 
 
 def check_epoch_length(state: Mapping[str, Any], batches: int | None, what: str) -> int:

@@ -113,9 +113,11 @@ class Loop:
         ``drop`` (leave the remainder out) or ``error`` (an error before training).
         Evaluation streams are shared out whole (the ranks' parts may differ by one batch).
     :param shard_order: how each epoch's order of the examples is derived: ``epochal`` (its own
-        permutation of ``(seed, epoch)``) or ``distributed_sampler`` (exactly
+        permutation of ``(seed, epoch)``), ``distributed_sampler`` (exactly
         ``torch.utils.data.DistributedSampler``'s, on one process or several:
-        :func:`epochal.distributed.sharding.in_shard_order`).
+        :func:`epochal.distributed.sharding.in_shard_order`) or ``torch`` (a DataLoader draws it
+        from torch's global generator when its epoch starts, as in a plain PyTorch loop; one
+        process: :class:`epochal.torch.LoaderStream`).
     """
 
     def __init__(

@@ -16,6 +16,14 @@ generator).
 On several processes the loop gives each rank its shard (:meth:`LoaderStream.shard`), as
 ``DistributedSampler`` would: the epoch's order is the same on every rank and rank ``r`` takes
 every ``size``-th example of it (every ``size``-th batch for a custom ``batch_sampler``).
+
+With ``[loop] shard_order = "torch"`` (one process) the loader draws as torch draws in a plain
+loop: when an epoch starts, its iterator takes the workers' base seed and then its sampler's
+seed from torch's global generator, so a port of a script that shuffles with a seeded global
+generator sees the script's batches, and whatever the script draws next (noise, dropout) stays
+in step with it. The generator's state at the epoch's start is part of the stream's state
+(``torch_rng``): a run resumed inside the epoch replays those draws on a copy to rebuild the
+epoch's order, leaving the global generator where the checkpoint left it.
 """
 
 from __future__ import annotations
@@ -143,6 +151,8 @@ class LoaderStream:
         self._shard_batches: int | None = None
         #: how each epoch's order is derived (:meth:`use_shard_order`).
         self.shard_order: ShardOrder = "epochal"
+        #: under shard_order "torch": the global generator's state when the epoch started.
+        self._epoch_rng: torch.Tensor | None = None
 
     def use_shard_order(self, order: ShardOrder) -> None:
         """Derive every epoch's order as *order* says from now on (``[loop] shard_order``).
@@ -152,11 +162,25 @@ class LoaderStream:
         whether the loader shuffles (a ``RandomSampler``) or not (a ``SequentialSampler``); a
         loader whose sampler is a ``DistributedSampler`` already keeps it.
 
-        :raises ValueError: another sampler (weighted, with replacement, a custom batch sampler):
-            DistributedSampler's order is of a plain dataset, shuffled or not.
+        ``"torch"``: the loader's own draws from torch's global generator (the module's
+        docstring), one process only.
+
+        :raises ValueError: for ``"distributed_sampler"``, another sampler (weighted, with
+            replacement, a custom batch sampler): DistributedSampler's order is of a plain
+            dataset, shuffled or not; for ``"torch"``, a loader or sampler with a generator of
+            its own, or an iterable dataset.
         """
         if order == "distributed_sampler":
             self._sampler_shuffles()  # refuse what DistributedSampler's order cannot stand for
+        if order == "torch":
+            loader = self.loader
+            own = loader.generator is not None or getattr(loader.sampler, "generator", None) is not None
+            if own or isinstance(loader.dataset, IterableDataset):
+                what = "a generator of its own" if own else "an IterableDataset"
+                raise ValueError(
+                    f"shard_order 'torch' replays the draws a DataLoader makes from torch's global "
+                    f"generator; this one has {what} (use shard_order 'epochal')"
+                )
         self.shard_order = order
 
     def _sampler_shuffles(self) -> bool | None:
@@ -193,6 +217,11 @@ class LoaderStream:
             for another rank or size.
         """
         check_shard(rank, size, remainder)
+        if self.shard_order == "torch" and size > 1:
+            raise ValueError(
+                "shard_order 'torch' draws each epoch's order from each process's own global "
+                f"generator: one process only ({size} here); use 'distributed_sampler' or 'epochal'"
+            )
         loader = self.loader
         part = LoaderStream(loader, seed=self._seed)
         part.rank, part.shards, part.remainder = rank, size, remainder
@@ -248,6 +277,8 @@ class LoaderStream:
         return batches
 
     def _prepare(self, epoch: int) -> None:
+        if self.shard_order == "torch":
+            return  # the loader draws from torch's global generator, as it does on its own
         loader = self.loader
         sampler = getattr(loader, "sampler", None)
         if callable(getattr(sampler, "set_epoch", None)):
@@ -262,7 +293,9 @@ class LoaderStream:
         epoch, position = self._epoch, self._position
         self._prepare(epoch)
         loader = self.loader
-        if self._shard_batches is not None or self.shard_order != "epochal":
+        if self.shard_order == "torch":
+            iterator = self._torch_order(position)
+        elif self._shard_batches is not None or self.shard_order != "epochal":
             batches = self._batches()[position:]
             self._prepare(epoch)  # the workers' seeds as the full epoch's loader had them
             iterator = iter(self._rest(batches))
@@ -289,7 +322,24 @@ class LoaderStream:
         if (self._epoch, self._position) == (epoch, k):
             self._epoch, self._position = epoch + 1, 0
 
-    def _rest(self, batches: list[list[int]]) -> DataLoader[Any]:
+    def _torch_order(self, position: int) -> Iterator[Any]:
+        """The epoch's iterator under shard_order "torch": at its start, the loader's own (its
+        draws from the global generator, whose state is kept first); inside it, the rest of the
+        order those draws gave, rebuilt on the kept state without touching the global generator."""
+        if position == 0 or self._epoch_rng is None:
+            self._epoch_rng = torch.get_rng_state()
+            return iter(self.loader)
+        now = torch.get_rng_state()
+        torch.set_rng_state(self._epoch_rng)
+        try:
+            base = int(torch.empty((), dtype=torch.int64).random_().item())  # the iterator's first draw
+            batches = [list(b) for b in self.loader.batch_sampler][position:]  # type: ignore[union-attr]
+        finally:
+            torch.set_rng_state(now)
+        # its own generator: the rest takes no draw from the global one (workers seeded from base)
+        return iter(self._rest(batches, torch.Generator().manual_seed(base)))
+
+    def _rest(self, batches: list[list[int]], generator: torch.Generator | None = None) -> DataLoader[Any]:
         loader = self.loader
         options: dict[str, Any] = {
             "batch_sampler": _Batches(batches),
@@ -299,7 +349,7 @@ class LoaderStream:
             "timeout": loader.timeout,
             "worker_init_fn": loader.worker_init_fn,
             "multiprocessing_context": loader.multiprocessing_context,
-            "generator": loader.generator,
+            "generator": generator if generator is not None else loader.generator,
         }
         if loader.num_workers:
             options["prefetch_factor"] = loader.prefetch_factor
@@ -317,10 +367,13 @@ class LoaderStream:
             self.loader._iterator = None  # a later pass starts workers afresh
         self._open = None
 
-    def state_dict(self) -> dict[str, int]:
+    def state_dict(self) -> dict[str, Any]:
         """``{"seed", "epoch", "position"}`` as plain ints, with ``"batches"`` (of an epoch) where
-        the loader knows its length (a shard adds ``"world_size"``)."""
-        state = {"seed": int(self._seed), "epoch": self._epoch, "position": self._position}
+        the loader knows its length (a shard adds ``"world_size"``; inside an epoch under shard
+        order "torch", ``"torch_rng"``: the global generator's state at the epoch's start)."""
+        state: dict[str, Any] = {"seed": int(self._seed), "epoch": self._epoch, "position": self._position}
+        if self.shard_order == "torch" and self._position and self._epoch_rng is not None:
+            state["torch_rng"] = self._epoch_rng.numpy().copy()
         batches = self._epoch_length()
         if batches is not None:
             state["batches"] = batches
@@ -360,6 +413,14 @@ class LoaderStream:
                 f"with {self._seed}: the batches would differ"
             )
         position = check_epoch_length(state, self._epoch_length(), "LoaderStream")
+        saved_rng = state.get("torch_rng")
+        if self.shard_order == "torch" and position:
+            if not isinstance(saved_rng, np.ndarray) or saved_rng.dtype != np.uint8:
+                raise ValueError(
+                    "invalid LoaderStream state: shard_order 'torch' inside an epoch needs 'torch_rng', "
+                    "the generator's state at the epoch's start (saved under another shard_order?)"
+                )
+            self._epoch_rng = torch.from_numpy(saved_rng.copy())
         self._epoch, self._position = int(state["epoch"]), position
 
     def __repr__(self) -> str:
