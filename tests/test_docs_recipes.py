@@ -40,11 +40,6 @@ model, data = TinyModel(), tiny_data()
 m1, m2 = TinyModel(seed=1), TinyModel(seed=2)
 """
 
-TORCH = """
-import torch, torchmetrics
-from epochal.examples.digits_torch import DigitsCNN as MyNet, accuracy
-"""
-
 #: what a page assumes, run before its blocks.
 PRELUDES: dict[str, str] = {
     "api.md": blocks(DOCS / "writing-plugins.md")[0][1],  # the guide's LossGuard
@@ -64,13 +59,9 @@ from epochal import Loop
 from epochal_sqlite import SQLiteLog
 Loop(model, data, plugins={"sqlite_log": SQLiteLog()}, max_epochs=2, run_dir="runs/digits").run()
 """,
-    "pytorch.md": TORCH
-    + """
-from safetensors.torch import save_file
-net = MyNet()
-save_file(net.state_dict(), "model.safetensors")
-""",
+    "pytorch.md": "",  # its first block is whole: it runs as a reader pastes it
     "writing-plugins.md": "",
+    "migrating.md": "",  # its blocks are whole
 }
 
 
@@ -124,6 +115,21 @@ def check_pytorch(ns: dict[str, Any], out: str) -> None:
     logged = {i: float(row["grad_norm"]) for i, row in log.rows() if "grad_norm" in row}
     assert sorted(logged) == [2, 4, 6]  # the stepping batches' rows, not the ones before them
     assert [logged[i] for i in (2, 4, 6)] == pytest.approx(seen, rel=1e-5)
+    # the first block trains the MLP on digits (it learns), the own steps train and evaluate
+    assert ns["loop"].last_metrics["valid"]["accuracy"] > 0.5
+    assert ns["lm_loop"].model.optimizer_steps == 16 and "loss" in ns["lm_loop"].last_metrics["valid"]
+    gan = ns["gan_loop"].model
+    assert gan.optimizer_steps == 16 and gan.stepped_optimizers == {"generator", "discriminator"}
+    assert "d_real" in ns["gan_loop"].last_metrics["valid"]
+
+
+def check_migrating(ns: dict[str, Any], out: str) -> None:
+    """The Keras-like and Ignite-like ports learn the regression (their valid loss falls far
+    below the data's variance, 5.25)."""
+    for name in ("keras_loop", "ignite_loop"):
+        loop = ns[name]
+        assert loop.model.optimizer_steps == 30, name  # 6 batches x 5 epochs
+        assert loop.last_metrics["valid"]["loss"] < 0.5, name
 
 
 def check_writing_plugins(ns: dict[str, Any], out: str) -> None:
@@ -150,6 +156,7 @@ CHECKS: dict[str, Callable[[dict[str, Any], str], None]] = {
     "plugins/sqlite.md": check_sqlite,
     "pytorch.md": check_pytorch,
     "writing-plugins.md": check_writing_plugins,
+    "migrating.md": check_migrating,
 }
 
 PAGES = sorted(str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md") if any(not i for *_, i in blocks(p)))
@@ -163,7 +170,9 @@ def test_every_recipe_page_is_run():
 @pytest.mark.parametrize("page", PAGES)
 def test_recipes_of_a_page_run(page, tmp_path, monkeypatch, capsys):
     for module in (
-        ("torch", "torchmetrics", "safetensors") if page in ("pytorch.md", "plugins/checkpoint.md") else ()
+        ("torch", "torchmetrics", "safetensors")
+        if page in ("pytorch.md", "plugins/checkpoint.md", "migrating.md")
+        else ()
     ):
         pytest.importorskip(module)
     monkeypatch.chdir(tmp_path)
