@@ -563,3 +563,25 @@ def test_a_schedule_naming_no_optimizer_of_the_model_is_one_error_before_trainin
             plugins={"lr_scheduler": LRScheduler("StepLR", step_size=1, optimizer="generatr")},
         )
     assert model.optimizer_steps == 0
+
+
+def test_manual_optimization_set_in_a_subclass_init_is_checked_when_the_loop_takes_the_model() -> None:
+    """Lightning sets ``self.automatic_optimization = False`` after its base's ``__init__``: the
+    loop checks the model again when it attaches it."""
+
+    class Late(TorchModel):
+        def __init__(self) -> None:
+            generator, discriminator = models.gan_modules()
+            super().__init__(
+                {"generator": generator, "discriminator": discriminator},
+                models.gan_optimizers(generator, discriminator),
+                device="cpu",
+                accumulate_grad_batches=2,
+            )
+            self.automatic_optimization = False
+
+        def training_step(self, batch: Any) -> Any:
+            return models.gan_step(self, batch)
+
+    with pytest.raises(ConfigError, match=r"accumulate_grad_batches=2 with automatic_optimization=False"):
+        Loop(Late(), {"train": real_batches(1)}, plugins={})

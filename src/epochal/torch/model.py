@@ -40,7 +40,7 @@ from epochal.errors import ConfigError
 from epochal.torch.device import Precision, move_to, resolve_device
 from epochal.torch.fsdp import Sharded, Strategy, check_strategy
 from epochal.torch.model_state import TorchState
-from epochal.torch.own_step import NO_STEP, check_own_step, check_stepping, read_step
+from epochal.torch.own_step import NO_STEP, OwnStep, check_own_step, check_stepping, read_step
 from epochal.torch.parts import Parts
 from epochal.torch.train_metrics import TrainMetrics
 
@@ -56,7 +56,7 @@ def is_stream_metric(metric: Any) -> bool:
     return all(callable(getattr(metric, name, None)) for name in ("update", "compute", "reset"))
 
 
-class TorchModel(TorchState):
+class TorchModel(OwnStep, TorchState):
     """Modules with their optimizers and a step, as an epochal model.
 
     :param module: the network, or ``{name: module}`` for several (a generator and a
@@ -186,16 +186,8 @@ class TorchModel(TorchState):
         self.metrics = metrics
         self._batch_metrics: dict[str, Metric] = {k: m for k, m in metrics.items() if not is_stream_metric(m)}
         self._stream_metrics: dict[str, Any] = {k: m for k, m in metrics.items() if is_stream_metric(m)}
-        check_own_step(
-            own_step=self.own_step,
-            own_eval=self.own_eval,
-            automatic=self.automatic_optimization,
-            several_modules=parts.several_modules,
-            batch_metrics=self._batch_metrics,
-            train_stream_metrics=train_stream_metrics,
-            accumulate_grad_batches=accumulate_grad_batches,
-        )
-        check_stepping(parts.optimizers, self.automatic_optimization)
+        self._train_stream_metrics = train_stream_metrics
+        self._check_steps()
         for metric in self._stream_metrics.values():
             if isinstance(metric, torch.nn.Module):
                 metric.to(self.device)
@@ -231,6 +223,20 @@ class TorchModel(TorchState):
     @staticmethod
     def _no_step(batch: Any) -> dict[str, Any]:
         raise ConfigError(NO_STEP)
+
+    def _check_steps(self) -> None:
+        """Refuse steps that cannot work together (again when the loop attaches: a subclass may
+        set ``automatic_optimization`` in its ``__init__`` after TorchModel's, as in Lightning)."""
+        check_own_step(
+            own_step=self.own_step,
+            own_eval=self.own_eval,
+            automatic=self.automatic_optimization,
+            several_modules=self.parts.several_modules,
+            batch_metrics=self._batch_metrics,
+            train_stream_metrics=self._train_stream_metrics,
+            accumulate_grad_batches=self.accumulate_grad_batches,
+        )
+        check_stepping(self.parts.optimizers, self.automatic_optimization)
 
     def _defines(self, name: str) -> bool:
         return name in self.__dict__ or getattr(type(self), name) is not getattr(TorchModel, name)
@@ -330,10 +336,12 @@ class TorchModel(TorchState):
     def attach(self, loop: Any) -> None:
         """Called by the loop that runs this model, so that steps can call its hooks.
 
-        :raises ConfigError: evaluation streams for a model that cannot evaluate (manual
-            optimization without a validation_step).
+        :raises ConfigError: steps that cannot work together (:func:`check_own_step`);
+            evaluation streams for a model that cannot evaluate (manual optimization without a
+            validation_step).
         """
         self._loop = loop
+        self._check_steps()
         streams = getattr(loop, "eval_streams", ())
         if streams and self.own_step and not self.own_eval and not self.automatic_optimization:
             raise ConfigError(
@@ -362,79 +370,6 @@ class TorchModel(TorchState):
         if isinstance(inputs, (tuple, list)):
             return module(*inputs)
         return module(inputs)
-
-    # -- the user's steps ---------------------------------------------------------------------
-
-    def training_step(self, batch: Any) -> Any:
-        """A training step of your own (override it, or pass ``training_step=``): compute the
-        loss of *batch* from :attr:`modules`.
-
-        *batch* is on the model's device already; the step runs in training mode, under the
-        precision's autocast and, inside an accumulation window, DDP's ``no_sync``. Return the
-        loss tensor, or a mapping with ``"loss"`` and other values to log (each mean over the
-        epoch becomes ``train.<key>``); under manual optimization return what to log (or
-        None), having called :meth:`backward` and :meth:`optimizer_step`.
-
-        The built-in step (``loss_fn``) runs when this method is not overridden.
-        """
-        raise NotImplementedError  # pragma: no cover - replaced, or never called
-
-    def validation_step(self, batch: Any) -> Any:
-        """An evaluation step of your own (override it, or pass ``validation_step=``): the
-        loss and metrics of *batch* (the mapping's values are averaged over the stream,
-        weighted by batch size). It runs in eval mode under ``torch.no_grad()`` and autocast;
-        metric objects of ``metrics`` are reset before the stream and computed after it.
-
-        Without it, evaluation runs :meth:`training_step` under ``torch.no_grad()`` (automatic
-        optimization), as Keras' ``test_step`` follows ``train_step``.
-        """
-        raise NotImplementedError  # pragma: no cover - replaced, or never called
-
-    def backward(self, loss: torch.Tensor) -> None:
-        """Back-propagate *loss* from a step of your own under manual optimization (Lightning's
-        ``manual_backward``): scaled under ``16-mixed``, outside autocast.
-
-        :raises ConfigError: under automatic optimization (TorchModel back-propagates itself).
-        """
-        if self.automatic_optimization:
-            raise ConfigError(
-                "TorchModel.backward() is for automatic_optimization=False; under automatic "
-                "optimization return the loss and TorchModel back-propagates it"
-            )
-        self.precision.backward_outside_autocast(loss)
-
-    def optimizer_step(self, name: str | None = None) -> None:
-        """Step optimizer *name* (None: the only one) from a step of your own under manual
-        optimization: gradients unscaled (``16-mixed``), the ``before_optimizer_step`` hook,
-        clipping of its parameters, the step (skipped by the scaler when not finite). Its
-        gradients stay: zero them as your loop did (``model.modules[n].zero_grad()``).
-
-        :raises ConfigError: under automatic optimization, or an unknown name.
-        """
-        if self.automatic_optimization:
-            raise ConfigError(
-                "TorchModel.optimizer_step() is for automatic_optimization=False; under automatic "
-                "optimization TorchModel steps every optimizer itself"
-            )
-        optimizers = self.parts.optimizers
-        if name is None:
-            if len(optimizers) > 1:
-                raise ConfigError(
-                    f"TorchModel.optimizer_step(): name the optimizer ({', '.join(map(repr, optimizers))})"
-                )
-            name = next(iter(optimizers))
-        elif name not in optimizers:
-            from epochal.errors import did_you_mean
-
-            raise ConfigError(
-                f"TorchModel.optimizer_step({name!r}): no optimizer of that name; the model's: "
-                f"{', '.join(map(repr, optimizers))}{did_you_mean(name, list(optimizers))}"
-            )
-        if name in self._stepping and self.precision.scaler is not None:
-            self.precision.update()  # torch's scaler: one unscale per optimizer per update
-            self._stepping.clear()
-        self._apply(optimizers[name])
-        self._stepping.add(name)
 
     # -- steps --------------------------------------------------------------------------------
 

@@ -18,14 +18,14 @@ loss must then require gradients. Under manual optimization the step calls
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
-from epochal.errors import ConfigError
+from epochal.errors import ConfigError, did_you_mean
 
-__all__ = ["NO_STEP", "check_own_step", "check_stepping", "read_step"]
+__all__ = ["NO_STEP", "OwnStep", "check_own_step", "check_stepping", "read_step"]
 
 NO_STEP = (
     "TorchModel needs a loss_fn (loss_fn(module(inputs), targets)) or a training_step of your own "
@@ -160,3 +160,83 @@ def check_stepping(optimizers: Mapping[str, Any], automatic: bool) -> None:
                 "optimizer, or automatic_optimization=False with a training_step that calls "
                 "optimizer.step(closure) itself"
             )
+
+
+class OwnStep:
+    """The methods of :class:`~epochal.torch.TorchModel` a step of your own overrides or calls."""
+
+    # set by TorchModel
+    automatic_optimization: bool
+    precision: Any
+    parts: Any
+    _stepping: set[str]
+    _apply: Callable[[torch.optim.Optimizer], None]
+
+    def training_step(self, batch: Any) -> Any:
+        """A training step of your own (override it, or pass ``training_step=``): compute the
+        loss of *batch* from :attr:`modules`.
+
+        *batch* is on the model's device already; the step runs in training mode, under the
+        precision's autocast and, inside an accumulation window, DDP's ``no_sync``. Return the
+        loss tensor, or a mapping with ``"loss"`` and other values to log (each mean over the
+        epoch becomes ``train.<key>``); under manual optimization return what to log (or
+        None), having called :meth:`backward` and :meth:`optimizer_step`.
+
+        The built-in step (``loss_fn``) runs when this method is not overridden.
+        """
+        raise NotImplementedError  # pragma: no cover - replaced, or never called
+
+    def validation_step(self, batch: Any) -> Any:
+        """An evaluation step of your own (override it, or pass ``validation_step=``): the
+        loss and metrics of *batch* (the mapping's values are averaged over the stream,
+        weighted by batch size). It runs in eval mode under ``torch.no_grad()`` and autocast;
+        metric objects of ``metrics`` are reset before the stream and computed after it.
+
+        Without it, evaluation runs :meth:`training_step` under ``torch.no_grad()`` (automatic
+        optimization), as Keras' ``test_step`` follows ``train_step``.
+        """
+        raise NotImplementedError  # pragma: no cover - replaced, or never called
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Back-propagate *loss* from a step of your own under manual optimization (Lightning's
+        ``manual_backward``): scaled under ``16-mixed``, outside autocast.
+
+        :raises ConfigError: under automatic optimization (TorchModel back-propagates itself).
+        """
+        if self.automatic_optimization:
+            raise ConfigError(
+                "TorchModel.backward() is for automatic_optimization=False; under automatic "
+                "optimization return the loss and TorchModel back-propagates it"
+            )
+        self.precision.backward_outside_autocast(loss)
+
+    def optimizer_step(self, name: str | None = None) -> None:
+        """Step optimizer *name* (None: the only one) from a step of your own under manual
+        optimization: gradients unscaled (``16-mixed``), the ``before_optimizer_step`` hook,
+        clipping of its parameters, the step (skipped by the scaler when not finite). Its
+        gradients stay: zero them as your loop did (``model.modules[n].zero_grad()``).
+
+        :raises ConfigError: under automatic optimization, or an unknown name.
+        """
+        if self.automatic_optimization:
+            raise ConfigError(
+                "TorchModel.optimizer_step() is for automatic_optimization=False; under automatic "
+                "optimization TorchModel steps every optimizer itself"
+            )
+        optimizers = self.parts.optimizers
+        if name is None:
+            if len(optimizers) > 1:
+                raise ConfigError(
+                    f"TorchModel.optimizer_step(): name the optimizer ({', '.join(map(repr, optimizers))})"
+                )
+            name = next(iter(optimizers))
+        elif name not in optimizers:
+            raise ConfigError(
+                f"TorchModel.optimizer_step({name!r}): no optimizer of that name; the model's: "
+                f"{', '.join(map(repr, optimizers))}{did_you_mean(name, list(optimizers))}"
+            )
+        if name in self._stepping and self.precision.scaler is not None:
+            self.precision.update()  # torch's scaler: one unscale per optimizer per update
+            self._stepping.clear()
+        self._apply(optimizers[name])
+        self._stepping.add(name)
