@@ -585,3 +585,45 @@ def test_manual_optimization_set_in_a_subclass_init_is_checked_when_the_loop_tak
 
     with pytest.raises(ConfigError, match=r"accumulate_grad_batches=2 with automatic_optimization=False"):
         Loop(Late(), {"train": real_batches(1)}, plugins={})
+
+
+def test_two_schedules_of_two_classes_are_two_tables_of_a_run_config(tmp_path: Path) -> None:
+    """The second schedule names the plugin's class as its factory; each schedules its optimizer."""
+    from epochal.config import load_config
+    from epochal.runner import build_loop
+
+    config = tmp_path / "gan.toml"
+    config.write_text(
+        """
+[loop]
+max_epochs = 2
+[model]
+factory = "own_step_models:make_gan"
+lr = 1.0
+[data]
+factory = "own_step_models:make_gan_data"
+n_train = 16
+n_valid = 8
+[plugins]
+autoload = false
+order = ["lr_scheduler", "lr_discriminator"]
+[plugins.lr_scheduler]
+name = "StepLR"
+step_size = 1
+gamma = 0.5
+optimizer = "generator"
+[plugins.lr_discriminator]
+factory = "epochal_schedule:LRScheduler"
+name = "ExponentialLR"
+gamma = 0.1
+optimizer = "discriminator"
+""",
+        encoding="utf-8",
+    )
+    loop = build_loop(load_config(config))
+    loop.run()
+    optimizers = loop.model.optimizers
+    assert optimizers["generator"].param_groups[0]["lr"] == pytest.approx(0.25)
+    assert optimizers["discriminator"].param_groups[0]["lr"] == pytest.approx(0.01)
+    assert [v for _, v in loop.log.history("lr.generator")] == pytest.approx([1.0, 0.5])
+    assert [v for _, v in loop.log.history("lr.discriminator")] == pytest.approx([1.0, 0.1])

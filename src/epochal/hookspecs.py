@@ -146,9 +146,11 @@ def after_batch(loop: Loop, batch: Any, outputs: Mapping[str, Any]) -> None:
 def before_optimizer_step(loop: Loop, optimizer: Any) -> None:
     """Called by a model between ``backward()`` and the optimizer's step, when it steps.
 
-    :class:`epochal.torch.TorchModel` calls it once per optimizer step: after the gradients of
+    :class:`epochal.torch.TorchModel` calls it once per step of each optimizer (a model with
+    several optimizers: once for each, in turn): after the gradients of
     ``accumulate_grad_batches`` batches have been summed and unscaled (``16-mixed``), before
-    they are clipped and applied. A plugin may read the gradients (``p.grad``) to log norms or
+    they are clipped and applied; under manual optimization when the step calls
+    ``model.optimizer_step(name)``. A plugin may read the gradients (``p.grad``) to log norms or
     detect anomalies, or change them in place. Models without an optimizer never call it.
 
     :param loop: the training loop (``loop.iteration`` counts the batches done before this one).
