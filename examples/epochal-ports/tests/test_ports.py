@@ -66,12 +66,12 @@ def port_config(directory: Path, name: str, **replace: str) -> Path:
     return path
 
 
-def straight_and_killed(root: Path, name: str, kill_at: int, cwd: str = ".", **replace: str) -> list[Path]:
+def straight_and_killed(root: Path, name: str, kill_at: int, **replace: str) -> list[Path]:
     """The port run straight, and killed after batch *kill_at* then resumed, each in a directory of
-    its own under *root* (its *cwd* the working directory); their run directories."""
+    its own under *root* (its working directory); those directories."""
     out = []
     for case in ("straight", "killed"):
-        work = root / case / cwd
+        work = root / case
         work.mkdir(parents=True)
         config = port_config(work, name, **replace)
         if case == "straight":
@@ -161,9 +161,10 @@ def test_vae_equals_the_original_script_straight_and_through_kill_9(tmp_path: Pa
     ok(run(original, "-c", harness))
     reference = torch.load(original / "final.pt")
     # 640 examples in batches of 64: 10 batches an epoch; batch 14 is inside the second epoch
+    data = f'"{tmp_path / "data"}"'
     for port in straight_and_killed(
-        tmp_path / "port", "vae", kill_at=14, cwd="work", batch_size="64", every_n_batches="3",
-    ):  # fmt: skip
+        tmp_path / "port", "vae", kill_at=14, root=data, batch_size="64", every_n_batches="3"
+    ):
         assert_same(reference, exported(port / "runs" / "vae"), f"{port.parent.name}")
         assert (port / "results" / "sample_2.png").exists()
 
