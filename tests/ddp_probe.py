@@ -174,7 +174,8 @@ class Probe:
             "allreduces": self.allreduces,
             "optimizer_steps": getattr(model, "optimizer_steps", None),
             "mid_window": self.mid_window,
-            "module_class": type(getattr(model, "module", None)).__name__,
+            # what a training step calls (outside a step model.module is the module itself)
+            "module_class": type(model.parts.train_views["module"]).__name__,
         }
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / f"rank{loop.world.rank}.pkl").write_bytes(pickle.dumps(record))
