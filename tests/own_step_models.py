@@ -46,7 +46,7 @@ def gan_modules(seed: int = 0) -> tuple[nn.Module, nn.Module]:
         discriminator = nn.Sequential(
             nn.Linear(FEATURES, 16), nn.LeakyReLU(0.2),
             nn.Linear(16, 8), nn.BatchNorm1d(8), nn.LeakyReLU(0.2),
-            nn.Linear(8, 1), nn.Sigmoid(), nn.Flatten(0),
+            nn.Linear(8, 1), nn.Flatten(0), nn.Sigmoid(),  # no view returned (FSDP2 warns of those)
         )  # fmt: skip
     return generator, discriminator
 
@@ -222,9 +222,9 @@ class Record:
 
     @hookimpl
     def after_training(self, loop: Any) -> None:
+        state = loop.model.state_dict()  # under FSDP a collective: every rank takes part
         if loop.world is not None and not loop.world.is_zero:
             return
-        state = loop.model.state_dict()
         record = {
             "module": {
                 k: np.asarray(v).tolist() for k, v in state["module"].items() if isinstance(v, np.ndarray)
@@ -258,8 +258,8 @@ class KillAt:
 def write_gan_config(
     directory: Path, *, strategy: str = "ddp", format: str = "single", epochs: int = 2
 ) -> Path:
-    """*directory*/gan.toml: the GAN trained under manual optimization with checkpoints every 2
-    batches in *format*, this module copied beside it."""
+    """*directory*/gan.toml: the GAN trained under manual optimization, a StepLR schedule per
+    optimizer, checkpoints every 2 batches in *format*; this module copied beside it."""
     copy_beside(directory)
     config = directory / "gan.toml"
     config.write_text(
@@ -281,7 +281,13 @@ factory = "own_step_models:make_gan_data"
 
 [plugins]
 autoload = false
-order = ["checkpoint", "record", "kill"]
+order = ["lr_scheduler", "checkpoint", "record", "kill"]
+
+[plugins.lr_scheduler]
+name = "StepLR"
+interval = "batch"
+step_size = 2
+gamma = 0.8
 
 [plugins.checkpoint]
 every_n_batches = 2

@@ -1,7 +1,8 @@
 """A GAN under manual optimization through ``epochal run``: killed with SIGKILL inside an epoch and
 resumed, on 1 and 2 processes, DDP and FSDP, single and sharded checkpoints; ``epochal
 check-resume`` on 1 and 2 processes. Every resumed run must end bitwise where the straight run
-ends (the model, both optimizers' moments, the gradients a step left, the noise drawn).
+ends (the model, both optimizers' moments and schedules, the gradients a step left, the noise
+drawn, under FSDP each rank's own batch-norm statistics).
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def record(directory: Path) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("nproc", "strategy", "format"),
     [(1, "ddp", "single"), pytest.param(2, "ddp", "sharded", marks=pytest.mark.distributed),
-     pytest.param(2, "fsdp", "sharded", marks=pytest.mark.distributed)],
+     pytest.param(2, "fsdp", "sharded", marks=pytest.mark.distributed),
+     pytest.param(2, "fsdp", "single", marks=pytest.mark.distributed)],
 )  # fmt: skip
 def test_a_gan_killed_inside_an_epoch_resumes_to_the_straight_runs_weights(
     tmp_path: Path, nproc: int, strategy: str, format: str

@@ -186,6 +186,8 @@ class Sharded:
         self.gathered = False
         #: the full state :meth:`full_state` gathered since the last training batch or load.
         self._gathered_state: tuple[dict[str, Any], dict[str, dict[int, Any]]] | None = None
+        #: every rank's buffers, as :meth:`rank_buffers` gathered them (the same lifetime).
+        self._rank_buffers: list[dict[str, torch.Tensor]] | None = None
 
     # -- training -----------------------------------------------------------------------------
 
@@ -193,7 +195,7 @@ class Sharded:
         """Before a training batch: free the parameters an evaluation gathered (if its end was
         not called), and with *sync* not None, whether this backward reduce-scatters the
         gradients (False: each rank accumulates them unsharded, FSDP2's ``no_sync``)."""
-        self._gathered_state = None
+        self._gathered_state = self._rank_buffers = None
         if self.gathered:
             self.end_evaluation()
         if sync is not None:
@@ -250,9 +252,33 @@ class Sharded:
             for name, optimizer in self.optimizers.items()
         }
 
+    def rank_buffers(self) -> list[dict[str, torch.Tensor]]:
+        """Every rank's persistent buffers by rank, on the host: FSDP2 shards parameters only,
+        and a buffer a rank updates itself (a batch norm's running statistics, from its own
+        shard of each batch) differs from rank to rank, where a full or DCP state keeps one
+        rank's. A collective, except when asked again before the next training batch or load
+        (as :meth:`full_state`)."""
+        if self._rank_buffers is None:
+            names = {name for name, _ in self.root.named_buffers()}
+            mine = {
+                k: v.detach().cpu().clone()
+                for k, v in self.root.state_dict().items()
+                if k in names and isinstance(v, torch.Tensor) and not isinstance(v, DTensor)
+            }
+            self._rank_buffers = self.world.all_gather_object(mine)
+        return self._rank_buffers
+
+    def load_rank_buffers(self, ranks: list[Mapping[str, torch.Tensor]]) -> None:
+        """Give this rank back its own buffers of :meth:`rank_buffers` (saved on as many ranks)."""
+        live = dict(self.root.named_buffers())
+        with torch.no_grad():
+            for name, value in ranks[self.world.rank].items():
+                if name in live:
+                    live[name].copy_(value)
+
     def load_full_module(self, module_state: Mapping[str, Any]) -> None:
         """Load a full module state (tensors on the host): each rank takes its own shards."""
-        self._gathered_state = None
+        self._gathered_state = self._rank_buffers = None
         live = self.root.state_dict()
         self.root.load_state_dict({k: _shard_like(v, live.get(k)) for k, v in module_state.items()})
 

@@ -159,9 +159,13 @@ class TorchState:
         """
         return self._sharded is None or not self.accumulated
 
-    def _sharded_steps(self) -> dict[str, int]:
-        """``steps`` of a state taken under FSDP: inside a window, the window left out (warned)."""
-        steps = {"accumulated": 0, "optimizer_steps": self.optimizer_steps}
+    def _sharded_steps(self) -> dict[str, Any]:
+        """``steps`` of a state taken under FSDP: every rank's own buffers (``rank_buffers``: a
+        collective); inside a window, the window left out (warned)."""
+        steps: dict[str, Any] = {"accumulated": 0, "optimizer_steps": self.optimizer_steps}
+        buffers = self._sharded.rank_buffers()
+        if any(buffers):
+            steps["rank_buffers"] = [{k: to_plain(v) for k, v in rank.items()} for rank in buffers]
         if self.accumulated:
             steps["left_out"] = self.accumulated
         if self.accumulated and not self._left_out_warned:  # once per run: every rank takes it
@@ -309,6 +313,7 @@ class TorchState:
             self.accumulated = 0
             self.optimizer_steps = int(state.get("steps", {}).get("optimizer_steps", 0))
             self._warn_left_out(state.get("steps", {}))
+            self._load_rank_buffers(state.get("steps", {}))
             if self._train_metrics is not None:
                 self._train_metrics.load_by_rank(state.get("train_metrics"), self.world)
             return
@@ -363,6 +368,14 @@ class TorchState:
         else:
             load_module(module, state["module"], may_share=not self.parts.ddp)
 
+    def _load_rank_buffers(self, steps: Mapping[str, Any]) -> None:
+        """Under FSDP, this rank's own buffers of a state saved on as many ranks (on another
+        number of processes every rank keeps the saved ones: rank 0's)."""
+        ranks = steps.get("rank_buffers")
+        if self._sharded is None or not isinstance(ranks, list) or len(ranks) != self.world.size:
+            return
+        self._sharded.load_rank_buffers([{k: from_plain(v) for k, v in rank.items()} for rank in ranks])
+
     def _load_rest(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`rest_state_dict` saved: the accumulation window, the gradients,
         the scaler."""
@@ -376,6 +389,7 @@ class TorchState:
             grads = steps["rank_grads"][self.world.rank]
         for name, param in module.named_parameters():
             param.grad = from_plain(grads[name], param, share=True) if name in grads else None
+        self._load_rank_buffers(steps)
         if self.precision.scaler is not None and "scaler" in state:
             self.precision.scaler.load_state_dict(from_plain(state["scaler"]))
         if self._train_metrics is not None:
