@@ -101,7 +101,12 @@ def gan_eval(model: TorchModel, batch: Any) -> dict[str, torch.Tensor]:
 
 
 def make_gan(
-    seed: int = 0, lr: float = 2e-3, precision: str = "32-true", strategy: str = "ddp", **options: Any
+    seed: int = 0,
+    lr: float = 2e-3,
+    precision: str = "32-true",
+    strategy: str = "ddp",
+    automatic_optimization: Any = False,
+    **options: Any,
 ) -> TorchModel:
     generator, discriminator = gan_modules(seed)
     return TorchModel(
@@ -109,7 +114,7 @@ def make_gan(
         gan_optimizers(generator, discriminator, lr),
         training_step=gan_step,
         validation_step=gan_eval,
-        automatic_optimization=False,
+        automatic_optimization=automatic_optimization,
         device="cpu",
         precision=precision,
         strategy=strategy,  # type: ignore[arg-type]
@@ -209,6 +214,61 @@ def distill_modules(seed: int = 0) -> tuple[nn.Module, nn.Module]:
         teacher = nn.Sequential(nn.Linear(5, 16), nn.Dropout(0.5), nn.ReLU(), nn.Linear(16, 3))
         student = nn.Sequential(nn.Linear(5, 4), nn.Dropout(0.2), nn.ReLU(), nn.Linear(4, 3))
     return teacher, student
+
+
+# -- two modules under automatic optimization, with accumulation --------------------------------
+
+
+def two_part_step(model: TorchModel, batch: Any) -> torch.Tensor:
+    real = batch[0] if isinstance(batch, (tuple, list)) else batch
+    code = model.modules["encoder"](real)
+    return F.mse_loss(model.modules["decoder"](code), real)
+
+
+def make_two_part(accumulate_grad_batches: int = 2, strategy: str = "ddp") -> TorchModel:
+    """An autoencoder as two modules, each with its optimizer, one loss: automatic optimization."""
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        encoder, decoder = nn.Linear(FEATURES, 3), nn.Linear(3, FEATURES)
+    return TorchModel(
+        {"encoder": encoder, "decoder": decoder},
+        {
+            "encoder": torch.optim.SGD(encoder.parameters(), lr=0.1),
+            "decoder": torch.optim.Adam(decoder.parameters()),
+        },
+        training_step=two_part_step,
+        accumulate_grad_batches=accumulate_grad_batches,
+        device="cpu",
+        strategy=strategy,  # type: ignore[arg-type]
+    )
+
+
+class CountAllReduces:
+    """Counts each DDP wrapper's all-reduces (a communication hook on each) into record.json's
+    ``allreduces`` (by module name), with the optimizer steps."""
+
+    def __init__(self, path: str = "allreduces.json") -> None:
+        self.path = path
+        self.counts: dict[str, int] = {}
+
+    @hookimpl
+    def before_training(self, loop: Any) -> None:
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        for name, wrapper in loop.model.parts.ddp.items():
+            self.counts[name] = 0
+
+            def counting(state, bucket, name=name):  # type: ignore[no-untyped-def]  # DDP reads annotations
+                self.counts[name] += 1
+                return allreduce_hook(state, bucket)
+
+            wrapper.register_comm_hook(None, counting)
+
+    @hookimpl
+    def after_training(self, loop: Any) -> None:
+        if loop.world.is_zero:
+            record = {"allreduces": self.counts, "optimizer_steps": loop.model.optimizer_steps}
+            Path(self.path).write_text(json.dumps(record), encoding="utf-8")
 
 
 # -- a recording plugin for the processes ------------------------------------------------------

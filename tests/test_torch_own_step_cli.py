@@ -87,3 +87,60 @@ def test_check_resume_finds_a_gan_bitwise(tmp_path: Path, nproc: int) -> None:
     lines = [line for line in done.stdout.splitlines() if line.startswith("ok: ")]
     assert len(lines) == 2, done.stdout  # the SIGTERM-style stop inside an epoch, and the kill -9
     assert "matches the straight run bitwise" in lines[1]
+
+
+@pytest.mark.distributed
+def test_ddp_wraps_each_module_and_accumulates_without_all_reducing(tmp_path: Path) -> None:
+    """Two modules under automatic optimization with accumulate_grad_batches = 2 on two
+    processes: each has its own DDP wrapper, which all-reduces only on the batches that step."""
+    models.copy_beside(tmp_path)
+    (tmp_path / "two.toml").write_text(
+        """[loop]
+max_epochs = 2
+seed = 0
+run_dir = "run"
+
+[model]
+factory = "own_step_models:make_two_part"
+
+[data]
+factory = "own_step_models:make_gan_data"
+
+[plugins]
+autoload = false
+order = ["count"]
+
+[plugins.count]
+factory = "own_step_models:CountAllReduces"
+""",
+        encoding="utf-8",
+    )
+    done = epochal(tmp_path, "run", "two.toml", "--nproc", "2")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    record = json.loads((tmp_path / "allreduces.json").read_text())
+    # 3 batches per rank and epoch, 6 in all: windows of 2 make 3 optimizer steps, each one
+    # all-reduce (one bucket) of each module's gradients
+    assert record["optimizer_steps"] == 3
+    assert record["allreduces"] == {"encoder": 3, "decoder": 3}
+
+
+@pytest.mark.parametrize(
+    ("table", "key", "value", "words"),
+    [
+        ("model", "accumulate_grad_batches", "2", "accumulate_grad_batches=2 with automatic_optimization"),
+        ("model", "automatic_optimization", '"no"', "automatic_optimization"),
+        ("plugins.lr_scheduler", "optimizer", '"generatr"', "optimizer = 'generatr' is not an optimizer of"),
+    ],
+)  # fmt: skip
+def test_bad_model_options_are_one_line_naming_them_from_toml_and_set(
+    tmp_path: Path, table: str, key: str, value: str, words: str
+) -> None:
+    config = models.write_gan_config(tmp_path)
+    text = config.read_text(encoding="utf-8").replace(f"[{table}]\n", f"[{table}]\n{key} = {value}\n", 1)
+    config.with_name("bad.toml").write_text(text, encoding="utf-8")
+    for args in (["bad.toml"], ["gan.toml", "--set", f"{table}.{key}={value}"]):
+        done = epochal(tmp_path, "run", *args)
+        assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-3000:]
+        errors = [line for line in done.stderr.splitlines() if line.startswith("Error")]
+        assert len(errors) == 1 and words in errors[0] and "Traceback" not in done.stderr, done.stderr
+    assert not list((tmp_path / "run").glob("version_*/checkpoints/ckpt-*"))  # nothing trained

@@ -154,6 +154,7 @@ class TorchModel(OwnStep, TorchState):
             "strategy": strategy,
             "train_stream_metrics": train_stream_metrics,
             "pinned_state_copies": pinned_state_copies,
+            "automatic_optimization": automatic_optimization,
         }
         check_options("TorchModel", TorchModel, options, "TorchModel", ConfigError, keys=list(options))
         check_strategy(strategy, precision, ddp_options)
