@@ -357,3 +357,15 @@ def test_a_damaged_checkpoint_leaves_the_model_as_it_was(tmp_path: Path) -> None
     with pytest.raises(checkpoint.CorruptCheckpointError), pytest.warns(RuntimeWarning):
         loop(untouched, 2, resume=True).run()
     assert params(untouched) == before
+
+
+def test_importing_the_adapter_leaves_dcp_and_dtensor_to_runs_that_shard() -> None:
+    """``import epochal.torch`` costs about what ``import torch`` does: torch.distributed.checkpoint
+    and DTensor (a second of CPU) are imported by FSDP and sharded checkpoints only."""
+    import subprocess
+    import sys
+
+    heavy = "('torch.distributed.checkpoint', 'torch.distributed.tensor')"
+    code = f"import sys, epochal.torch; print(sorted(m for m in {heavy} if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

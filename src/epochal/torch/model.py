@@ -38,10 +38,10 @@ import torch
 from epochal._options import PositiveFloat, PositiveInt, check_options
 from epochal.errors import ConfigError
 from epochal.torch.device import Precision, move_to, resolve_device
-from epochal.torch.fsdp import Sharded, Strategy, check_strategy
 from epochal.torch.model_state import TorchState
 from epochal.torch.own_step import NO_STEP, OwnStep, check_own_step, check_stepping, read_step
 from epochal.torch.parts import Parts
+from epochal.torch.strategies import Strategy, check_strategy
 from epochal.torch.train_metrics import TrainMetrics
 
 __all__ = ["TorchModel"]
@@ -213,7 +213,7 @@ class TorchModel(OwnStep, TorchState):
         #: the world of :meth:`distribute` (None: one process).
         self.world: Any = None
         #: the FSDP2 sharding of :meth:`distribute` under strategy "fsdp" (None: not sharded).
-        self._sharded: Sharded | None = None
+        self._sharded: Any = None
         #: what ``modules`` gives: the training views inside a training step, else the others.
         self._views: dict[str, torch.nn.Module] = parts.eval_views
         #: the one module's training view (the built-in step's module).
@@ -324,6 +324,8 @@ class TorchModel(OwnStep, TorchState):
                 )
         parts = self.parts
         if self.strategy == "fsdp":
+            from epochal.torch.fsdp import Sharded  # DCP and DTensor: imported by runs that shard
+
             raw = parts.raw
             shard = {name: raw[name] for name in parts.trained} if parts.several_modules else raw
             self._sharded = Sharded(parts.root, shard, parts.optimizers, world, device, self.precision.name)
