@@ -46,6 +46,25 @@ def record(directory: Path) -> dict[str, Any]:
     return result
 
 
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """``straight(nproc, strategy)``: the record of the GAN's straight run, run once per pair (the
+    checkpoint format changes nothing a straight run computes)."""
+    done: dict[tuple[int, str], dict[str, Any]] = {}
+
+    def get(nproc: int, strategy: str) -> dict[str, Any]:
+        if (nproc, strategy) not in done:
+            directory = tmp_path_factory.mktemp(f"straight-{nproc}-{strategy}")
+            models.write_gan_config(directory, strategy=strategy)
+            launch = ["--nproc", str(nproc)] if nproc > 1 else []
+            result = epochal(directory, "run", "gan.toml", *launch)
+            assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+            done[nproc, strategy] = record(directory)
+        return done[nproc, strategy]
+
+    return get
+
+
 @pytest.mark.parametrize(
     ("nproc", "strategy", "format"),
     [(1, "ddp", "single"), pytest.param(2, "ddp", "sharded", marks=pytest.mark.distributed),
@@ -53,23 +72,18 @@ def record(directory: Path) -> dict[str, Any]:
      pytest.param(2, "fsdp", "single", marks=pytest.mark.distributed)],
 )  # fmt: skip
 def test_a_gan_killed_inside_an_epoch_resumes_to_the_straight_runs_weights(
-    tmp_path: Path, nproc: int, strategy: str, format: str
+    tmp_path: Path, straight: Any, nproc: int, strategy: str, format: str
 ) -> None:
     launch = ["--nproc", str(nproc)] if nproc > 1 else []
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    for directory in (straight, killed):
-        directory.mkdir()
-        models.write_gan_config(directory, strategy=strategy, format=format)
-    done = epochal(straight, "run", "gan.toml", *launch)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    models.write_gan_config(tmp_path, strategy=strategy, format=format)
     # 6 batches an epoch on one process, 3 on each of two: batch 5 is inside an epoch either way
     # and the newest checkpoint then is batch 4's
-    died = epochal(killed, "run", "gan.toml", *launch, kill_at=5)
-    assert died.returncode != 0 and not (killed / "record.json").exists()
-    resumed = epochal(killed, "run", "gan.toml", *launch, "--resume")
+    died = epochal(tmp_path, "run", "gan.toml", *launch, kill_at=5)
+    assert died.returncode != 0 and not (tmp_path / "record.json").exists()
+    resumed = epochal(tmp_path, "run", "gan.toml", *launch, "--resume")
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-5000:]
     assert "i000004" in resumed.stdout + resumed.stderr  # it resumed from batch 4's checkpoint
-    a, b = record(straight), record(killed)
+    a, b = straight(nproc, strategy), record(tmp_path)
     assert a["sharded"] == b["sharded"] == (strategy == "fsdp")
     assert a["iteration"] == b["iteration"] == 12 // nproc
     assert a["optimizer_steps"] == b["optimizer_steps"] == 12 // nproc
