@@ -627,3 +627,47 @@ optimizer = "discriminator"
     assert optimizers["discriminator"].param_groups[0]["lr"] == pytest.approx(0.01)
     assert [v for _, v in loop.log.history("lr.generator")] == pytest.approx([1.0, 0.5])
     assert [v for _, v in loop.log.history("lr.discriminator")] == pytest.approx([1.0, 0.1])
+
+
+def test_16_mixed_with_two_optimizers_under_automatic_optimization_follows_torchs_recipe() -> None:
+    """One scaled backward, each optimizer unscaled and stepped through the scaler, one update."""
+    torch.manual_seed(0)
+    encoder, head = torch.nn.Linear(5, 4), torch.nn.Linear(4, 3)
+    hand = copy.deepcopy((encoder, head))
+
+    def step(model: TorchModel, batch: Any) -> Any:
+        x, y = batch
+        return torch.nn.functional.cross_entropy(model.modules["head"](model.modules["encoder"](x)), y)
+
+    def optimizers(a: torch.nn.Module, b: torch.nn.Module) -> dict[str, Any]:
+        return {"encoder": torch.optim.SGD(a.parameters(), lr=0.5), "head": torch.optim.Adam(b.parameters())}
+
+    model = TorchModel(
+        {"encoder": encoder, "head": head},
+        optimizers(encoder, head),
+        training_step=step,
+        precision="16-mixed",
+        gradient_clip_val=0.5,
+        device="cpu",
+    )
+    generator = torch.Generator().manual_seed(3)
+    batches = [
+        (torch.randn(8, 5, generator=generator), torch.randint(0, 3, (8,), generator=generator))
+        for _ in range(4)
+    ]
+    train(model, batches)
+    hand_optimizers = optimizers(*hand)
+    scaler = torch.amp.GradScaler("cpu")
+    for x, y in batches:
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = torch.nn.functional.cross_entropy(hand[1](hand[0](x)), y)
+        scaler.scale(loss).backward()
+        for optimizer in hand_optimizers.values():
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], 0.5)
+            scaler.step(optimizer)
+        scaler.update()
+        for optimizer in hand_optimizers.values():
+            optimizer.zero_grad()
+    same(encoder, hand[0])
+    same(head, hand[1])
