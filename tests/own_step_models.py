@@ -311,7 +311,7 @@ class KillAt:
         import signal
 
         at = os.environ.get("OWN_STEP_KILL_AT")
-        if at is not None and loop.iteration == int(at):
+        if at and loop.iteration == int(at):
             os.kill(os.getpid(), signal.SIGKILL)
 
 

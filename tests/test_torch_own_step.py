@@ -282,10 +282,15 @@ def test_a_batch_without_targets_trains_with_a_self_supervised_loss() -> None:
     )
 
 
-def test_two_optimizers_under_automatic_optimization_each_step_after_one_backward() -> None:
+def encoder_and_head(**options: Any) -> tuple[TorchModel, tuple[Any, Any], dict[str, Any], list[Any]]:
+    """A model of two modules with an optimizer each (SGD, Adam) and one loss; copies of the
+    modules and their optimizers for a hand loop; the batches."""
     torch.manual_seed(0)
     encoder, head = torch.nn.Linear(5, 4), torch.nn.Linear(4, 3)
     hand = copy.deepcopy((encoder, head))
+
+    def optimizers(a: torch.nn.Module, b: torch.nn.Module) -> dict[str, Any]:
+        return {"encoder": torch.optim.SGD(a.parameters(), lr=0.5), "head": torch.optim.Adam(b.parameters())}
 
     def step(model: TorchModel, batch: Any) -> Any:
         x, y = batch
@@ -293,28 +298,29 @@ def test_two_optimizers_under_automatic_optimization_each_step_after_one_backwar
 
     model = TorchModel(
         {"encoder": encoder, "head": head},
-        {
-            "encoder": torch.optim.SGD(encoder.parameters(), lr=0.5),
-            "head": torch.optim.Adam(head.parameters()),
-        },
+        optimizers(encoder, head),
         training_step=step,
         device="cpu",
+        **options,
     )
-    generator = torch.Generator().manual_seed(0)
+    generator = torch.Generator().manual_seed(3)
     batches = [
         (torch.randn(8, 5, generator=generator), torch.randint(0, 3, (8,), generator=generator))
-        for _ in range(3)
+        for _ in range(4)
     ]
+    return model, hand, optimizers(*hand), batches
+
+
+def test_two_optimizers_under_automatic_optimization_each_step_after_one_backward() -> None:
+    model, hand, hand_optimizers, batches = encoder_and_head()
     train(model, batches)
-    sgd, adam = torch.optim.SGD(hand[0].parameters(), lr=0.5), torch.optim.Adam(hand[1].parameters())
     for x, y in batches:
         torch.nn.functional.cross_entropy(hand[1](hand[0](x)), y).backward()
-        sgd.step()
-        adam.step()
-        sgd.zero_grad()
-        adam.zero_grad()
-    same(encoder, hand[0])
-    same(head, hand[1])
+        for optimizer in hand_optimizers.values():
+            optimizer.step()
+            optimizer.zero_grad()
+    same(model.modules["encoder"], hand[0])
+    same(model.modules["head"], hand[1])
     assert model.stepped_optimizers == {"encoder", "head"}
 
 
@@ -631,32 +637,8 @@ optimizer = "discriminator"
 
 def test_16_mixed_with_two_optimizers_under_automatic_optimization_follows_torchs_recipe() -> None:
     """One scaled backward, each optimizer unscaled and stepped through the scaler, one update."""
-    torch.manual_seed(0)
-    encoder, head = torch.nn.Linear(5, 4), torch.nn.Linear(4, 3)
-    hand = copy.deepcopy((encoder, head))
-
-    def step(model: TorchModel, batch: Any) -> Any:
-        x, y = batch
-        return torch.nn.functional.cross_entropy(model.modules["head"](model.modules["encoder"](x)), y)
-
-    def optimizers(a: torch.nn.Module, b: torch.nn.Module) -> dict[str, Any]:
-        return {"encoder": torch.optim.SGD(a.parameters(), lr=0.5), "head": torch.optim.Adam(b.parameters())}
-
-    model = TorchModel(
-        {"encoder": encoder, "head": head},
-        optimizers(encoder, head),
-        training_step=step,
-        precision="16-mixed",
-        gradient_clip_val=0.5,
-        device="cpu",
-    )
-    generator = torch.Generator().manual_seed(3)
-    batches = [
-        (torch.randn(8, 5, generator=generator), torch.randint(0, 3, (8,), generator=generator))
-        for _ in range(4)
-    ]
+    model, hand, hand_optimizers, batches = encoder_and_head(precision="16-mixed", gradient_clip_val=0.5)
     train(model, batches)
-    hand_optimizers = optimizers(*hand)
     scaler = torch.amp.GradScaler("cpu")
     for x, y in batches:
         with torch.autocast("cpu", dtype=torch.float16):
@@ -669,5 +651,5 @@ def test_16_mixed_with_two_optimizers_under_automatic_optimization_follows_torch
         scaler.update()
         for optimizer in hand_optimizers.values():
             optimizer.zero_grad()
-    same(encoder, hand[0])
-    same(head, hand[1])
+    same(model.modules["encoder"], hand[0])
+    same(model.modules["head"], hand[1])

@@ -8,7 +8,6 @@ drawn, under FSDP each rank's own batch-norm statistics).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,8 @@ torch = pytest.importorskip("torch")
 if not torch.distributed.is_available():  # pragma: no cover
     pytest.skip("torch.distributed is not available", allow_module_level=True)
 
+from epochal.testing import epochal_command  # noqa: E402
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import own_step_models as models  # noqa: E402
 
@@ -27,18 +28,8 @@ pytestmark = pytest.mark.slow
 
 
 def epochal(directory: Path, *args: str, kill_at: int | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("EPOCHAL_", "OWN_STEP_"))}
-    env["OMP_NUM_THREADS"] = "1"
-    if kill_at is not None:
-        env["OWN_STEP_KILL_AT"] = str(kill_at)
-    return subprocess.run(
-        [sys.executable, "-m", "epochal", *args],
-        cwd=directory,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    env = {"OMP_NUM_THREADS": "1", "OWN_STEP_KILL_AT": "" if kill_at is None else str(kill_at)}
+    return epochal_command(*args, cwd=directory, env=env, timeout=600)
 
 
 def record(directory: Path) -> dict[str, Any]:
