@@ -224,7 +224,7 @@ class Sharded:
                 for k, v in self.root.state_dict().items()
                 if k in names and isinstance(v, torch.Tensor) and not isinstance(v, DTensor)
             }
-            self._rank_buffers = self.world.all_gather_object(mine)
+            self._rank_buffers = self.world.all_gather_object(mine) if self.world.size > 1 else [mine]
         return self._rank_buffers
 
     def load_rank_buffers(self, ranks: list[Mapping[str, torch.Tensor]]) -> None:
