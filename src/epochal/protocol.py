@@ -7,7 +7,9 @@ Besides its hooks it may *declare* how the core treats it, with class (or module
 these types (``phase: ClassVar[Phase] = "decide"``), so mypy checks them; a third-party plugin may
 do the same. A plugin that keeps state across a resume follows :class:`Stateful`. The option
 types with constraints (``PositiveInt``, ...) are here for plugins to annotate their options
-with: the one validator checks them and ``epochal schema`` shows them.
+with: the one validator checks them and ``epochal schema`` shows them; :func:`checked_options`
+makes a plugin's constructor check them when it is called from Python, with the messages a run
+configuration gets.
 
 Phases order the plugins without naming each other: within a hook, every plugin of an earlier
 phase runs before every plugin of a later one. ``measure`` writes the records of a batch or an
@@ -32,6 +34,7 @@ from epochal._options import (
     PositiveFloat,
     PositiveInt,
     Seed,
+    checked_options,
 )
 
 __all__ = [
@@ -52,6 +55,7 @@ __all__ = [
     "Rank",
     "Seed",
     "Stateful",
+    "checked_options",
     "declared",
 ]
 

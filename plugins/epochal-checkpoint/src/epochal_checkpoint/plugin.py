@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from epochal import hookimpl, triggers
 from epochal.errors import ConfigError
-from epochal.protocol import NonNegativeFloat, NonNegativeInt, Phase, Rank
+from epochal.protocol import NonNegativeFloat, NonNegativeInt, Phase, Rank, checked_options
 from epochal_checkpoint import incremental, naming, storage
 from epochal_checkpoint import sharded as shards
 from epochal_checkpoint.background import AsyncShards
@@ -65,6 +65,7 @@ def _plugin_name(loop: Loop, plugin: object, default: str) -> str:
     return next((name for name, p in loop.plugins.items() if p is plugin), default)
 
 
+@checked_options("checkpoint")
 class Checkpoint(Saving):
     """Save the loop's state atomically on triggers, keep the last/best, resume the newest.
 

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from epochal import ConfigError, PluginError, hookimpl
-from epochal.protocol import Phase, PositiveInt, Rank
+from epochal.protocol import Phase, PositiveInt, Rank, checked_options
 
 if TYPE_CHECKING:
     import torch
@@ -36,6 +36,7 @@ __all__ = ["LRScheduler"]
 WHERE = "[plugins.lr_scheduler]"
 
 
+@checked_options("lr_scheduler")
 class LRScheduler:
     """Step a ``torch.optim.lr_scheduler`` scheduler of the model's optimizer.
 
