@@ -90,6 +90,29 @@ def plugin_autoload(name: str, plugin: object) -> bool:
     return autoload
 
 
+#: the phases whose plugins change what is trained: they may not autoload (the autoload rule).
+DECIDING_PHASES = ("adjust", "decide")
+
+
+def autoload_rule(name: str, plugin: object) -> str | None:
+    """What breaks the autoload rule in *plugin*'s declarations (None: nothing).
+
+    A plugin that changes what is trained (its phase is ``adjust`` or ``decide``: it changes the
+    learning rate, stops the run) declares ``autoload = False``: installed, it would otherwise
+    run in every run of every configuration. What a declaration cannot show (a plugin without a
+    phase that calls ``loop.request_stop``) :func:`epochal.testing.check_autoload_rule` finds
+    by running it.
+    """
+    phase = plugin_phase(name, plugin)
+    if phase in DECIDING_PHASES and plugin_autoload(name, plugin):
+        return (
+            f"plugin {name!r} declares phase = {phase!r} (it changes what is trained) without "
+            "autoload = False: the autoload rule says such a plugin runs only when a run names it "
+            f"(declare autoload = False; name it in [plugins] order, --plugins or a [plugins.{name}] table)"
+        )
+    return None
+
+
 def failure_policy(name: str, plugin: object, options: Mapping[str, Any]) -> str:
     """A plugin's ``on_failure`` policy: its ``[plugins.NAME]`` option, else its class's, else fatal."""
     policy = options.get("on_failure", declared(plugin, "on_failure"))

@@ -30,6 +30,7 @@ from epochal.composite import CompositePlugin
 from epochal.declarations import (
     FAILURE_POLICIES,
     RANKS,
+    autoload_rule,
     check_dependencies,
     declared_rank,
     failure_policy,
@@ -284,6 +285,9 @@ def load_plugins(
         named = name in explicit_set or name in options or name in extra
         try:
             infos[name].autoload = plugin_autoload(name, objects[name])
+            # installing a plugin must not change what a run trains: one that says it decides
+            # and autoloads is left out unless the run names it
+            broken = None if named else autoload_rule(name, objects[name])
         except PluginError as error:
             if named:
                 raise
@@ -292,6 +296,9 @@ def load_plugins(
         if not named and not infos[name].autoload:
             infos[name].status = "available"  # it asks to be loaded only when named (bundles)
             infos[name].rank = declared_rank(objects[name])
+            continue
+        if broken is not None:
+            mark_failed(infos[name], broken)
             continue
         table = options.get(name, {})
         own = own_options(objects[name])  # a plugin's own option of a trigger key's name wins
