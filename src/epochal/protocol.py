@@ -100,6 +100,11 @@ class Declarations(TypedDict, total=False):
     state_version: int
     #: a module or class of ``@epochal.hookspec`` functions: hooks this plugin adds.
     epochal_hookspecs: Any
+    #: ``refine_schema(table) -> table``: the JSON Schema of the plugin's table, made from its
+    #: annotations, refined where they cannot say everything (a ``**options`` plugin whose keys
+    #: depend on another option: ``lr_scheduler``'s scheduler arguments). ``epochal schema``
+    #: calls it; a failure leaves the table as the annotations make it.
+    refine_schema: Any
 
 
 #: the value of a declaration a plugin does not make.
@@ -116,6 +121,7 @@ DEFAULTS: Declarations = {
     "deterministic": True,
     "state_version": 1,
     "epochal_hookspecs": None,
+    "refine_schema": None,
 }
 
 

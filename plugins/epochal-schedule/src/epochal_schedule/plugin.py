@@ -94,6 +94,13 @@ class LRScheduler:
         self._seen = False
         self._evaluated: set[str] = set()
 
+    @staticmethod
+    def refine_schema(table: dict[str, Any]) -> dict[str, Any]:
+        """Each scheduler's own arguments in the table's JSON Schema (``epochal schema``)."""
+        from epochal_schedule.build import options_schema
+
+        return options_schema(table)
+
     # -- the optimizer ------------------------------------------------------------------------
 
     def _optimizer_of(self, model: Any) -> torch.optim.Optimizer:
