@@ -149,6 +149,51 @@ def plugin_names(name: str, plugin: object, key: str) -> tuple[str, ...]:
     return found
 
 
+def provided(name: str, plugin: object) -> tuple[str, ...]:
+    """The plugins *plugin* stands in for: its own name and its ``provides`` declaration (a
+    plugin name, or a tuple of them: ``provides = "checkpoint"`` for a checkpoint plugin of
+    one's own). Read from its class (or module), as ``rank`` is.
+
+    :raises PluginError: a value that is no plugin name nor a tuple of them.
+    """
+    owner = plugin if inspect.ismodule(plugin) or inspect.isclass(plugin) else type(plugin)
+    names = getattr(owner, "provides", ())
+    if isinstance(names, str):
+        names = (names,)
+    try:
+        found = tuple(names)
+    except TypeError:
+        found = None
+    if found is None or not all(isinstance(other, str) and other for other in found):
+        raise PluginError(
+            f"plugin {name!r} declares provides = {names!r}; it must be a plugin name or a tuple of them"
+        )
+    return tuple(dict.fromkeys((name, *found)))
+
+
+def writes_to(name: str, plugin: object) -> tuple[str, ...] | None:
+    """The options that say where *plugin* writes (its ``writes_to`` declaration: option names,
+    ``()`` when it writes only under the run directory or nowhere), or None when it does not
+    say. Read from its class (or module), as ``rank`` is.
+
+    :raises PluginError: a value that is no tuple of option names.
+    """
+    owner = plugin if inspect.ismodule(plugin) or inspect.isclass(plugin) else type(plugin)
+    names = getattr(owner, "writes_to", None)
+    if names is None:
+        return None
+    try:
+        found = tuple(names) if not isinstance(names, (str, bytes)) else None
+    except TypeError:
+        found = None
+    if found is None or not all(isinstance(option, str) and option for option in found):
+        hint = f" (write ({names!r},))" if isinstance(names, str) else ""
+        raise PluginError(
+            f"plugin {name!r} declares writes_to = {names!r}; it must be a tuple of its option names{hint}"
+        )
+    return found
+
+
 def check_dependencies(units: Sequence[Unit], elsewhere: Iterable[str] = ()) -> None:
     """Raise :class:`PluginError` for a missing ``requires`` or a present ``conflicts``.
 

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from epochal._dispatch import each_implementation
+from epochal.declarations import own_options
 from epochal.errors import ConfigError, PluginError, did_you_mean
 
 
@@ -64,10 +65,16 @@ def check_best(loop: Any, where: str) -> str | None:
         return None
     described = ask_best(loop, read=False)
     if described is None:
+        saver = loop.plugin_set.provider("checkpoint")  # the standard one, or its replacement
+        if saver is None:
+            how = 'add a checkpoint plugin that tracks one ([plugins.checkpoint] monitor = "valid.loss")'
+        elif "monitor" in own_options(type(loop.plugins[saver])):
+            how = f'set a monitored record for checkpoints ([plugins.{saver}] monitor = "valid.loss")'
+        else:
+            how = f"plugin {saver!r} saves this run's checkpoints and tracks none: make it track one"
         raise ConfigError(
             f'{where}: test_weights = "best" needs a plugin that tracks the best saved state, and '
-            "none does: set a monitored record for checkpoints ([plugins.checkpoint] monitor = "
-            '"valid.loss") or use test_weights = "last"'
+            f'none does: {how}, or use test_weights = "last"'
         )
     return str(described)
 

@@ -39,6 +39,7 @@ from epochal.declarations import (
     plugin_autoload,
     plugin_phase,
     plugin_rank,
+    provided,
 )
 from epochal.discovery import (
     COMMANDS_GROUP,
@@ -126,6 +127,18 @@ class PluginSet:
         self.units: list[Unit] = []
         #: plugins of the run that run on rank 0 only, left out on this process (another rank).
         self.elsewhere: set[str] = set()
+
+    def provider(self, name: str) -> str | None:
+        """The plugin of the run that stands for the plugin *name*: that plugin, or the first
+        that declares it ``provides`` *name* (None: none). The CLI names it where it would name
+        a standard plugin (``provider("checkpoint")``)."""
+        for plugin_name, plugin in self.plugins.items():
+            try:
+                if name in provided(plugin_name, plugin):
+                    return plugin_name
+            except PluginError:
+                continue
+        return None
 
     def check_dependencies(self) -> None:
         """Raise :class:`PluginError` if a plugin's ``requires`` or ``conflicts`` is not met."""
@@ -274,6 +287,9 @@ def load_plugins(
     objects = import_plugins([n for n in selected if n not in extra], available, explicit_set, infos, exact)
     objects.update((n, extra[n]) for n in selected if n in extra)
 
+    named_set = explicit_set | set(options) | set(extra)
+    replaced = _replaced(selected, objects, named_set, infos)
+    selected = [n for n in selected if n not in replaced]
     units: list[Unit] = []
     policies: dict[str, str] = {}
     triggers: dict[str, Triggers] = {}
@@ -339,6 +355,50 @@ def load_plugins(
 
     ordered = order_units(units, [n for n in explicit if n in objects and n not in disabled])
     return _assemble(ordered, infos, policies, triggers, added)
+
+
+def _replaced(
+    selected: Sequence[str], objects: Mapping[str, object], named: set[str], infos: dict[str, PluginInfo]
+) -> set[str]:
+    """The plugins of *selected* that another one replaces (its ``provides`` declaration).
+
+    Of the plugins that provide one name (the plugin of that name included), the one the run
+    names wins; when the run names none, the one that declares it provides the name wins over
+    the plugin of that name (installed to replace it). The others are left out, said in their
+    listing. Two named, or two declared and none named, are one error naming them.
+    """
+    roles: dict[str, list[str]] = {}
+    broken: set[str] = set()
+    for name in selected:
+        if name not in objects:
+            continue
+        try:
+            if name not in named and not plugin_autoload(name, objects[name]):
+                continue  # it does not load unnamed: it replaces nothing
+            for role in provided(name, objects[name]):
+                roles.setdefault(role, []).append(name)
+        except PluginError as error:
+            if name in named:
+                raise
+            mark_failed(infos[name], str(error))
+            broken.add(name)
+    out: set[str] = set(broken)
+    for role, names in roles.items():
+        if len(names) < 2:
+            continue
+        chosen = [n for n in names if n in named] or [n for n in names if n != role]
+        if len(chosen) > 1:
+            listed = " and ".join(repr(n) for n in chosen)
+            raise PluginError(
+                f"plugins {listed} each provide {role!r}: one runs; name it in [plugins] order or "
+                f"--plugins, or disable the others ([plugins] disable = [{chosen[-1]!r}])"
+            )
+        for name in names:
+            if name != chosen[0] and name not in out:
+                out.add(name)
+                infos[name].status = "replaced"
+                infos[name].error = f"replaced by plugin {chosen[0]!r}, which provides {role!r}"
+    return out
 
 
 def compose(plugins: Mapping[str, object], disable: Iterable[str] = ()) -> PluginSet:

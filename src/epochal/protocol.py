@@ -84,6 +84,15 @@ class Declarations(TypedDict, total=False):
     #: plugins that must be part of the run with this one / must not be.
     requires: Iterable[str]
     conflicts: Iterable[str]
+    #: the standard plugins it replaces (``"checkpoint"``): when both are installed, it runs
+    #: instead of the plugin of that name, unless the run names that one; the CLI's advice and
+    #: ``--profile`` name it where they would name the standard plugin.
+    provides: str | Iterable[str]
+    #: the options that say where it writes (a directory, a file, a URL): ``("dir",)``; ``()``
+    #: when it writes nowhere but under ``loop.run_dir`` (or nowhere). ``epochal check-resume``
+    #: moves them into its temporary directories, and refuses a plugin that saves checkpoints
+    #: (``resume_state``, ``latest_checkpoint``, ``check_fresh_run``) without the declaration.
+    writes_to: Iterable[str] | None
     #: ``"fatal"`` (default): an exception in its hooks ends the run; ``"isolate"``: it is
     #: reported once and the plugin is left out of the rest of the run.
     on_failure: FailurePolicy
@@ -115,6 +124,8 @@ DEFAULTS: Declarations = {
     "run_after": (),
     "requires": (),
     "conflicts": (),
+    "provides": (),
+    "writes_to": None,
     "on_failure": "fatal",
     "autoload": True,
     "idle_hooks": frozenset(),

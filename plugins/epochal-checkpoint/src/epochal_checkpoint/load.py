@@ -48,6 +48,7 @@ class Load:
 
     #: it restores weights: it runs only when a run names it (a table, order, --plugins).
     autoload = False
+    writes_to = ()  # it reads its path and writes nothing
 
     def __init__(
         self,

@@ -113,6 +113,8 @@ class Checkpoint(Saving):
     """
 
     phase: ClassVar[Phase] = "save"  # after every decision: a resumed run holds them
+    #: where it writes (epochal check-resume moves it): unset, under the run directory.
+    writes_to = ("dir",)
     #: on several processes it runs on every rank: ``loop.state_dict()`` is a collective, and the
     #: triggers are agreed, so every rank snapshots at the same point; only rank 0 writes (the
     #: directory, its lock, pruning, exports): see ``_writer``.

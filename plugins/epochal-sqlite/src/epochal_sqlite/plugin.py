@@ -89,6 +89,7 @@ class SQLiteLog:
 
     #: write after monitor, early stopping and checkpoint have logged the epoch's records.
     phase: ClassVar[Phase] = "report"  # the epoch's records and decisions are in the row
+    writes_to = ("path",)  # the database (epochal check-resume moves it)
     #: on several processes one writer, rank 0 (the records it logs are reduced across ranks).
     rank: ClassVar[Rank] = "zero"
 

@@ -59,6 +59,7 @@ class TensorBoard:
     #: loaded only when named (``[plugins] order``, ``--plugins``): installing every plugin
     #: distribution must not mean event files in every run directory.
     autoload = False
+    writes_to = ("dir",)  # its event files (epochal check-resume moves them)
 
     def __init__(
         self,
