@@ -19,7 +19,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from epochal._dispatch import each_implementation
-from epochal.declarations import own_options
 from epochal.errors import ConfigError, PluginError, did_you_mean
 
 
@@ -68,7 +67,7 @@ def check_best(loop: Any, where: str) -> str | None:
         saver = loop.plugin_set.provider("checkpoint")  # the standard one, or its replacement
         if saver is None:
             how = 'add a checkpoint plugin that tracks one ([plugins.checkpoint] monitor = "valid.loss")'
-        elif "monitor" in own_options(type(loop.plugins[saver])):
+        elif "monitor" in loop.plugin_set.records[saver].options:
             how = f'set a monitored record for checkpoints ([plugins.{saver}] monitor = "valid.loss")'
         else:
             how = f"plugin {saver!r} saves this run's checkpoints and tracks none: make it track one"

@@ -16,7 +16,6 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from epochal._registry import hook_names
-from epochal.declarations import writes_to
 from epochal.errors import ConfigError
 
 #: the hooks of a plugin that saves and finds checkpoints: its output decides a resume.
@@ -38,13 +37,13 @@ def output_options(plugin_set: Any, leave_out: set[str] | frozenset[str] = froze
     for unit in plugin_set.units:
         if unit.name in leave_out:
             continue
-        declared = writes_to(unit.name, unit.plugin)
+        declared = unit.records[unit.name].writes_to
         if declared is None:
             members = [(unit.name, unit.plugin), *unit.members]
             unsaid = [
                 name
                 for name, plugin in members
-                if SAVING_HOOKS & set(hook_names(plugin)) and writes_to(name, plugin) is None
+                if SAVING_HOOKS & set(hook_names(plugin)) and unit.records[name].writes_to is None
             ]
             if unsaid:
                 raise ConfigError(

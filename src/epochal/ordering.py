@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
-from epochal.declarations import plugin_names, plugin_phase
+from epochal.declarations import Declared, read
 from epochal.errors import OrderError
 from epochal.protocol import PHASES
 
@@ -127,11 +127,18 @@ def _find_cycle(nodes: list[str], successors: Mapping[str, list[str]]) -> list[s
 
 @dataclass
 class Unit:
-    """A top-level plugin (or composite) to order, with its children expanded."""
+    """A top-level plugin (or composite) to order, with its children expanded, and what each
+    declares (read once: :func:`epochal.declarations.read`)."""
 
     name: str
     plugin: object
     members: list[tuple[str, object]]
+    records: dict[str, Declared] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name, plugin in [(self.name, self.plugin), *self.members]:
+            if name not in self.records:
+                self.records[name] = read(name, plugin)
 
 
 def order_units(units: list[Unit], explicit: list[str]) -> list[Unit]:
@@ -145,14 +152,15 @@ def order_units(units: list[Unit], explicit: list[str]) -> list[Unit]:
     after: dict[str, list[str]] = {}
     phases: dict[str, str] = {}
     for unit in units:
-        phase = plugin_phase(unit.name, unit.plugin)
+        phase = unit.records[unit.name].phase
         if phase is not None:
             phases[unit.name] = phase
-        for name, plugin in [(unit.name, unit.plugin), *unit.members]:
-            for target in plugin_names(name, plugin, "run_before"):
+        for name, _ in [(unit.name, unit.plugin), *unit.members]:
+            record = unit.records[name]
+            for target in record.run_before:
                 if target in owner and owner[target] != unit.name:
                     before.setdefault(unit.name, []).append(owner[target])
-            for target in plugin_names(name, plugin, "run_after"):
+            for target in record.run_after:
                 if target in owner and owner[target] != unit.name:
                     after.setdefault(unit.name, []).append(owner[target])
     by_name = {unit.name: unit for unit in units}

@@ -41,7 +41,6 @@ from epochal._markers import hookimpl
 from epochal.errors import ConfigError
 from epochal.isolation import isolated, moved_options, output_options
 from epochal.loop import Loop
-from epochal.protocol import declared
 from epochal.runner import build_loop
 
 
@@ -193,7 +192,7 @@ def saver_of(plugin_set: Any) -> str:
 
 
 def _nondeterministic(plugin_set: Any) -> list[str]:
-    return [name for name, plugin in plugin_set.plugins.items() if declared(plugin, "deterministic") is False]
+    return [name for name in plugin_set.plugins if not plugin_set.records[name].deterministic]
 
 
 def _saver_needed(plugin_set: Any) -> None:

@@ -257,12 +257,13 @@ def check_autoload_rule(plugin: object, name: str, **loop_options: Any) -> None:
 
     import numpy as np
 
-    from epochal.declarations import autoload_rule, plugin_autoload
+    from epochal.declarations import autoload_rule, read
 
-    broken = autoload_rule(name, plugin)
+    record = read(name, plugin)
+    broken = autoload_rule(record)
     if broken is not None:
         raise AssertionError(broken)
-    if not plugin_autoload(name, plugin):
+    if not record.autoload:
         return
     loop_options.setdefault("max_epochs", 3)
     loop_options.setdefault("seed", 0)
