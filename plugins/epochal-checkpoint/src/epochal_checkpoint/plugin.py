@@ -574,7 +574,7 @@ class Checkpoint(Saving):
         remote = self._store()
         if remote is not None:  # no lock on an object store; an unreachable one fails here, one line
             committed = [info.name for info in remote.checkpoints()[0]]
-            return self._refusal(remote.url, committed, command, elsewhere)
+            return naming.fresh_run_refusal(remote.url, committed, command, elsewhere)
         try:
             directory = self._directory_for(run_dir)
         except ConfigError:
@@ -587,18 +587,7 @@ class Checkpoint(Saving):
                 f"another directory ({elsewhere})."
             )
         found = sorted(p.name for p in directory.glob("ckpt-*") if p.is_dir()) if directory.is_dir() else []
-        return self._refusal(str(directory), found, command, elsewhere)
-
-    @staticmethod
-    def _refusal(directory: str, found: list[str], command: Sequence[str], elsewhere: str) -> str | None:
-        if not found:
-            return None
-        again = shlex.join([*command, "--resume"]) if command else "--resume"
-        return (
-            f"checkpoint directory {directory!r} already holds {len(found)} checkpoint(s) of an "
-            f"earlier run (newest: {found[-1]}). To continue that run: {again}. To start afresh: "
-            f"choose another directory ({elsewhere}) or delete that one."
-        )
+        return naming.fresh_run_refusal(str(directory), found, command, elsewhere)
 
 
 def _same_dir(a: Path, b: Path) -> bool:
