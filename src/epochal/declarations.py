@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
 from epochal.errors import PluginError
 from epochal.protocol import PHASES, declared
-
-if TYPE_CHECKING:
-    from epochal.ordering import Unit
 
 FAILURE_POLICIES = ("fatal", "isolate")
 
@@ -259,6 +256,22 @@ def writes_to(name: str, plugin: object) -> tuple[str, ...] | None:
             f"plugin {name!r} declares writes_to = {names!r}; it must be a tuple of its option names{hint}"
         )
     return found
+
+
+@dataclass
+class Unit:
+    """A top-level plugin (or composite) to order, with its children expanded, and what each
+    declares (read once: :func:`epochal.declarations.read`)."""
+
+    name: str
+    plugin: object
+    members: list[tuple[str, object]]
+    records: dict[str, Declared] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name, plugin in [(self.name, self.plugin), *self.members]:
+            if name not in self.records:
+                self.records[name] = read(name, plugin)
 
 
 def check_dependencies(units: Sequence[Unit], elsewhere: Iterable[str] = ()) -> None:

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
-from epochal.declarations import Declared, read
+from epochal.declarations import Unit
 from epochal.errors import OrderError
 from epochal.protocol import PHASES
 
@@ -123,22 +122,6 @@ def _find_cycle(nodes: list[str], successors: Mapping[str, list[str]]) -> list[s
         node = next(p for p in nodes if node in successors[p] and p in remaining)
     cycle = [*path[position[node] :], node]
     return list(reversed(cycle))
-
-
-@dataclass
-class Unit:
-    """A top-level plugin (or composite) to order, with its children expanded, and what each
-    declares (read once: :func:`epochal.declarations.read`)."""
-
-    name: str
-    plugin: object
-    members: list[tuple[str, object]]
-    records: dict[str, Declared] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        for name, plugin in [(self.name, self.plugin), *self.members]:
-            if name not in self.records:
-                self.records[name] = read(name, plugin)
 
 
 def order_units(units: list[Unit], explicit: list[str]) -> list[Unit]:
