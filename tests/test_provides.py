@@ -7,6 +7,10 @@ about checkpoints and ``--profile``'s timing table follow the declaration, not t
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from epochal import PluginError, hookimpl, load_plugins
@@ -46,6 +50,54 @@ def test_the_standard_plugin_named_by_the_run_wins_and_two_named_are_one_error()
         PluginError, match=r"plugins 'checkpoint' and 'saver' each provide 'checkpoint': one runs"
     ):
         load_plugins(order=["checkpoint"], extra={"saver": Saver()})
+
+
+PROVIDERS = """
+from epochal import hookimpl
+
+
+class Saver:
+    provides = "checkpoint"
+
+    @hookimpl
+    def resume_state(self, loop, resume):
+        return None
+"""
+
+
+@pytest.fixture(scope="module")
+def two_providers(tmp_path_factory: pytest.TempPathFactory, pip_install_target: Any) -> Path:
+    root = tmp_path_factory.mktemp("providers")
+    (root / "src" / "epochal_providers").mkdir(parents=True)
+    (root / "src" / "epochal_providers" / "__init__.py").write_text(PROVIDERS)
+    (root / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n\n'
+        '[project]\nname = "epochal-providers"\nversion = "0.1.0"\n\n'
+        '[project.entry-points."epochal.plugins"]\n'
+        'saver_a = "epochal_providers:Saver"\nsaver_b = "epochal_providers:Saver"\n'
+    )
+    pip_install_target(root, root / "site")
+    return root / "site"
+
+
+@pytest.mark.slow
+def test_two_installed_providers_none_named_none_runs_and_the_listing_says_why(two_providers, tmp_path):
+    pytest.importorskip("epochal_checkpoint")
+    env = {"PYTHONPATH": str(two_providers)}
+    listing = epochal_command("plugins", "--json", "--no-cache", cwd=tmp_path, env=env)
+    assert listing.returncode == 0, listing.stderr
+    found = {p["name"]: p for p in json.loads(listing.stdout)}
+    assert (
+        found["saver_a"]["status"]
+        == found["saver_b"]["status"]
+        == found["checkpoint"]["status"]
+        == "conflict"
+    )
+    assert "plugins 'saver_a' and 'saver_b' each provide 'checkpoint'" in found["saver_a"]["error"]
+    chosen = epochal_command("plugins", "--json", "--plugins", "saver_b", cwd=tmp_path, env=env)
+    found = {p["name"]: p for p in json.loads(chosen.stdout)}
+    assert found["saver_b"]["status"] == "loaded"
+    assert found["saver_a"]["status"] == found["checkpoint"]["status"] == "replaced"
 
 
 def test_a_bad_provides_is_refused_naming_the_plugin():

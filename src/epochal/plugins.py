@@ -380,10 +380,17 @@ def _records(
         chosen = [n for n in names if n in named] or [n for n in names if n != role]
         if len(chosen) > 1:
             listed = " and ".join(repr(n) for n in chosen)
-            raise PluginError(
+            message = (
                 f"plugins {listed} each provide {role!r}: one runs; name it in [plugins] order or "
                 f"--plugins, or disable the others ([plugins] disable = [{chosen[-1]!r}])"
             )
+            if any(n in named for n in chosen):
+                raise PluginError(message)
+            for name in names:  # none asked for: neither runs, as rival distributions of a name
+                records.pop(name, None)
+                mark_failed(infos[name], message)
+                infos[name].status = "conflict"
+            continue
         for name in names:
             if name != chosen[0] and name in records:
                 del records[name]
