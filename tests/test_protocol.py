@@ -162,3 +162,31 @@ def test_a_bare_string_for_plugin_names_is_refused_not_read_letter_by_letter(key
     setattr(Declaring, key, "monitor")
     with pytest.raises(PluginError, match=rf"plugin 'a' declares {key} = 'monitor'.*write \('monitor',\)"):
         compose({"a": Declaring(), "monitor": Staged("measure")}).check_dependencies()
+
+
+class _Counted:
+    """A class attribute that counts how often it is read."""
+
+    def __init__(self, value: object) -> None:
+        self.value, self.reads = value, 0
+
+    def __get__(self, instance: object, owner: type) -> object:
+        self.reads += 1
+        return self.value
+
+
+def test_a_plugins_declarations_are_read_once_into_one_record():
+    """Loading, ordering, the dependency check, the listing and the loop read one record."""
+    from epochal import Loop, load_plugins
+    from epochal.examples.tiny import TinyModel, tiny_data
+
+    counted = {
+        key: _Counted(value) for key, value in (("run_after", ()), ("requires", ()), ("phase", "report"))
+    }
+    Plugin = type("Plugin", (), {**counted, "after_epoch": hookimpl(lambda self, loop: None)})  # noqa: N806
+    plugins = load_plugins(extra={"counted": Plugin()}, autoload=False)
+    plugins.check_dependencies()  # as `epochal run` does before the loop checks them again
+    Loop(TinyModel(), tiny_data(), plugins=plugins, max_epochs=1, handle_signals=False).run()
+    assert {key: c.reads for key, c in counted.items()} == {"run_after": 1, "requires": 1, "phase": 1}
+    record = plugins.records["counted"]
+    assert (record.phase, record.run_after, record.requires, record.rank) == ("report", (), (), None)

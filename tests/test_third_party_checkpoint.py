@@ -9,6 +9,7 @@ lines, the fresh-run refusal, ``--resume``/``--resume auto``/``--resume PATH``,
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -98,13 +99,13 @@ def test_the_summary_has_its_lines_a_second_run_its_own_directory_a_shared_dir_i
     assert again.returncode == 0, again.stderr
     assert saved(tmp_path, "version_1") == ["npy-00000016.npy", "npy-00000032.npy"]
     # a directory the config shares between its runs: the plugin's check_fresh_run refuses
-    shared = ("--set", "plugins.npy_checkpoint.dir=shared")
+    shared = ("--set", "plugins.npy_checkpoint.directory=shared")
     assert epochal(npy_site, tmp_path, "run", "run.toml", *shared).returncode == 0
     refused = epochal(npy_site, tmp_path, "run", "run.toml", *shared)
     assert refused.returncode == 2
     assert refused.stderr.count("\n") == 1, refused.stderr  # one line
     assert "npy_checkpoint: shared holds 2 checkpoint(s)" in refused.stderr
-    assert "epochal run run.toml --set plugins.npy_checkpoint.dir=shared --resume" in refused.stderr
+    assert "epochal run run.toml --set plugins.npy_checkpoint.directory=shared --resume" in refused.stderr
     assert saved(tmp_path, "..", "shared") == ["npy-00000016.npy", "npy-00000032.npy"]  # nothing written
 
 
@@ -161,3 +162,61 @@ def test_a_rank_killed_on_two_processes_names_its_last_checkpoint(npy_site, tmp_
     kept = saved(tmp_path)
     assert f"the last complete checkpoint is run/version_0/npy/{kept[-1]}" in last[0], last[0]
     assert "resume: epochal run run.toml --nproc 2 --set model.delay=0.08 --resume" in last[0]
+
+
+def test_check_resume_moves_the_option_it_declares_and_touches_no_real_directory(npy_site, tmp_path):
+    """Its option is ``directory`` (not ``dir`` or ``path``): check-resume moves it because the
+    plugin declares ``writes_to = ("directory",)``, and the user's directory stays empty."""
+    config = write_run(tmp_path, max_epochs=2)
+    config.write_text(config.read_text() + '\n[plugins.npy_checkpoint]\ndirectory = "real"\n')
+    done = epochal(npy_site, tmp_path, "check-resume", "run.toml")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("ok: ") == 2, done.stdout
+    assert not (tmp_path / "real").exists()  # nothing written where the real runs write
+    assert not (tmp_path / "run").exists()
+
+
+def test_check_resume_refuses_a_saver_that_does_not_say_where_it_writes(npy_site, tmp_path):
+    (tmp_path / "mine.py").write_text(
+        "from epochal_npycheckpoint import NpyCheckpoint\n\n\n"
+        "class Undeclared(NpyCheckpoint):\n    writes_to = None\n"
+    )
+    config = write_run(tmp_path, max_epochs=2)
+    text = config.read_text().replace('order = ["npy_checkpoint"]', 'order = ["mine"]')
+    config.write_text(text + '\n[plugins.mine]\nfactory = "mine:Undeclared"\ndirectory = "real"\n')
+    refused = epochal(npy_site, tmp_path, "check-resume", "run.toml")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert refused.stderr.count("\n") == 1, refused.stderr
+    assert (
+        "check-resume cannot isolate plugin 'mine': it saves checkpoints but does not declare"
+        in refused.stderr
+    )
+    assert "ok:" not in refused.stdout and not (tmp_path / "real").exists()
+
+
+def test_installed_beside_the_standard_one_it_replaces_it_by_declaration(npy_site, tmp_path):
+    """``provides = "checkpoint"``: with both savers installed and autoloading, only it runs, so
+    ``--resume`` finds one latest checkpoint (two savers made the plugins disagree)."""
+    pytest.importorskip("epochal_checkpoint")
+    config = write_run(tmp_path)
+    config.write_text(
+        config.read_text()
+        .replace('order = ["npy_checkpoint"]', "disable = ['progress', 'printing', 'sqlite_log', 'timing']")
+        .replace("autoload = false", "autoload = true")
+    )
+    listing = epochal(npy_site, tmp_path, "plugins", "--config", "run.toml", "--json")
+    statuses = {p["name"]: (p["status"], p["error"]) for p in json.loads(listing.stdout)}
+    assert statuses["npy_checkpoint"][0] == "loaded"
+    assert statuses["checkpoint"] == (
+        "replaced",
+        "replaced by plugin 'npy_checkpoint', which provides 'checkpoint'",
+    )
+    first = epochal(npy_site, tmp_path, "run", "run.toml")
+    assert first.returncode == 0, first.stderr
+    assert saved(tmp_path) == ["npy-00000016.npy", "npy-00000032.npy"]
+    assert not (tmp_path / "run" / "version_0" / "checkpoints").exists()  # the standard one did not run
+    resumed = epochal(npy_site, tmp_path, "run", "run.toml", "--resume", "--set", "loop.max_epochs=3")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from checkpoint run/version_0/npy/npy-00000032.npy" in resumed.stderr
+    named = epochal(npy_site, tmp_path, "run", "run.toml", "--plugins", "checkpoint,npy_checkpoint")
+    assert named.returncode == 2 and "each provide 'checkpoint'" in named.stderr, named.stderr

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from epochal._markers import hookimpl, hookspec
+    from epochal._options import checked_options
     from epochal.composite import CompositePlugin
     from epochal.empty import EmptyDataError
     from epochal.errors import ConfigError, EpochalError, OrderError, PluginError
@@ -27,6 +28,7 @@ _LAZY = {
     "hookimpl": "epochal._markers",
     "hookspec": "epochal._markers",
     "CompositePlugin": "epochal.composite",
+    "checked_options": "epochal._options",
     "ConfigError": "epochal.errors",
     "EpochalError": "epochal.errors",
     "OrderError": "epochal.errors",
@@ -75,6 +77,7 @@ __all__ = [
     "PluginSet",
     "TrainingLog",
     "__version__",
+    "checked_options",
     "compose",
     "hookimpl",
     "hookspec",

@@ -21,11 +21,13 @@ import inspect
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from annotated_types import Ge, Gt, Le, Lt, MinLen
 
 from epochal.errors import PluginError, did_you_mean
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 #: Annotations for options, with their constraints (the JSON Schema carries them too).
 NonNegativeInt = Annotated[int, Ge(0)]
@@ -154,6 +156,71 @@ def _check_table(
             raise error(f"{where}: {key} {problem}, not {value!r}")
 
 
+def checked_options(name: str) -> Callable[[_F], _F]:
+    """Make a plugin's class (or factory function) check its options when called from Python,
+    as a ``[plugins.NAME]`` table is checked: ``EarlyStopping(mode="maximum")`` is refused with
+    the message the same value in TOML gets, and nothing else needs writing. *name* is the
+    plugin's name (its entry point's) in the messages.
+
+    ::
+
+        @checked_options("loss_guard")
+        class LossGuard:
+            def __init__(self, limit: PositiveFloat = 1e3) -> None: ...
+
+    Positional arguments are checked under their names; a ``**kwargs`` plugin's extra keys are
+    its own to check. A run's loader checks the table first (with the table's name); the
+    constructor's check then passes.
+    """
+    if not isinstance(name, str) or not name:
+        raise TypeError(
+            f'checked_options takes the plugin\'s name, e.g. @checked_options("my_plugin"), not {name!r}'
+        )
+
+    def decorate(target: _F) -> _F:
+        import functools
+
+        function: Callable[..., Any] = target.__init__ if inspect.isclass(target) else target
+        signature = inspect.signature(function)
+
+        @functools.wraps(function)
+        def checking(*args: Any, **kwargs: Any) -> Any:
+            options = _called_with(signature, args, kwargs, skip_first=inspect.isclass(target))
+            if options is not None:
+                check_options(name, target, options)
+            return function(*args, **kwargs)
+
+        if inspect.isclass(target):
+            target.__init__ = checking  # type: ignore[method-assign]
+            return target
+        return checking  # type: ignore[return-value]
+
+    return decorate
+
+
+def _called_with(
+    signature: inspect.Signature, args: Sequence[Any], kwargs: Mapping[str, Any], skip_first: bool
+) -> dict[str, Any] | None:
+    """The options of a call by name (None: the call does not fit the signature: Python's own
+    TypeError says so)."""
+    try:
+        bound = signature.bind_partial(*args, **kwargs)
+    except TypeError:  # an unknown option is named as a table's is; else Python's error
+        unknown = {k: v for k, v in kwargs.items() if k not in signature.parameters}
+        return unknown or None
+    options: dict[str, Any] = {}
+    parameters = list(signature.parameters.values())
+    for position, parameter in enumerate(parameters):
+        if (skip_first and position == 0) or parameter.name not in bound.arguments:
+            continue
+        value = bound.arguments[parameter.name]
+        if parameter.kind is parameter.VAR_KEYWORD:
+            options.update(value)
+        elif parameter.kind is not parameter.VAR_POSITIONAL:
+            options[parameter.name] = value
+    return options
+
+
 #: The TOML spelling of None, for an option whose annotation accepts None and no string.
 NONE_SPELLING = "none"
 
@@ -252,11 +319,27 @@ def option_hints(factory: Callable[..., Any]) -> dict[str, Any]:
 
 
 def _hints(factory: Callable[..., Any]) -> dict[str, Any]:
+    target = factory.__init__ if inspect.isclass(factory) else factory
     try:
-        target = factory.__init__ if inspect.isclass(factory) else factory
         return typing.get_type_hints(target, include_extras=True)
-    except Exception:
-        return {}
+    except Exception:  # one annotation that does not resolve (a local class): the others do
+        pass
+    hints: dict[str, Any] = {}
+    for name, annotation in getattr(inspect.unwrap(target), "__annotations__", {}).items():
+        try:
+            hints.update(typing.get_type_hints(_Annotated(target, name, annotation), include_extras=True))
+        except Exception:
+            continue
+    return hints
+
+
+class _Annotated:
+    """One annotation of *function*, for ``typing.get_type_hints`` to resolve on its own."""
+
+    def __init__(self, function: Callable[..., Any], name: str, annotation: Any) -> None:
+        self.__annotations__ = {name: annotation}
+        self.__wrapped__ = inspect.unwrap(function)
+        self.__globals__ = getattr(self.__wrapped__, "__globals__", {})
 
 
 def spelled_none(value: Any, hint: Any) -> bool:

@@ -218,8 +218,9 @@ def run(
         )
     global _END_WITHOUT_FINALIZING
     _END_WITHOUT_FINALIZING = nproc > 1 or nnodes > 1 or launched()
-    if profile:
-        overrides = (*overrides, "plugins.timing.table=true")
+    if profile:  # the timing table of the plugin that times this run
+        timer = _timer(load_config(config_file, overrides), order, only, disable)
+        overrides = (*overrides, f"plugins.{timer}.table=true")
     config = load_config(config_file, overrides)
     if backend is not None:
         config.setdefault("distributed", {})["backend"] = backend
@@ -271,7 +272,6 @@ def _train(
     """Build and run the loop of ``epochal run``; the signal that interrupted it (None: none)."""
     import time
 
-    from epochal.errors import ConfigError
     from epochal.resume_hint import continuing_command
     from epochal.run_dirs import choose_for, discard_if_empty
     from epochal.runner import build_loop
@@ -279,11 +279,6 @@ def _train(
     from epochal.summary import RunSummary
 
     loop = build_loop(config, plugin_choice(config, order, only), split(disable), resume or False)
-    if profile and "timing" not in loop.plugins and loop.world.is_zero:
-        raise ConfigError(
-            "--profile needs the 'timing' plugin, which this run does not load (from a clone of "
-            "epochal: pip install plugins/epochal-timing; or name it in --only, or do not disable it)"
-        )
     command = _command(config_file, sys.argv)
     made = choose_for(loop, resume or False, command)  # its own directory (a fresh run's is new)
     if trace is not None:
@@ -302,11 +297,14 @@ def _train(
     try:
         log = loop.run()
     except KeyboardInterrupt:  # a third Ctrl-C: stopped at once
+        saver = loop.plugin_set.provider("checkpoint")  # the standard one, or its replacement
         saved = (
-            "after its interrupt hooks ran (an interrupt checkpoint is saved there): only its "
-            "wind-down was cut short"
-            if loop.interrupt_hooks_ran
-            else "nothing was saved at this point"
+            "nothing was saved at this point"
+            if not loop.interrupt_hooks_ran
+            else f"after its interrupt hooks ran (plugin {saver!r} saves an interrupt checkpoint "
+            "there): only its wind-down was cut short"
+            if saver is not None
+            else "after its interrupt hooks ran: only its wind-down was cut short"
         )
         click.echo(
             f"epochal: run {loop.run_id} stopped at once by a third SIGINT after {loop.iteration} "
@@ -327,6 +325,25 @@ def _train(
     if log.status["status"] == "interrupted" and loop.signal_received is not None:
         return loop.signal_received
     return None
+
+
+def _timer(config: Any, order: tuple[str, ...], only: tuple[str, ...], disable: tuple[str, ...]) -> str:
+    """The plugin that times a run of *config* (``timing``, or the one that provides it), whose
+    table ``--profile`` asks for.
+
+    :raises ConfigError: when the run loads none.
+    """
+    from epochal.config import plugins_for
+    from epochal.errors import ConfigError
+
+    timer = plugins_for(config, plugin_choice(config, order, only), split(disable)).provider("timing")
+    if timer is None:
+        raise ConfigError(
+            "--profile needs the 'timing' plugin (or one that provides it), which this run does not "
+            "load (from a clone of epochal: pip install plugins/epochal-timing; or name it in --only, "
+            "or do not disable it)"
+        )
+    return timer
 
 
 def _say(message: str) -> None:

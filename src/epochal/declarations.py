@@ -1,23 +1,86 @@
 """What a plugin declares about itself, read and checked: where it runs, its phase, whether it
-autoloads, its idle hooks, its failure policy, the plugins it requires or conflicts with, and its options.
+autoloads, its idle hooks, its failure policy, the plugins it requires, conflicts with or
+provides, where it writes, and its options.
 
-Each reader names the plugin and the bad value in one :class:`~epochal.errors.PluginError`;
-:mod:`epochal.protocol` documents every declaration.
+:func:`read` reads them all once into one typed record, :class:`Declared`, that the loader, the
+ordering, the checks, the listing and the loop read; each field's reader below names the plugin
+and the bad value in one :class:`~epochal.errors.PluginError`. :mod:`epochal.protocol`
+documents every declaration.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
 from epochal.errors import PluginError
 from epochal.protocol import PHASES, declared
 
-if TYPE_CHECKING:
-    from epochal.ordering import Unit
-
 FAILURE_POLICIES = ("fatal", "isolate")
+
+
+@dataclass(frozen=True)
+class Declared:
+    """Everything one plugin object declares, read and checked once (:func:`read`)."""
+
+    name: str
+    #: ``"all"``, ``"zero"``, or None: not declared (a composite's child then runs where its
+    #: parent does; a plugin alone, on every rank).
+    rank: str | None
+    phase: str | None
+    autoload: bool
+    #: its own name and the names it declares it stands in for.
+    provides: tuple[str, ...]
+    #: the options naming where it writes (None: not declared).
+    writes_to: tuple[str, ...] | None
+    run_before: tuple[str, ...]
+    run_after: tuple[str, ...]
+    requires: tuple[str, ...]
+    conflicts: tuple[str, ...]
+    #: its ``on_failure`` (None: not declared: its parent's, else ``fatal``).
+    on_failure: str | None
+    deterministic: bool
+    #: the keyword arguments its class or factory takes.
+    options: frozenset[str]
+
+
+def read(name: str, plugin: object) -> Declared:
+    """Every declaration of *plugin* (a class, a module or an instance), checked.
+
+    :raises PluginError: for the first that is not valid, naming the plugin and the value.
+    """
+    rank = declared_rank(plugin)
+    if rank is not None and rank not in RANKS:
+        plugin_rank(name, plugin)  # raises, naming the value
+    policy = getattr(plugin, "on_failure", None)
+    if policy is not None and policy not in FAILURE_POLICIES:
+        failure_policy(name, plugin, {})  # raises, naming the value
+    return Declared(
+        name=name,
+        rank=rank,
+        phase=plugin_phase(name, plugin),
+        autoload=plugin_autoload(name, plugin),
+        provides=provided(name, plugin),
+        writes_to=writes_to(name, plugin),
+        run_before=plugin_names(name, plugin, "run_before"),
+        run_after=plugin_names(name, plugin, "run_after"),
+        requires=plugin_names(name, plugin, "requires"),
+        conflicts=plugin_names(name, plugin, "conflicts"),
+        on_failure=policy,
+        deterministic=declared(plugin, "deterministic") is not False,
+        options=frozenset(_options_of(plugin)),
+    )
+
+
+def _options_of(plugin: object) -> set[str]:
+    """The options of the class or factory *plugin* is, or is an instance of (none: a module)."""
+    if inspect.ismodule(plugin):
+        return set()
+    return own_options(plugin if inspect.isclass(plugin) or inspect.isfunction(plugin) else type(plugin))
+
+
 #: where a plugin runs on several processes (its class attribute ``rank``).
 RANKS = ("all", "zero")
 
@@ -90,9 +153,33 @@ def plugin_autoload(name: str, plugin: object) -> bool:
     return autoload
 
 
-def failure_policy(name: str, plugin: object, options: Mapping[str, Any]) -> str:
-    """A plugin's ``on_failure`` policy: its ``[plugins.NAME]`` option, else its class's, else fatal."""
-    policy = options.get("on_failure", declared(plugin, "on_failure"))
+#: the phases whose plugins change what is trained: they may not autoload (the autoload rule).
+DECIDING_PHASES = ("adjust", "decide")
+
+
+def autoload_rule(record: Declared) -> str | None:
+    """What breaks the autoload rule in a plugin's declarations (None: nothing).
+
+    A plugin that changes what is trained (its phase is ``adjust`` or ``decide``: it changes the
+    learning rate, stops the run) declares ``autoload = False``: installed, it would otherwise
+    run in every run of every configuration. What a declaration cannot show (a plugin without a
+    phase that calls ``loop.request_stop``) :func:`epochal.testing.check_autoload_rule` finds
+    by running it.
+    """
+    name, phase = record.name, record.phase
+    if phase in DECIDING_PHASES and record.autoload:
+        return (
+            f"plugin {name!r} declares phase = {phase!r} (it changes what is trained) without "
+            "autoload = False: the autoload rule says such a plugin runs only when a run names it "
+            f"(declare autoload = False; name it in [plugins] order, --plugins or a [plugins.{name}] table)"
+        )
+    return None
+
+
+def failure_policy(name: str, plugin: object, options: Mapping[str, Any], default: Any = None) -> str:
+    """A plugin's ``on_failure`` policy: its ``[plugins.NAME]`` option, else its declaration
+    (*default* when given: its record's), else fatal."""
+    policy = options.get("on_failure", declared(plugin, "on_failure") if default is None else default)
     if policy not in FAILURE_POLICIES:
         raise PluginError(
             f"[plugins.{name}]: on_failure must be one of {', '.join(FAILURE_POLICIES)}, not {policy!r}"
@@ -126,6 +213,67 @@ def plugin_names(name: str, plugin: object, key: str) -> tuple[str, ...]:
     return found
 
 
+def provided(name: str, plugin: object) -> tuple[str, ...]:
+    """The plugins *plugin* stands in for: its own name and its ``provides`` declaration (a
+    plugin name, or a tuple of them: ``provides = "checkpoint"`` for a checkpoint plugin of
+    one's own). Read from its class (or module), as ``rank`` is.
+
+    :raises PluginError: a value that is no plugin name nor a tuple of them.
+    """
+    owner = plugin if inspect.ismodule(plugin) or inspect.isclass(plugin) else type(plugin)
+    names = getattr(owner, "provides", ())
+    if isinstance(names, str):
+        names = (names,)
+    try:
+        found = tuple(names)
+    except TypeError:
+        found = None
+    if found is None or not all(isinstance(other, str) and other for other in found):
+        raise PluginError(
+            f"plugin {name!r} declares provides = {names!r}; it must be a plugin name or a tuple of them"
+        )
+    return tuple(dict.fromkeys((name, *found)))
+
+
+def writes_to(name: str, plugin: object) -> tuple[str, ...] | None:
+    """The options that say where *plugin* writes (its ``writes_to`` declaration: option names,
+    ``()`` when it writes only under the run directory or nowhere), or None when it does not
+    say. Read from its class (or module), as ``rank`` is.
+
+    :raises PluginError: a value that is no tuple of option names.
+    """
+    owner = plugin if inspect.ismodule(plugin) or inspect.isclass(plugin) else type(plugin)
+    names = getattr(owner, "writes_to", None)
+    if names is None:
+        return None
+    try:
+        found = tuple(names) if not isinstance(names, (str, bytes)) else None
+    except TypeError:
+        found = None
+    if found is None or not all(isinstance(option, str) and option for option in found):
+        hint = f" (write ({names!r},))" if isinstance(names, str) else ""
+        raise PluginError(
+            f"plugin {name!r} declares writes_to = {names!r}; it must be a tuple of its option names{hint}"
+        )
+    return found
+
+
+@dataclass
+class Unit:
+    """A top-level plugin (or composite) to order, with its children expanded, and what each
+    declares (read once: :func:`epochal.declarations.read`)."""
+
+    name: str
+    plugin: object
+    members: list[tuple[str, object]]
+    records: dict[str, Declared] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name, plugin in [(self.name, self.plugin), *self.members]:
+            if name not in self.records:
+                self.records[name] = read(name, plugin)
+
+
 def check_dependencies(units: Sequence[Unit], elsewhere: Iterable[str] = ()) -> None:
     """Raise :class:`PluginError` for a missing ``requires`` or a present ``conflicts``.
 
@@ -139,13 +287,14 @@ def check_dependencies(units: Sequence[Unit], elsewhere: Iterable[str] = ()) -> 
     problems = []
     for unit in units:
         for name, plugin in [(unit.name, unit.plugin), *unit.members]:
-            for needed in plugin_names(name, plugin, "requires"):
+            record = unit.records.get(name) or read(name, plugin)
+            for needed in record.requires:
                 if needed not in loaded:
                     problems.append(
                         f"plugin {name!r} requires plugin {needed!r}, which is not loaded in this run: "
                         f"add {needed!r} to [plugins] order (and install it), or disable {name!r}"
                     )
-            for other in plugin_names(name, plugin, "conflicts"):
+            for other in record.conflicts:
                 if other in loaded and other != name:
                     problems.append(
                         f"plugin {name!r} conflicts with plugin {other!r}: disable one of them "

@@ -37,7 +37,7 @@ class PluginInfo:
     distribution: str | None = None
     version: str | None = None
     entry_point: str | None = None
-    status: str = "available"  # loaded | disabled | failed | available
+    status: str = "available"  # loaded | disabled | failed | available | conflict | replaced
     error: str | None = None
     hooks: list[str] = field(default_factory=list)
     position: int | None = None

@@ -64,10 +64,16 @@ def check_best(loop: Any, where: str) -> str | None:
         return None
     described = ask_best(loop, read=False)
     if described is None:
+        saver = loop.plugin_set.provider("checkpoint")  # the standard one, or its replacement
+        if saver is None:
+            how = 'add a checkpoint plugin that tracks one ([plugins.checkpoint] monitor = "valid.loss")'
+        elif "monitor" in loop.plugin_set.records[saver].options:
+            how = f'set a monitored record for checkpoints ([plugins.{saver}] monitor = "valid.loss")'
+        else:
+            how = f"plugin {saver!r} saves this run's checkpoints and tracks none: make it track one"
         raise ConfigError(
             f'{where}: test_weights = "best" needs a plugin that tracks the best saved state, and '
-            "none does: set a monitored record for checkpoints ([plugins.checkpoint] monitor = "
-            '"valid.loss") or use test_weights = "last"'
+            f'none does: {how}, or use test_weights = "last"'
         )
     return str(described)
 

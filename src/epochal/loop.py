@@ -19,7 +19,7 @@ from epochal import _rng, evaluation, heldout, loop_state
 from epochal._dispatch import blame, each_implementation
 from epochal._options import Fraction, NonEmptyStr, NonNegativeInt, PositiveInt, Seed, check_options
 from epochal.adapters import adapt_stream, orders_itself
-from epochal.data import ShardOrder, _empty_rule, _mapping_empty, _ndarray, _sequence_empty
+from epochal.data import ShardOrder, _empty_rule
 from epochal.distributed.sharding import in_shard_order
 from epochal.distributed.strategy import strategy_for
 from epochal.distributed.world import World, current_world, peer_lost
@@ -55,10 +55,6 @@ OPTIONS = (
     "uneven_shards",
     "shard_order",
 )
-
-
-#: the first item of an empty tuple, list or dict batch (in the batch loop).
-_NO_ITEM = object()
 
 
 #: the keys of ``log.status`` that say how a run ended: a resumed run starts without them.
@@ -432,35 +428,14 @@ class Loop:
         if interval and due(self._schedule(self.eval_every_n_epochs), self.epoch + 1):
             at = self._epoch_start + (started // interval + 1) * interval
         # The hot path: per batch, only what a batch needs (measured by bench/loop_overhead.py).
-        # The empty-batch check is chosen once per batch type, not dispatched per batch.
-        mapping_empty, sequence_empty, ndarray, no_item = _mapping_empty, _sequence_empty, _ndarray, _NO_ITEM
         kind: type | None = None
-        empty: Any = None
+        empty: Any = None  # whether a batch is empty: one check chosen per batch type
         for batch in self._train_batches():
             if type(batch) is not kind:
                 kind = type(batch)
-                empty = _empty_rule(kind)
-            if empty is not None:
-                # Inlined for arrays and tuples, lists and dicts of arrays (a call costs as much
-                # as the check): the array's length, as batch_size counts it; else the rule.
-                if empty is mapping_empty:
-                    first = no_item
-                    for key in batch:
-                        first = batch[key]
-                        break
-                elif empty is sequence_empty:
-                    first = batch[0] if batch else no_item
-                else:
-                    first = batch
-                if type(first) is ndarray:
-                    try:
-                        skip = len(first) == 0
-                    except TypeError:  # 0-d: one example
-                        skip = False
-                else:
-                    skip = first is no_item or empty(batch)
-                if skip and self._empty_batch("train"):
-                    continue
+                empty = _empty_rule(kind)  # None: a type without len, never empty
+            if empty is not None and empty(batch) and self._empty_batch("train"):
+                continue
             before = hooks.before_batch  # read per batch: a hook may rebuild the hooks
             if before is not None:
                 before(self, batch)

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
-from epochal.declarations import plugin_names, plugin_phase
+from epochal.declarations import Unit
 from epochal.errors import OrderError
 from epochal.protocol import PHASES
 
@@ -125,15 +124,6 @@ def _find_cycle(nodes: list[str], successors: Mapping[str, list[str]]) -> list[s
     return list(reversed(cycle))
 
 
-@dataclass
-class Unit:
-    """A top-level plugin (or composite) to order, with its children expanded."""
-
-    name: str
-    plugin: object
-    members: list[tuple[str, object]]
-
-
 def order_units(units: list[Unit], explicit: list[str]) -> list[Unit]:
     """Sort the units by the run's order and the plugins' declared constraints."""
     owner: dict[str, str] = {}
@@ -145,14 +135,15 @@ def order_units(units: list[Unit], explicit: list[str]) -> list[Unit]:
     after: dict[str, list[str]] = {}
     phases: dict[str, str] = {}
     for unit in units:
-        phase = plugin_phase(unit.name, unit.plugin)
+        phase = unit.records[unit.name].phase
         if phase is not None:
             phases[unit.name] = phase
-        for name, plugin in [(unit.name, unit.plugin), *unit.members]:
-            for target in plugin_names(name, plugin, "run_before"):
+        for name, _ in [(unit.name, unit.plugin), *unit.members]:
+            record = unit.records[name]
+            for target in record.run_before:
                 if target in owner and owner[target] != unit.name:
                     before.setdefault(unit.name, []).append(owner[target])
-            for target in plugin_names(name, plugin, "run_after"):
+            for target in record.run_after:
                 if target in owner and owner[target] != unit.name:
                     after.setdefault(unit.name, []).append(owner[target])
     by_name = {unit.name: unit for unit in units}

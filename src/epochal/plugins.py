@@ -30,6 +30,8 @@ from epochal.composite import CompositePlugin
 from epochal.declarations import (
     FAILURE_POLICIES,
     RANKS,
+    Declared,
+    autoload_rule,
     check_dependencies,
     declared_rank,
     failure_policy,
@@ -38,6 +40,7 @@ from epochal.declarations import (
     plugin_autoload,
     plugin_phase,
     plugin_rank,
+    read,
 )
 from epochal.discovery import (
     COMMANDS_GROUP,
@@ -58,7 +61,6 @@ from epochal.discovery import (
 )
 from epochal.errors import PluginError, did_you_mean
 from epochal.ordering import Unit, order_units
-from epochal.protocol import declared
 from epochal.triggers import TRIGGER_KEYS, Triggers, parse_triggers
 
 __all__ = [
@@ -123,8 +125,16 @@ class PluginSet:
         #: compiled callers of every hook (None where nothing implements a hook).
         self.hooks = Hooks(pm, self._on_failure, self._gate, self._idle)
         self.units: list[Unit] = []
+        #: name → what the plugin declares (read once), for every plugin of the run.
+        self.records: dict[str, Declared] = {}
         #: plugins of the run that run on rank 0 only, left out on this process (another rank).
         self.elsewhere: set[str] = set()
+
+    def provider(self, name: str) -> str | None:
+        """The plugin of the run that stands for the plugin *name*: that plugin, or the first
+        that declares it ``provides`` *name* (None: none). The CLI names it where it would name
+        a standard plugin (``provider("checkpoint")``)."""
+        return next((n for n in self.plugins if n in self.records and name in self.records[n].provides), None)
 
     def check_dependencies(self) -> None:
         """Raise :class:`PluginError` if a plugin's ``requires`` or ``conflicts`` is not met."""
@@ -273,28 +283,19 @@ def load_plugins(
     objects = import_plugins([n for n in selected if n not in extra], available, explicit_set, infos, exact)
     objects.update((n, extra[n]) for n in selected if n in extra)
 
+    # a plugin the caller gave as an object (extra) is named too: it was asked for
+    named_set = explicit_set | set(options) | set(extra)
+    records = _records(selected, objects, named_set, infos)
     units: list[Unit] = []
     policies: dict[str, str] = {}
     triggers: dict[str, Triggers] = {}
-    added = added_hookspecs({n: objects[n] for n in selected if n in objects})
+    added = added_hookspecs({n: objects[n] for n in selected if n in records})
     for name in selected:
-        if name not in objects:
-            continue  # failed to import, reported already
-        # a plugin the caller gave as an object (extra) is named too: it was asked for
-        named = name in explicit_set or name in options or name in extra
-        try:
-            infos[name].autoload = plugin_autoload(name, objects[name])
-        except PluginError as error:
-            if named:
-                raise
-            mark_failed(infos[name], str(error))  # never loaded unasked on a declaration unread
-            continue
-        if not named and not infos[name].autoload:
-            infos[name].status = "available"  # it asks to be loaded only when named (bundles)
-            infos[name].rank = declared_rank(objects[name])
-            continue
+        if name not in records:
+            continue  # failed to import, left out or replaced: said in its listing
+        named = name in named_set
         table = options.get(name, {})
-        own = own_options(objects[name])  # a plugin's own option of a trigger key's name wins
+        own = records[name].options  # a plugin's own option of a trigger key's name wins
         shared = {k: v for k, v in table.items() if k in TRIGGER_KEYS and k not in own}
         plugin_options = {
             k: v for k, v in table.items() if k not in ("on_failure", "distribution") and k not in shared
@@ -304,8 +305,8 @@ def load_plugins(
             if plugin_triggers is not None:
                 triggers[name] = plugin_triggers
             plugin = build(name, objects[name], plugin_options)
-            policies[name] = failure_policy(name, plugin, options.get(name, {}))
-            unit = _unit(name, plugin, infos, disabled)
+            unit = _unit(name, plugin, infos, disabled, records[name] if plugin is objects[name] else None)
+            policies[name] = failure_policy(name, plugin, table, unit.records[name].on_failure)
             for member, member_plugin in unit.members:
                 validate(member, member_plugin, added)
         except PluginError as error:
@@ -334,6 +335,70 @@ def load_plugins(
     return _assemble(ordered, infos, policies, triggers, added)
 
 
+def _records(
+    selected: Sequence[str], objects: Mapping[str, object], named: set[str], infos: dict[str, PluginInfo]
+) -> dict[str, Declared]:
+    """What each plugin of *selected* that loads declares (read once), by name.
+
+    Left out, said in its listing: a plugin that loads only when named and is not (it is
+    ``available``), one whose declaration is invalid or breaks the autoload rule (a named one
+    is an error instead), and one that another replaces (``provides``). Of the plugins that
+    provide one name (the plugin of that name included), the one the run names wins; when it
+    names none, the one that declares it provides the name wins over the plugin of that name
+    (installed to replace it). Two named, or two declared and none named, are one error.
+    """
+    records: dict[str, Declared] = {}
+    for name in selected:
+        if name not in objects:
+            continue
+        try:
+            if name not in named and not plugin_autoload(name, objects[name]):
+                info = infos[name]  # it asks to be loaded only when named (bundles)
+                info.status, info.autoload, info.rank = "available", False, declared_rank(objects[name])
+                continue
+            record = read(name, objects[name])
+            # installing a plugin must not change what a run trains: one that says it decides
+            # and autoloads is left out unless the run names it
+            broken = None if name in named else autoload_rule(record)
+        except PluginError as error:
+            if name in named:
+                raise
+            mark_failed(infos[name], str(error))  # never loaded unasked on a declaration unread
+            continue
+        infos[name].autoload = record.autoload
+        if broken is not None:
+            mark_failed(infos[name], broken)
+            continue
+        records[name] = record
+    roles: dict[str, list[str]] = {}
+    for name, record in records.items():
+        for role in record.provides:
+            roles.setdefault(role, []).append(name)
+    for role, names in roles.items():
+        if len(names) < 2:
+            continue
+        chosen = [n for n in names if n in named] or [n for n in names if n != role]
+        if len(chosen) > 1:
+            listed = " and ".join(repr(n) for n in chosen)
+            message = (
+                f"plugins {listed} each provide {role!r}: one runs; name it in [plugins] order or "
+                f"--plugins, or disable the others ([plugins] disable = [{chosen[-1]!r}])"
+            )
+            if any(n in named for n in chosen):
+                raise PluginError(message)
+            for name in names:  # none asked for: neither runs, as rival distributions of a name
+                records.pop(name, None)
+                mark_failed(infos[name], message)
+                infos[name].status = "conflict"
+            continue
+        for name in names:
+            if name != chosen[0] and name in records:
+                del records[name]
+                infos[name].status = "replaced"
+                infos[name].error = f"replaced by plugin {chosen[0]!r}, which provides {role!r}"
+    return records
+
+
 def compose(plugins: Mapping[str, object], disable: Iterable[str] = ()) -> PluginSet:
     """Build a plugin set from plugin objects given by name (the Python API, no discovery).
 
@@ -345,7 +410,7 @@ def compose(plugins: Mapping[str, object], disable: Iterable[str] = ()) -> Plugi
         _check_object(name, plugin)
     infos = {name: PluginInfo(name) for name in plugins}
     units = [_unit(name, plugin, infos, disabled) for name, plugin in plugins.items() if name not in disabled]
-    policies = {unit.name: failure_policy(unit.name, unit.plugin, {}) for unit in units}
+    policies = {u.name: failure_policy(u.name, u.plugin, {}, u.records[u.name].on_failure) for u in units}
     members = {name: p for unit in units for name, p in [(unit.name, unit.plugin), *unit.members]}
     added = added_hookspecs(members)
     return _assemble(order_units(units, list(plugins)), infos, policies, added=added)
@@ -368,9 +433,16 @@ def _check_object(name: str, plugin: object) -> None:
         raise PluginError(f"plugin {name!r} is {plugin!r}, not a plugin object (an instance or a module)")
 
 
-def _unit(name: str, plugin: object, infos: dict[str, PluginInfo], disabled: set[str]) -> Unit:
-    """The unit ordering sees for *plugin*: itself, or its children if it is a composite."""
-    return Unit(name, plugin, _members(name, plugin, infos, disabled))
+def _unit(
+    name: str,
+    plugin: object,
+    infos: dict[str, PluginInfo],
+    disabled: set[str],
+    record: Declared | None = None,
+) -> Unit:
+    """The unit ordering sees for *plugin*: itself, or its children if it is a composite.
+    *record*: what *plugin* declares, read already (an object given as it is, not built)."""
+    return Unit(name, plugin, _members(name, plugin, infos, disabled), {name: record} if record else {})
 
 
 def _members(
@@ -413,8 +485,11 @@ def _assemble(
     elsewhere: set[str] = set()
     for unit in units:
         kept = []
+        own = unit.records[unit.name]
         for member, member_plugin in unit.members:
-            where = plugin_rank(member, member_plugin, unit.plugin if member != unit.name else None)
+            record = unit.records[member]
+            # a composite's children run where the composite does unless they say otherwise
+            where = record.rank or (own.rank if member != unit.name else None) or "all"
             infos[member].rank = where
             if where == "zero" and here != 0:
                 elsewhere.add(member)
@@ -423,9 +498,9 @@ def _assemble(
         if elsewhere.issuperset(m for m, _ in unit.members):
             elsewhere.add(unit.name)
         plugins.update(kept)
-        for member, member_plugin in kept:
+        for member, _ in kept:
             # a composite's children follow the composite's policy unless they declare their own
-            member_policies[member] = declared(member_plugin, "on_failure", policies.get(unit.name, "fatal"))
+            member_policies[member] = unit.records[member].on_failure or policies.get(unit.name, "fatal")
         if unit.name in policies:
             member_policies[unit.name] = policies[unit.name]
     for name, plugin in reversed(plugins.items()):  # pluggy calls the last registered first
@@ -439,10 +514,11 @@ def _assemble(
     listing = sorted(infos.values(), key=lambda i: (i.position is None, i.position or 0, i.name))
     plugin_set = PluginSet(pm, plugins, listing, member_policies, triggers)
     plugin_set.units = [
-        Unit(u.name, u.plugin, [(m, p) for m, p in u.members if m not in elsewhere])
+        Unit(u.name, u.plugin, [(m, p) for m, p in u.members if m not in elsewhere], u.records)
         for u in units
         if u.name not in elsewhere
     ]
+    plugin_set.records = {name: record for unit in units for name, record in unit.records.items()}
     plugin_set.elsewhere = elsewhere
     return plugin_set
 

@@ -7,7 +7,9 @@ Besides its hooks it may *declare* how the core treats it, with class (or module
 these types (``phase: ClassVar[Phase] = "decide"``), so mypy checks them; a third-party plugin may
 do the same. A plugin that keeps state across a resume follows :class:`Stateful`. The option
 types with constraints (``PositiveInt``, ...) are here for plugins to annotate their options
-with: the one validator checks them and ``epochal schema`` shows them.
+with: the one validator checks them and ``epochal schema`` shows them; :func:`checked_options`
+makes a plugin's constructor check them when it is called from Python, with the messages a run
+configuration gets.
 
 Phases order the plugins without naming each other: within a hook, every plugin of an earlier
 phase runs before every plugin of a later one. ``measure`` writes the records of a batch or an
@@ -32,6 +34,7 @@ from epochal._options import (
     PositiveFloat,
     PositiveInt,
     Seed,
+    checked_options,
 )
 
 __all__ = [
@@ -52,6 +55,7 @@ __all__ = [
     "Rank",
     "Seed",
     "Stateful",
+    "checked_options",
     "declared",
 ]
 
@@ -80,6 +84,15 @@ class Declarations(TypedDict, total=False):
     #: plugins that must be part of the run with this one / must not be.
     requires: Iterable[str]
     conflicts: Iterable[str]
+    #: the standard plugins it replaces (``"checkpoint"``): when both are installed, it runs
+    #: instead of the plugin of that name, unless the run names that one; the CLI's advice and
+    #: ``--profile`` name it where they would name the standard plugin.
+    provides: str | Iterable[str]
+    #: the options that say where it writes (a directory, a file, a URL): ``("dir",)``; ``()``
+    #: when it writes nowhere but under ``loop.run_dir`` (or nowhere). ``epochal check-resume``
+    #: moves them into its temporary directories, and refuses a plugin that saves checkpoints
+    #: (``resume_state``, ``latest_checkpoint``, ``check_fresh_run``) without the declaration.
+    writes_to: Iterable[str] | None
     #: ``"fatal"`` (default): an exception in its hooks ends the run; ``"isolate"``: it is
     #: reported once and the plugin is left out of the rest of the run.
     on_failure: FailurePolicy
@@ -96,6 +109,11 @@ class Declarations(TypedDict, total=False):
     state_version: int
     #: a module or class of ``@epochal.hookspec`` functions: hooks this plugin adds.
     epochal_hookspecs: Any
+    #: ``refine_schema(table) -> table``: the JSON Schema of the plugin's table, made from its
+    #: annotations, refined where they cannot say everything (a ``**options`` plugin whose keys
+    #: depend on another option: ``lr_scheduler``'s scheduler arguments). ``epochal schema``
+    #: calls it; a failure leaves the table as the annotations make it.
+    refine_schema: Any
 
 
 #: the value of a declaration a plugin does not make.
@@ -106,12 +124,15 @@ DEFAULTS: Declarations = {
     "run_after": (),
     "requires": (),
     "conflicts": (),
+    "provides": (),
+    "writes_to": None,
     "on_failure": "fatal",
     "autoload": True,
     "idle_hooks": frozenset(),
     "deterministic": True,
     "state_version": 1,
     "epochal_hookspecs": None,
+    "refine_schema": None,
 }
 
 

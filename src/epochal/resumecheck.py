@@ -27,7 +27,6 @@ left out of all three runs; they are named in the report.
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import signal
@@ -40,8 +39,8 @@ from typing import Any
 
 from epochal._markers import hookimpl
 from epochal.errors import ConfigError
+from epochal.isolation import isolated, moved_options, output_options
 from epochal.loop import Loop
-from epochal.protocol import declared
 from epochal.runner import build_loop
 
 
@@ -61,6 +60,9 @@ class ResumeReport:
     revived_at: int | None = None
     #: the first difference of run 5 from the straight run (None: none).
     kill_difference: str | None = None
+    #: the plugin that saved and restored the checkpoints (the ``checkpoint`` plugin, or the one
+    #: that provides it).
+    saver: str = "checkpoint"
 
     @property
     def place(self) -> str:
@@ -152,18 +154,6 @@ class DumpState:
             Path(self.path).write_bytes(pickle.dumps({"state": compared, "resumed_at": self.resumed.at}))
 
 
-def _config_in(config: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
-    """A copy of *config* whose run directory, and every plugin `dir`/`path` option, is in *run_dir*."""
-    copied: dict[str, Any] = copy.deepcopy(dict(config))
-    copied.setdefault("loop", {})["run_dir"] = str(run_dir)
-    for name, options in copied.get("plugins", {}).items():
-        if isinstance(options, dict):
-            for key in ("dir", "path"):
-                if key in options:
-                    options[key] = str(run_dir / name.replace("/", "_") / Path(str(options[key])).name)
-    return copied
-
-
 def epoch_ends(rows: Mapping[Any, Mapping[str, Any]]) -> list[int]:
     """The iterations of the log *rows* (iteration → row) that end an epoch (``epochs_done``)."""
     return sorted(int(i) for i, row in rows.items() if "epochs_done" in row)
@@ -191,8 +181,26 @@ def kill_point(ends: Sequence[int]) -> int:
     return min(candidates, key=lambda epoch: (abs(ends[epoch - 1] - middle), epoch))
 
 
-def _nondeterministic(loop: Loop) -> list[str]:
-    return [name for name, plugin in loop.plugins.items() if declared(plugin, "deterministic") is False]
+def saver_of(plugin_set: Any) -> str:
+    """The plugin that saves this run's checkpoints: the one that provides ``checkpoint``, else
+    the first that restores them (``resume_state``)."""
+    provider = plugin_set.provider("checkpoint")
+    if provider is not None:
+        return str(provider)
+    restoring = plugin_set.call_order("resume_state")
+    return str(restoring[0]) if restoring else "checkpoint"
+
+
+def _nondeterministic(plugin_set: Any) -> list[str]:
+    return [name for name in plugin_set.plugins if not plugin_set.records[name].deterministic]
+
+
+def _saver_needed(plugin_set: Any) -> None:
+    if not plugin_set.implements("resume_state"):
+        raise ConfigError(
+            "check-resume needs a plugin that saves and restores checkpoints (resume_state), "
+            "and none is loaded (from a clone of epochal: pip install plugins/epochal-checkpoint)"
+        )
 
 
 def _comparable(loop: Loop) -> dict[str, Any]:
@@ -222,16 +230,19 @@ def check_resume(
 
     *say* is told, in a line each, which of the three runs starts.
     """
+    from epochal.config import plugins_for
+
     disable = list(disable or [])
     say = say or (lambda line: None)
+    probe = plugins_for(config, order, disable)  # its plugins, built: nothing trains or writes
+    left_out = _nondeterministic(probe)
+    _saver_needed(probe)
+    places = output_options(probe, set(left_out))
+
+    def _config_in(config: Mapping[str, Any], run_dir: Path) -> dict[str, Any]:
+        return isolated(config, run_dir, places)
+
     with tempfile.TemporaryDirectory(prefix="epochal-check-resume-") as tmp:
-        probe = build_loop(_config_in(config, Path(tmp) / "probe"), order, disable)
-        left_out = _nondeterministic(probe)
-        if not probe.plugin_set.implements("resume_state"):
-            raise ConfigError(
-                "check-resume needs a plugin that saves and restores checkpoints (resume_state), "
-                "and none is loaded (from a clone of epochal: pip install plugins/epochal-checkpoint)"
-            )
         disable += left_out
         straight = build_loop(_config_in(config, Path(tmp) / "straight"), order, disable)
         say("check-resume: 1/5 straight run (in a temporary directory)")
@@ -282,7 +293,9 @@ def check_resume(
         say("check-resume: 5/5 resuming it from its latest complete checkpoint, to the end")
         revived.run()
         kill_difference = first_difference(expected, _comparable(revived))
-    return ResumeReport(at, total, difference, left_out, ends, epoch, resumed_at.at, kill_difference)
+    report = ResumeReport(at, total, difference, left_out, ends, epoch, resumed_at.at, kill_difference)
+    report.saver = saver_of(straight.plugin_set)
+    return report
 
 
 def check_resume_processes(
@@ -310,23 +323,16 @@ def check_resume_processes(
     overrides = [arguments[k + 1] for k, a in enumerate(arguments[:-1]) if a == "--set"]
     config = load_config(config_file, overrides)
     probe = check_run(config)
-    left_out = [n for n, p in probe.plugins.items() if declared(p, "deterministic") is False]
-    if not probe.implements("resume_state"):
-        raise ConfigError(
-            "check-resume needs a plugin that saves and restores checkpoints (resume_state), "
-            "and none is loaded (from a clone of epochal: pip install plugins/epochal-checkpoint)"
-        )
+    left_out = _nondeterministic(probe)
+    _saver_needed(probe)
+    places = output_options(probe, set(left_out))
     disable = ["--disable", ",".join(left_out)] if left_out else []
     with tempfile.TemporaryDirectory(prefix="epochal-check-resume-") as tmp:
 
         def run(name: str, *extra: str, dump: bool = True) -> subprocess.CompletedProcess[str]:
             where = Path(tmp) / name
-            moved = _config_in(config, where)
             sets = [f"loop.run_dir={json.dumps(str(where))}"]
-            for plugin, options in moved.get("plugins", {}).items():
-                if isinstance(options, dict):
-                    moved_keys = [k for k in ("dir", "path") if k in options]
-                    sets += [f"plugins.{plugin}.{k}={json.dumps(options[k])}" for k in moved_keys]
+            sets += moved_options(isolated(config, where, places), places)
             if dump:
                 sets += [
                     "plugins.epochal_check_resume_dump.factory=epochal.resumecheck:DumpState",
@@ -380,7 +386,9 @@ def check_resume_processes(
             raise failed("run resumed after the kill", done)
         revived = dumped("killed")
     kill_difference = first_difference(straight, revived["state"])
-    return ResumeReport(at, total, difference, left_out, ends, epoch, revived["resumed_at"], kill_difference)
+    report = ResumeReport(at, total, difference, left_out, ends, epoch, revived["resumed_at"])
+    report.kill_difference, report.saver = kill_difference, saver_of(probe)
+    return report
 
 
 def _local_plugin(name: str, factory: str, **options: int) -> list[str]:

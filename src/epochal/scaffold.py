@@ -42,7 +42,7 @@ training batches of every epoch and writes them to the training log as `{name}.b
 pip install -e ".[test]"
 epochal plugins            # {name} is listed
 pytest                     # its tests
-epochal run CONFIG.toml --plugins {name} --set plugins.{name}.every_n_epochs=2
+epochal run example.toml --plugins {name} --set plugins.{name}.every_n_epochs=2
 ```
 
 ## Options (`[plugins.{name}]`)
@@ -50,6 +50,10 @@ epochal run CONFIG.toml --plugins {name} --set plugins.{name}.every_n_epochs=2
 | option | type | default | meaning |
 |---|---|---|---|
 | `key` | str | `"{name}.batches"` | the record it writes |
+
+It only records, so it loads in every run once installed. If you make it stop runs, change
+the learning rate or load weights, declare `autoload = False` in its class: the generated test
+`test_the_autoload_rule` fails until you do.
 
 Like every plugin's table, it also takes the shared trigger keys (`every_n_epochs = 2`,
 `after_n_epochs`, `when = "valid.loss < 0.1"`, ...): epochal calls its hooks only then.
@@ -77,6 +81,9 @@ class {cls}:
     #: it writes a record in after_epoch: it runs with the measurements, before the plugins that
     #: save, decide or report the epoch (a checkpoint then holds this epoch's count)
     phase = "measure"
+    # it only records, so it may load in every run once installed; a plugin that stops runs,
+    # changes the learning rate or loads weights says autoload = False (the autoload rule,
+    # checked by tests/test_{name}.py)
 
     def __init__(self, key: str = "{name}.batches") -> None:
         self.key = key
@@ -111,6 +118,7 @@ TEST = '''\
 
 from __future__ import annotations
 
+from epochal.testing import check_autoload_rule
 from {package}.plugin import {cls}
 
 pytest_plugins = ["epochal.testing"]
@@ -130,7 +138,29 @@ def test_installed_entry_point_loads_by_name_with_a_trigger_key(epochal_run):
     # every_n_epochs is epochal's, as for every plugin: its epoch hooks run every 2nd epoch
     result = epochal_run(["{name}"], options={{"{name}": {{"every_n_epochs": 2}}}}, max_epochs=4)
     assert [iteration for iteration, _ in result.log.history("{name}.batches")] == [8, 16]
+
+
+def test_the_autoload_rule():
+    # installed, {name} runs in every run unless it declares autoload = False: then it must not
+    # change what is trained (stop the run, change the learning rate, load weights). Give it
+    # options that make it act.
+    check_autoload_rule({cls}(), "{name}")
 '''
+
+EXAMPLE = """\
+# A small run to try the plugin on (epochal's tiny numpy regression):
+#   epochal run example.toml --plugins {name}
+[loop]
+max_epochs = 3
+seed = 0
+run_dir = "runs/example"
+
+[model]
+factory = "epochal.examples.tiny:TinyModel"
+
+[data]
+factory = "epochal.examples.tiny:tiny_data"
+"""
 
 
 def core_range() -> str:
@@ -184,6 +214,7 @@ def new_plugin(name: str, directory: Path) -> Path:
         f"src/{package}/__init__.py": '"""The `{name}` epochal plugin."""\n',
         f"src/{package}/plugin.py": PLUGIN,
         f"tests/test_{name}.py": TEST,
+        "example.toml": EXAMPLE,
     }
     for relative, template in files.items():
         path = root / relative

@@ -8,6 +8,7 @@ keys. Editors with a TOML language server (taplo, VS Code's Even Better TOML) re
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 import re
@@ -170,13 +171,23 @@ def run_schema(config: Mapping[str, Any] | None = None) -> dict[str, Any]:
         objects = import_plugins(sorted(available), available, set(), {})
     plugin_props = properties(plugins_section, ("order", "disable", "autoload"))
     for name, obj in objects.items():
-        plugin_props[name] = options_schema(obj)  # type: ignore[arg-type]
+        plugin_props[name] = refined(obj, options_schema(obj))  # type: ignore[arg-type]
     for name, local in (local_plugins(config) if config else {}).items():
         plugin_props[name] = options_schema(local, local=True)
     for name in _unknown_tables(config, plugin_props):
-        plugin_props[name] = {"not": {}, "description": _unknown_table_text(name, objects)}
+        plugin_props[name] = _refused(_unknown_table_text(name, objects))
     generic_local = options_schema(lambda **options: None, local=True)
     generic_local["description"] = 'A plugin from your own code: factory = "module:attr" and its options.'
+    # a table of no installed plugin's name is a local plugin's: it needs a factory, and one
+    # a letter away from an installed name is most likely that plugin's, misspelt
+    misspelt = {
+        _near(name, [*plugin_props]): _local_or(generic_local, _unknown_table_text(name, objects, near=True))
+        for name in objects
+    }
+    unknown = (
+        "no installed plugin has this name (installed: "
+        f'{", ".join(sorted(objects)) or "none"}), and it has no factory = "module:attr"'
+    )
     return {
         "$schema": "http://json-schema.org/draft-07/schema#",
         "title": "epochal run configuration",
@@ -197,7 +208,8 @@ def run_schema(config: Mapping[str, Any] | None = None) -> dict[str, Any]:
             "plugins": {
                 "type": "object",
                 "properties": plugin_props,
-                "additionalProperties": generic_local,
+                "patternProperties": misspelt,
+                "additionalProperties": _local_or(generic_local, unknown),
             },
         },
         "required": ["model", "data"],
@@ -239,9 +251,61 @@ def _unknown_tables(config: Mapping[str, Any] | None, known: Mapping[str, Any]) 
     ]
 
 
-def _unknown_table_text(name: str, installed: Mapping[str, Any]) -> str:
+def _unknown_table_text(name: str, installed: Mapping[str, Any], near: bool = False) -> str:
+    """Why a ``[plugins.NAME]`` table names nothing; *near*: the text for any name a letter away
+    from the installed *name*."""
+    if near:
+        return f"no installed plugin has this name; did you mean {name!r}? (or give it a factory)"
     import difflib
 
     close = difflib.get_close_matches(name, list(installed), n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ' (or give it a factory = "module:attr")'
     return f"no installed plugin is named {name!r}{hint}"
+
+
+def _refused(text: str) -> dict[str, Any]:
+    """A schema no table meets, whose validators' message carries *text* (jsonschema prints the
+    schema a ``not`` refuses; editors show the description)."""
+    return {"not": {"description": text}, "description": text}
+
+
+def _local_or(local: dict[str, Any], text: str) -> dict[str, Any]:
+    """A local plugin's table (with a factory), else refused with *text*."""
+    return {"if": {"required": ["factory"]}, "then": local, "else": _refused(text)}
+
+
+def _near(name: str, taken: Sequence[str]) -> str:
+    """A regular expression matching the names one edit (a letter left out, added, replaced or
+    two swapped) away from *name*, except the names in *taken*."""
+    import re
+
+    variants = set()
+    for i in range(len(name) + 1):
+        variants.add(re.escape(name[:i]) + "." + re.escape(name[i:]))  # one added
+        if i < len(name):
+            variants.add(re.escape(name[:i] + name[i + 1 :]))  # one left out
+            variants.add(re.escape(name[:i]) + "." + re.escape(name[i + 1 :]))  # one replaced
+        if i < len(name) - 1:
+            variants.add(re.escape(name[:i] + name[i + 1] + name[i] + name[i + 2 :]))  # two swapped
+    exact = "|".join(re.escape(t) for t in sorted({name, *taken}))
+    return f"^(?!(?:{exact})$)(?:{'|'.join(sorted(variants))})$"
+
+
+def refined(plugin: Any, table: dict[str, Any]) -> dict[str, Any]:
+    """*table* as the plugin's ``refine_schema`` declaration refines it (unchanged without one,
+    or when it fails: the annotations' schema stands)."""
+    from epochal.protocol import declared
+
+    refine = declared(plugin, "refine_schema")
+    if not callable(refine):
+        return table
+    try:
+        result = refine(copy.deepcopy(table))
+    except Exception as error:
+        warnings.warn(
+            f"a plugin's refine_schema failed ({type(error).__name__}: {error}): its table "
+            "keeps the schema of its annotations",
+            stacklevel=2,
+        )
+        return table
+    return result if isinstance(result, dict) else table

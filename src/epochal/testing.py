@@ -16,7 +16,8 @@ Fixtures: ``epochal_run`` (below), ``epochal_cli`` (runs ``python -m epochal ARG
 ``no_epochal_env`` (removes those variables from the test process). :func:`digits_config`
 writes a run configuration of the digits example for the plugins a test names.
 :class:`StubModel` is a model without state whose steps return what you set, :class:`TrainRecords`
-a plugin writing the train steps' outputs into the log (``train.<key>``), :class:`SaveAt` a plugin
+a plugin writing the train steps' outputs into the log (``train.<key>``), :func:`check_autoload_rule`
+fails for a plugin that changes what is trained yet loads without being named, :class:`SaveAt` a plugin
 keeping ``loop.state_dict()`` after a given epoch, and :class:`ResumeFrom` a plugin handing the
 loop a saved ``loop.state_dict()`` (what a checkpoint plugin does), to test that your plugin's
 state survives a resume::
@@ -238,6 +239,56 @@ def run_loop(
             raise
         return RunResult(loop, recorder.calls, error)
     return RunResult(loop, recorder.calls)
+
+
+def check_autoload_rule(plugin: object, name: str, **loop_options: Any) -> None:
+    """Fail (``AssertionError``) when *plugin* breaks the autoload rule.
+
+    A plugin that loads without being named (``autoload`` True, the default) runs in every run
+    once installed, so it must not change what is trained: stop the run, change the learning
+    rate or any other setting, load weights. Its declarations are checked (a phase ``adjust`` or
+    ``decide`` needs ``autoload = False``), then a small deterministic run with *plugin* is
+    compared with the same run without it: the model's final state, the batches trained and the
+    reason training ended must be the same. A plugin that declares ``autoload = False`` may
+    change them. Give *plugin* options that make it act (``LossGuard(limit=0.0)``); *name* is
+    its plugin name; *loop_options* go to both runs (``max_epochs=3`` by default).
+    """
+    import tempfile
+
+    import numpy as np
+
+    from epochal.declarations import autoload_rule, read
+
+    record = read(name, plugin)
+    broken = autoload_rule(record)
+    if broken is not None:
+        raise AssertionError(broken)
+    if not record.autoload:
+        return
+    loop_options.setdefault("max_epochs", 3)
+    loop_options.setdefault("seed", 0)
+    outcomes = []
+    for plugins in ({}, {name: plugin}):
+        with tempfile.TemporaryDirectory(prefix="epochal-autoload-rule-") as run_dir:
+            loop = run_loop(plugins, run_dir=run_dir, **loop_options).loop
+        state = {k: np.asarray(v).tobytes() for k, v in loop.model.state_dict().items()}
+        outcomes.append((state, loop.iteration, loop.log.status.get("finish_reason")))
+    (state, batches, reason), (state_with, batches_with, reason_with) = outcomes
+    changed = [
+        what
+        for what, same in (
+            (f"training ended: {reason_with!r} instead of {reason!r}", reason == reason_with),
+            (f"{batches_with} batches trained instead of {batches}", batches == batches_with),
+            ("the model's final state differs", state == state_with),
+        )
+        if not same
+    ]
+    if changed:
+        raise AssertionError(
+            f"plugin {name!r} changes what is trained ({'; '.join(changed)}) and autoloads: the autoload "
+            "rule says a plugin that decides declares autoload = False (installed, it would run in "
+            "every run of every configuration)"
+        )
 
 
 @pytest.fixture

@@ -81,9 +81,9 @@ def check_resume_command(
     else:
         click.echo(
             f"MISMATCH: {killed} and resumed {source}: {report.kill_difference}. A plugin whose "
-            "state changes in after_epoch after the checkpoint was taken (it runs after "
-            "'checkpoint') gives this: order it before 'checkpoint' (--plugins, [plugins] order) "
-            'or give it a phase before "save"',
+            f"state changes in after_epoch after the checkpoint was taken (it runs after "
+            f"{report.saver!r}) gives this: order it before {report.saver!r} (--plugins, [plugins] "
+            'order) or give it a phase before "save"',
             err=True,
         )
     if not report.ok:

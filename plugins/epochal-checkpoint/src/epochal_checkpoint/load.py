@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from epochal import hookimpl
+from epochal.protocol import checked_options
 from epochal_checkpoint import storage
 from epochal_checkpoint.errors import (
     CheckpointNotFoundError,
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = ["Load", "read_from"]
 
 
+@checked_options("load")
 class Load:
     """Start a run from a given checkpoint: its full state, or the model's arrays only.
 
@@ -46,6 +48,7 @@ class Load:
 
     #: it restores weights: it runs only when a run names it (a table, order, --plugins).
     autoload = False
+    writes_to = ()  # it reads its path and writes nothing
 
     def __init__(
         self,

@@ -19,8 +19,9 @@ from __future__ import annotations
 import difflib
 import math
 import re
+import shlex
 import string
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -144,3 +145,16 @@ def _format_value(value: Any, spec: str) -> str:
             return format(float(value), spec)
         except (ValueError, TypeError):
             return str(value)
+
+
+def fresh_run_refusal(directory: str, found: list[str], command: Sequence[str], elsewhere: str) -> str | None:
+    """Why a fresh run may not start in *directory*, which holds the checkpoints *found* of an
+    earlier run (None: it holds none): the ways on, *command* + ``--resume`` or *elsewhere*."""
+    if not found:
+        return None
+    again = shlex.join([*command, "--resume"]) if command else "--resume"
+    return (
+        f"checkpoint directory {directory!r} already holds {len(found)} checkpoint(s) of an "
+        f"earlier run (newest: {found[-1]}). To continue that run: {again}. To start afresh: "
+        f"choose another directory ({elsewhere}) or delete that one."
+    )

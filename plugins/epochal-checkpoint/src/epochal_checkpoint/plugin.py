@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from epochal import hookimpl, triggers
 from epochal.errors import ConfigError
-from epochal.protocol import NonNegativeFloat, NonNegativeInt, Phase, Rank
+from epochal.protocol import NonNegativeFloat, NonNegativeInt, Phase, Rank, checked_options
 from epochal_checkpoint import incremental, naming, storage
 from epochal_checkpoint import sharded as shards
 from epochal_checkpoint.background import AsyncShards
@@ -65,6 +65,7 @@ def _plugin_name(loop: Loop, plugin: object, default: str) -> str:
     return next((name for name, p in loop.plugins.items() if p is plugin), default)
 
 
+@checked_options("checkpoint")
 class Checkpoint(Saving):
     """Save the loop's state atomically on triggers, keep the last/best, resume the newest.
 
@@ -112,6 +113,8 @@ class Checkpoint(Saving):
     """
 
     phase: ClassVar[Phase] = "save"  # after every decision: a resumed run holds them
+    #: where it writes (epochal check-resume moves it): unset, under the run directory.
+    writes_to = ("dir",)
     #: on several processes it runs on every rank: ``loop.state_dict()`` is a collective, and the
     #: triggers are agreed, so every rank snapshots at the same point; only rank 0 writes (the
     #: directory, its lock, pruning, exports): see ``_writer``.
@@ -571,7 +574,7 @@ class Checkpoint(Saving):
         remote = self._store()
         if remote is not None:  # no lock on an object store; an unreachable one fails here, one line
             committed = [info.name for info in remote.checkpoints()[0]]
-            return self._refusal(remote.url, committed, command, elsewhere)
+            return naming.fresh_run_refusal(remote.url, committed, command, elsewhere)
         try:
             directory = self._directory_for(run_dir)
         except ConfigError:
@@ -584,18 +587,7 @@ class Checkpoint(Saving):
                 f"another directory ({elsewhere})."
             )
         found = sorted(p.name for p in directory.glob("ckpt-*") if p.is_dir()) if directory.is_dir() else []
-        return self._refusal(str(directory), found, command, elsewhere)
-
-    @staticmethod
-    def _refusal(directory: str, found: list[str], command: Sequence[str], elsewhere: str) -> str | None:
-        if not found:
-            return None
-        again = shlex.join([*command, "--resume"]) if command else "--resume"
-        return (
-            f"checkpoint directory {directory!r} already holds {len(found)} checkpoint(s) of an "
-            f"earlier run (newest: {found[-1]}). To continue that run: {again}. To start afresh: "
-            f"choose another directory ({elsewhere}) or delete that one."
-        )
+        return naming.fresh_run_refusal(str(directory), found, command, elsewhere)
 
 
 def _same_dir(a: Path, b: Path) -> bool:

@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Literal
 
 from epochal import PluginError, hookimpl
 from epochal.errors import option_error
-from epochal.protocol import NonEmptyStr, NonNegativeFloat, NonNegativeInt, Phase, Rank
+from epochal.protocol import NonEmptyStr, NonNegativeFloat, NonNegativeInt, Phase, Rank, checked_options
 
 #: words of a record's name that say which way is better, for ``mode = "auto"`` (Keras decides
 #: by the name too: "loss" is minimized, "acc"/"auc"/F-measure-like names maximized).
@@ -83,6 +83,7 @@ def _optional_number(option: str, value: Any) -> float | None:
     return float(value)
 
 
+@checked_options("early_stopping")
 class EarlyStopping:
     """Stop training when the monitored record has not improved for ``patience`` checks.
 

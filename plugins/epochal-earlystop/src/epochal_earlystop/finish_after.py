@@ -13,9 +13,10 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from epochal import PluginError, hookimpl
-from epochal.protocol import Phase, PositiveFloat, PositiveInt, Rank
+from epochal.protocol import Phase, PositiveFloat, PositiveInt, Rank, checked_options
 
 
+@checked_options("finish_after")
 class FinishAfter:
     """Request a stop once ``epochs`` epochs, ``batches`` batches or ``seconds`` seconds are done.
 

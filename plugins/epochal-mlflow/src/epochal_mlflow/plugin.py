@@ -29,7 +29,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from epochal import hookimpl
-from epochal.protocol import NonNegativeFloat, NonNegativeInt, Phase, PositiveFloat, PositiveInt, Rank
+from epochal.protocol import (
+    NonNegativeFloat,
+    NonNegativeInt,
+    Phase,
+    PositiveFloat,
+    PositiveInt,
+    Rank,
+    checked_options,
+)
 from epochal.records import Cursor, flat_config
 from epochal_mlflow.tracker import RunSpec, Tracker, warn
 
@@ -40,6 +48,7 @@ if TYPE_CHECKING:
 PARAM_LENGTH = 6000
 
 
+@checked_options("mlflow")
 class MLflow:
     """Log the run to MLflow: params from the config, metrics by step, weights and config as artifacts.
 

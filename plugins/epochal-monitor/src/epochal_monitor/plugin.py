@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
 from epochal import hookimpl
-from epochal.protocol import NonEmptyStr, NonNegativeInt, Phase, Rank
+from epochal.protocol import NonEmptyStr, NonNegativeInt, Phase, Rank, checked_options
 from epochal.triggers import every_n_batches as _every_n_batches
 
 Aggregation = Literal["mean", "sum", "min", "max", "last"]
@@ -79,6 +79,7 @@ def _decode(value: Any) -> float:
     return float(value)
 
 
+@checked_options("monitor")
 class Monitor:
     """Aggregate the train step's outputs per epoch into ``train.<metric>`` log records.
 

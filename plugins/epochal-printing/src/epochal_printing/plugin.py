@@ -20,7 +20,7 @@ from typing import Annotated, Any, ClassVar, Literal, TextIO
 
 from epochal import hookimpl
 from epochal.console import fit_lines, metric_order, terminal_width
-from epochal.protocol import Ge, Le, NonNegativeInt, Phase, Rank
+from epochal.protocol import Ge, Le, NonNegativeInt, Phase, Rank, checked_options
 
 #: log keys the loop itself writes, not metrics.
 SKIPPED = frozenset({"epochs_done"})
@@ -70,6 +70,7 @@ def format_metrics(row: Mapping[str, Any], digits: int = 4, exclude: Sequence[st
     return " | ".join(f"{stream} {' '.join(groups[stream])}" for stream in order)
 
 
+@checked_options("printing")
 class Printing:
     """Print one line per epoch (and every *batches* training batches) with every stream's metrics.
 

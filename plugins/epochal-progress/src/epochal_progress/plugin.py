@@ -26,7 +26,7 @@ from typing import Any, ClassVar, Literal
 
 from epochal import hookimpl
 from epochal.console import format_seconds, metric_order
-from epochal.protocol import NonNegativeFloat, Phase, PositiveInt, Rank
+from epochal.protocol import NonNegativeFloat, Phase, PositiveInt, Rank, checked_options
 
 
 def _format(value: Any) -> str | None:
@@ -92,6 +92,7 @@ class _Bar:
         self.next_refresh = 0.0
 
 
+@checked_options("progress")
 class Progress:
     """Show tqdm progress bars for training epochs and evaluation streams.
 

@@ -18,7 +18,7 @@ from epochal import ConfigError, PluginError
 from epochal.config import resolve
 from epochal.errors import did_you_mean
 
-__all__ = ["SCHEDULERS", "build", "check_arguments", "hyperparameters", "scheduler_class"]
+__all__ = ["SCHEDULERS", "build", "check_arguments", "hyperparameters", "options_schema", "scheduler_class"]
 
 
 def _is_scheduler(value: Any) -> bool:
@@ -138,6 +138,44 @@ def build(
     except Exception as error:  # whatever torch's constructor raises, it is the arguments' fault
         message = str(error).strip("'\"")
         raise ConfigError(f"{where} torch refused {name}({_describe(arguments)}): {message}") from None
+
+
+def options_schema(table: dict[str, Any]) -> dict[str, Any]:
+    """The JSON Schema of a ``[plugins.lr_scheduler]`` table (*table*, made from the plugin's
+    annotations) with each scheduler's own arguments: with ``name = "CosineAnnealingLR"`` the
+    table takes the plugin's options and ``T_max``, ``eta_min``, ``last_epoch``, nothing else
+    (``T_mx`` is refused as the run refuses it), typed by the class's annotations."""
+    import typing
+
+    from epochal.schema import type_schema
+
+    own = table["properties"]
+    own["name"] = {**own.get("name", {}), "enum": sorted(SCHEDULERS)}
+    branches = []
+    for name, cls in sorted(SCHEDULERS.items()):
+        params = dict(inspect.signature(cls).parameters)
+        params.pop("optimizer", None)
+        try:
+            hints = typing.get_type_hints(cls.__init__)  # type: ignore[misc]
+        except Exception:  # annotations naming what the module does not import
+            hints = {}
+        arguments: dict[str, Any] = {}
+        for key in params:
+            schema = type_schema(hints[key]) if key in hints else {}
+            if key in LENGTH_ARGUMENTS and schema:
+                schema = {"anyOf": [schema, {"const": "auto"}]}
+            elif key in _CALLABLE_ARGUMENTS or key == "schedulers":
+                schema = {}  # "module:function", a list of scheduler tables: checked by the run
+            arguments[key] = schema
+        required = [key for key, p in params.items() if p.default is p.empty]
+        branch: dict[str, Any] = {"properties": {**own, **arguments}, "additionalProperties": False}
+        if required:
+            branch["required"] = required
+        branches.append(
+            {"if": {"properties": {"name": {"const": name}}, "required": ["name"]}, "then": branch}
+        )
+    table["allOf"] = branches
+    return table
 
 
 def _without_name(table: Mapping[str, Any]) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from epochal import ConfigError, PluginError, hookimpl
-from epochal.protocol import Phase, PositiveInt, Rank
+from epochal.protocol import Phase, PositiveInt, Rank, checked_options
 
 if TYPE_CHECKING:
     import torch
@@ -60,6 +60,7 @@ class Schedule:
     steps: int = 0
 
 
+@checked_options("lr_scheduler")
 class LRScheduler:
     """Step a ``torch.optim.lr_scheduler`` scheduler of the model's optimizer.
 
@@ -119,6 +120,13 @@ class LRScheduler:
         #: whether the monitored record was seen in the log, and the streams evaluated so far.
         self._seen = False
         self._evaluated: set[str] = set()
+
+    @staticmethod
+    def refine_schema(table: dict[str, Any]) -> dict[str, Any]:
+        """Each scheduler's own arguments in the table's JSON Schema (``epochal schema``)."""
+        from epochal_schedule.build import options_schema
+
+        return options_schema(table)
 
     # -- the optimizers -----------------------------------------------------------------------
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from epochal import hookimpl
-from epochal.protocol import NonNegativeFloat, NonNegativeInt, Phase, Rank
+from epochal.protocol import NonNegativeFloat, NonNegativeInt, Phase, Rank, checked_options
 from epochal_sqlite import store
 from epochal_sqlite.liveness import RunLock, mark_killed
 
@@ -69,6 +69,7 @@ def default_path(run_dir: str | Path | None) -> Path:
     return Path(run_dir).parent / "epochal.sqlite"
 
 
+@checked_options("sqlite_log")
 class SQLiteLog:
     """Persist every run's training log, status and configuration in a SQLite file.
 
@@ -88,6 +89,7 @@ class SQLiteLog:
 
     #: write after monitor, early stopping and checkpoint have logged the epoch's records.
     phase: ClassVar[Phase] = "report"  # the epoch's records and decisions are in the row
+    writes_to = ("path",)  # the database (epochal check-resume moves it)
     #: on several processes one writer, rank 0 (the records it logs are reduced across ranks).
     rank: ClassVar[Rank] = "zero"
 

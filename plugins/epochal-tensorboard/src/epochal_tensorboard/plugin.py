@@ -29,13 +29,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from epochal import hookimpl
-from epochal.protocol import NonNegativeInt, Phase, Rank
+from epochal.protocol import NonNegativeInt, Phase, Rank, checked_options
 from epochal.records import Cursor, flat_config
 
 if TYPE_CHECKING:
     from epochal.loop import Loop
 
 
+@checked_options("tensorboard")
 class TensorBoard:
     """Write the run's numeric records, hyperparameters and parameter histograms for TensorBoard.
 
@@ -58,6 +59,7 @@ class TensorBoard:
     #: loaded only when named (``[plugins] order``, ``--plugins``): installing every plugin
     #: distribution must not mean event files in every run directory.
     autoload = False
+    writes_to = ("dir",)  # its event files (epochal check-resume moves them)
 
     def __init__(
         self,

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 from epochal import hookimpl
 from epochal.console import render_table, terminal_width
-from epochal.protocol import Rank
+from epochal.protocol import Rank, checked_options
 
 #: hooks never wrapped: called before timing starts, or outside a run.
 UNTIMED = frozenset({"resume_state", "register_commands"})
@@ -71,6 +71,7 @@ def _timer_code(argnames: tuple[str, ...]) -> CodeType:
     return compile(source, "<epochal timing wrapper>", "exec")
 
 
+@checked_options("timing")
 class Timing:
     """Record the wall time of every stage and of every plugin's hooks, per epoch and in total.
 

@@ -22,13 +22,15 @@ class NpyCheckpoint:
     """Save the loop's state after every epoch and on an interrupt; resume the newest."""
 
     rank = "all"  # loop.state_dict() is a collective on several processes
+    provides = "checkpoint"  # installed with the standard one, it runs instead
+    writes_to = ("directory",)  # the option naming where it writes (check-resume moves it)
 
-    def __init__(self, dir: str | None = None) -> None:
-        self.dir = dir
+    def __init__(self, directory: str | None = None) -> None:
+        self.directory = directory
 
     def _directory(self, run_dir: Any) -> Path | None:
-        if self.dir:
-            return Path(self.dir)
+        if self.directory:
+            return Path(self.directory)
         return Path(run_dir) / "npy" if run_dir is not None else None
 
     def _saved(self, run_dir: Any) -> list[Path]:
