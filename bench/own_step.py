@@ -13,7 +13,8 @@ and optimizer:
 * ``raw loop``: ``zero_grad / forward / loss / backward / step`` in plain PyTorch (the floor).
 
 Rounds are interleaved (every case once per round, the order rotating); reported per case: the
-median per step, and the median over the rounds of its ratio to ``built-in`` (with the spread).
+median per step, the median over the rounds of its ratio to ``built-in`` (with the spread), and
+the ratio of its fastest run to ``built-in``'s fastest (another process's load only adds time).
 One intra-op thread (``torch.set_num_threads(1)``), so that a shared machine's other load
 perturbs less.
 
@@ -136,12 +137,12 @@ def main() -> None:
         f"torch {torch.__version__}, MLP {args.width}-{args.width}-10, batch 32, {args.steps} steps x "
         f"{args.epochs} epochs, {args.rounds} interleaved rounds, process CPU time, 1 thread"
     )
-    print(f"{'case':<16} {'median/step':>12} {'ratio to built-in (median, min-max)':>38}")
+    print(f"{'case':<16} {'median/step':>12} {'ratio to built-in (median, min-max)':>38} {'fastest':>8}")
     for name in names:
         ratios = [t / b for t, b in zip(times[name], base, strict=True)]
         median = statistics.median(times[name]) * 1e6
         spread = f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})"
-        print(f"{name:<16} {median:>10.1f}us {spread:>38}")
+        print(f"{name:<16} {median:>10.1f}us {spread:>38} {min(times[name]) / min(base):>8.3f}")
 
 
 if __name__ == "__main__":
