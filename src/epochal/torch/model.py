@@ -207,7 +207,9 @@ class TorchModel(OwnStep, TorchState):
         self.optimizer_steps = 0
         self.optimizer_stepped = False
         self.stepped_optimizers: frozenset[str] = frozenset()
+        #: the optimizers a manual step stepped in this batch, and since the scaler's last update.
         self._stepping: set[str] = set()
+        self._unscaled: set[str] = set()
         self._loop: Any = None
         self.ddp_options = dict(ddp_options or {})
         #: the world of :meth:`distribute` (None: one process).
@@ -426,9 +428,10 @@ class TorchModel(OwnStep, TorchState):
             self.optimizer_stepped = bool(stepped)
             self.stepped_optimizers = frozenset(stepped)
             if stepped:
-                precision.update()
+                if self._unscaled:
+                    precision.update()
                 self.optimizer_steps += 1
-                self._stepping = set()
+                self._stepping, self._unscaled = set(), set()
         return logs
 
     def _no_sync(self) -> contextlib.ExitStack:

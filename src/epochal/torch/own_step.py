@@ -170,6 +170,7 @@ class OwnStep:
     precision: Any
     parts: Any
     _stepping: set[str]
+    _unscaled: set[str]
     _apply: Callable[[torch.optim.Optimizer], None]
 
     def training_step(self, batch: Any) -> Any:
@@ -235,8 +236,9 @@ class OwnStep:
                 f"TorchModel.optimizer_step({name!r}): no optimizer of that name; the model's: "
                 f"{', '.join(map(repr, optimizers))}{did_you_mean(name, list(optimizers))}"
             )
-        if name in self._stepping and self.precision.scaler is not None:
+        if name in self._unscaled and self.precision.scaler is not None:
             self.precision.update()  # torch's scaler: one unscale per optimizer per update
-            self._stepping.clear()
+            self._unscaled.clear()
         self._apply(optimizers[name])
         self._stepping.add(name)
+        self._unscaled.add(name)
