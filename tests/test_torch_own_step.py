@@ -657,18 +657,23 @@ def test_16_mixed_with_two_optimizers_under_automatic_optimization_follows_torch
 
 def test_an_optimizer_stepped_twice_in_a_batch_under_16_mixed_updates_the_scale_between() -> None:
     """torch's scaler unscales an optimizer once per update: a critic stepped twice in one batch
-    gets an update between its steps, and the batch still reports both optimizers stepped."""
+    (before and after the generator) gets an update between its steps, and the batch still
+    reports both optimizers stepped."""
 
     def step(model: TorchModel, batch: Any) -> dict[str, Any]:
         d, g = model.modules["discriminator"], model.modules["generator"]
-        for _ in range(2):  # two critic steps
+
+        def critic() -> None:
             d.zero_grad()
             model.backward(torch.nn.functional.binary_cross_entropy(d(batch), torch.ones(len(batch))))
             model.optimizer_step("discriminator")
+
+        critic()
         g.zero_grad()
         fake = g(torch.randn(len(batch), models.NZ))
         model.backward(torch.nn.functional.binary_cross_entropy(d(fake), torch.ones(len(batch))))
         model.optimizer_step("generator")
+        critic()  # the critic again, after the generator
         return {}
 
     generator, discriminator = models.gan_modules()
