@@ -32,7 +32,6 @@ The model protocol used here: ``sharded_state_dict()`` (a ``state_dict`` for DCP
 from __future__ import annotations
 
 import shutil
-import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -170,17 +169,18 @@ def write_part(
     waits for a rank that failed)."""
     import torch.distributed.checkpoint as dcp
 
+    from epochal.torch import dcp_io
+
     try:
         writer = dcp.FileSystemWriter(tmp, sync_files=True, single_file_per_rank=True, overwrite=False)
-        with warnings.catch_warnings():  # DCP's note that one process saves alone: that is intended
-            warnings.filterwarnings("ignore", "torch.distributed is ", UserWarning)
+        with dcp_io.quiet():  # DCP's note that one process saves alone (intended), its log records
             dcp.save(tensors, storage_writer=writer, process_group=process_group, no_dist=not _distributed())
         described = files.describe(tmp, world.rank, coordinator=world.is_zero)
         if upload is not None:
             upload(tmp, sorted(described))
         return described
-    except Exception as error:
-        return f"rank {world.rank}: {type(error).__name__}: {' '.join(str(error).split())}"[:600]
+    except (Exception, dcp_io.checkpoint_exception()) as error:  # DCP's is a BaseException
+        return f"rank {world.rank}: {dcp_io.one_line(error)}"[:600]
     finally:
         if upload is not None and not world.is_zero:  # uploaded: no local copy is kept
             shutil.rmtree(tmp, ignore_errors=True)
