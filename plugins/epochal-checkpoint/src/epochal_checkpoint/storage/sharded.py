@@ -8,7 +8,9 @@ file: the manifest (its commit record last, written by rank 0 only after every r
 its files durable) is what makes the checkpoint complete.
 
 Each rank checksums and fsyncs its own files (:func:`describe`), so that work is parallel too;
-a reader verifies them all (:func:`verify`) before any rank loads them.
+a reader verifies them all (:func:`verify`) before any rank loads them, and reads ``.metadata``
+(a pickle, in DCP's format) with an unpickler that admits only DCP's metadata records: nothing in
+a checkpoint runs code.
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from epochal_checkpoint.storage.codec import MANIFEST, crc32
-from epochal_checkpoint.storage.read import MAX_FILE_BYTES, corrupt, open_regular, read_into
+from epochal_checkpoint.storage.read import MAX_FILE_BYTES, corrupt, open_regular, read_into, verified
 
-__all__ = ["DCP_METADATA", "SHARDED", "SHARD_RE", "check_names", "describe", "verify"]
+__all__ = ["DCP_METADATA", "SHARDED", "SHARD_RE", "check_metadata", "check_names", "describe", "verify"]
 
 #: the manifest key listing DCP's files.
 SHARDED = "sharded"
@@ -70,11 +72,16 @@ def check_names(path: Path, names: Any) -> list[str]:
 
 
 def verify(path: Path, names: Sequence[str], files: Mapping[str, Mapping[str, Any]]) -> None:
-    """Check each DCP file of checkpoint *path* against the manifest: regular, its size, its CRC-32.
+    """Check each DCP file of checkpoint *path* against the manifest: regular, its size, its
+    CRC-32; then ``.metadata``, read as DCP's metadata without running code
+    (:func:`check_metadata`), once everything it points into verified.
 
-    :raises CorruptCheckpointError: naming the checkpoint and the file (missing, short, changed).
+    :raises CorruptCheckpointError: naming the checkpoint and the file (missing, short, changed,
+        not DCP's metadata).
     """
     for name in names:
+        if name == DCP_METADATA:
+            continue
         expected = files[name]
         fd, size = open_regular(path, name, MAX_FILE_BYTES, expected["size"])
         try:
@@ -88,3 +95,31 @@ def verify(path: Path, names: Sequence[str], files: Mapping[str, Mapping[str, An
             os.close(fd)
         if f"{crc:08x}" != expected["crc32"]:
             raise corrupt(path, name, f"fails its checksum (crc32 {crc:08x}, manifest {expected['crc32']})")
+    if DCP_METADATA in names:
+        check_metadata(path, verified(path, DCP_METADATA, files[DCP_METADATA]), names, files)
+
+
+def check_metadata(
+    path: Path, data: bytes | bytearray, names: Sequence[str], files: Mapping[str, Mapping[str, Any]]
+) -> None:
+    """Read DCP's ``.metadata`` (*data*) of checkpoint *path* as torch's reader would, but
+    without unpickling anything but DCP's metadata records, and check that every record lies in
+    a ``.distcp`` file the manifest lists, inside its size (:func:`epochal.torch.dcp_io.parse_metadata`),
+    and that every value that is not a tensor reads without code (``check_values``).
+    Without torch nothing can load the checkpoint's tensors; then only the checksums are checked.
+
+    :raises CorruptCheckpointError: naming the checkpoint and ``.metadata``.
+    """
+    try:
+        from epochal.torch.dcp_io import RecordError, check_values, parse_metadata
+    except ImportError:
+        return
+    sizes = {name: int(files[name]["size"]) for name in names if name != DCP_METADATA}
+    try:
+        metadata = parse_metadata(bytes(data), sizes)
+    except ValueError as error:
+        raise corrupt(path, DCP_METADATA, str(error)) from None
+    try:
+        check_values(metadata, path)
+    except RecordError as error:
+        raise corrupt(path, error.file, str(error)) from None
