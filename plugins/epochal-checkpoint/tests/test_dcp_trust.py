@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import zlib
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,8 @@ from epochal_checkpoint.forgery import (  # noqa: E402
     plant_metadata,
     plant_value,
 )
+from epochal_checkpoint.storage import KEY_ENV  # noqa: E402
+from epochal_checkpoint.testing import force_crc32  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -90,8 +93,9 @@ METADATA = ".metadata is not DCP metadata"
 LOCATION = "data.bin key model.dcp is set"
 
 
-def run(where: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return epochal_command(*args, cwd=where, env={"OMP_NUM_THREADS": "1"}, timeout=300)
+def run(where: Path, *args: str, key: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {"OMP_NUM_THREADS": "1", **({KEY_ENV: key} if key is not None else {})}
+    return epochal_command(*args, cwd=where, env=env, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -219,3 +223,41 @@ def test_a_sharded_checkpoint_of_another_model_is_one_line(project: Path) -> Non
     errors = [line for line in done.stderr.splitlines() if line.startswith("Error: ")]
     assert len(errors) == 1 and "does not fit the model" in errors[0] and "0.weight" in errors[0], done.stderr
     assert "Global metadata" not in done.stderr
+
+
+def in_place(file: Path, data: bytes | bytearray) -> None:
+    """Write *data* (as long as *file*) into *file*, its last 4 bytes chosen so that the file's
+    CRC-32 stays: the manifest is left byte for byte, and only a signature tells."""
+    before = file.read_bytes()
+    assert len(data) == len(before)
+    forged = bytearray(data)
+    force_crc32(forged, len(forged) - 4, zlib.crc32(before))
+    file.write_bytes(bytes(forged))
+
+
+def test_signed_sharded_checkpoints_refuse_forged_dcp_files(project: Path) -> None:
+    """Issue 44, item 2: with EPOCHAL_CHECKPOINT_KEY every rank signs its DCP files; a file
+    changed in place with its CRC-32 kept (what only a key tells) is refused, ``.metadata``
+    before a byte of it is unpickled, and the run resumes from the one before."""
+    key = "the owner's key"
+    shutil.rmtree(project / "run")
+    done = run(project, "run", "run.toml", "--set", "loop.max_epochs=3", key=key)
+    assert done.returncode == 0, done.stderr[-3000:]
+    signature = (checkpoint(project, 3) / "signature.json").read_text()
+    assert ".metadata" in signature and "__0_0.distcp" in signature
+    shard = checkpoint(project, 3) / "__0_0.distcp"
+    tensors = bytearray(shard.read_bytes())
+    tensors[len(tensors) // 2] ^= 0x01
+    in_place(shard, tensors)
+    metadata = checkpoint(project, 2) / ".metadata"
+    payload = pickle_payload("os-system", project)  # unpickling stops at its STOP opcode
+    in_place(metadata, payload + bytes(metadata.stat().st_size - len(payload)))
+    done = run(project, "run", "run.toml", "--set", "loop.max_epochs=4", "--resume", key=key)
+    assert executed(project) == []
+    mismatch = "does not match its signature"
+    fell_back(done, {EPOCHS[2]: f"__0_0.distcp {mismatch}", EPOCHS[1]: f".metadata {mismatch}"}, to=EPOCHS[0])
+    # without the key the changed tensor file passes (its CRC-32 agrees): the signature found it
+    forged = str(checkpoint(project, 3))
+    done = run(project, "run", "run.toml", "--set", "loop.max_epochs=4", "--resume", forged)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert executed(project) == []

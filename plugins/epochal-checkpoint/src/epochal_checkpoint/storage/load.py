@@ -392,12 +392,6 @@ def read_checkpoint_info(path: Path, model_only: bool = False, into: Any = None)
         raise foreign_file_error(path)
     signed = _signature(path)
     manifest = read_manifest(path, _manifest_check(path, signed))
-    shards = manifest.get(sharded.SHARDED, [])
-    if shards and signed is not None:
-        raise sign.UnsignedCheckpointError(
-            f"checkpoint {str(path)!r} is sharded, and sharded checkpoints are not signed yet: "
-            f"unset {sign.KEY_ENV} to read it"
-        )
     fills: list[Fills] = []
     try:
         read = _read_verified(path, manifest, model_only, signed, into, fills)
@@ -422,7 +416,7 @@ def _read_verified(
         why = f"key model.{planted[0]} is set; only a reader sets it (to the checkpoint itself)"
         raise corrupt(path, DATA, why)
     if shards:  # every rank's DCP files verified here, before any rank loads them
-        sharded.verify(path, shards, manifest["files"])
+        sharded.verify(path, shards, manifest["files"], signed)
         if not isinstance(model, dict):
             raise corrupt(path, DATA, "key model is not a table (a sharded checkpoint's model rest)")
         model["dcp"] = str(path.absolute())
