@@ -280,16 +280,23 @@ class _SafeReading:
     load_id: str
     #: why the files could not be read (None: they could, so far).
     damage: str | None = None
+    #: the same, when they could not be reached at all (missing, a store's error): not damage.
+    unreadable: str | None = None
 
     def read_metadata(self) -> Any:  # no **kwargs: DCP then never falls back to a rank's own file
         try:
             with self.fs.create_stream(self.fs.concat_path(self.path, METADATA), "rb") as stream:
                 data = stream.read(MAX_METADATA_BYTES + 1)
+        except Exception as error:  # missing, or the store cannot be reached: not damage
+            why = " ".join(str(error).split())
+            self.damage = self.unreadable = f"{METADATA} cannot be read: {type(error).__name__}: {why}"
+            raise _DamageError(self.damage) from None
+        try:
             if len(data) > MAX_METADATA_BYTES:
                 raise ValueError(f"is larger than {MAX_METADATA_BYTES} bytes")
             metadata = parse_metadata(data)
-        except Exception as error:
-            self.damage = f"{METADATA} {error}" if isinstance(error, ValueError) else f"{METADATA}: {error}"
+        except ValueError as error:
+            self.damage = f"{METADATA} {error}"
             raise _DamageError(self.damage) from None
         if metadata.storage_meta is None:
             metadata.storage_meta = _md.StorageMeta()
@@ -407,14 +414,16 @@ def raise_translated(error: BaseException, where: str, source: Any = None) -> No
     """Raise one :class:`DamagedShardsError` or :class:`ShardsMismatchError` for *error* (from a
     DCP load of checkpoint *where*; *source*, the reader, says whether its files were at fault).
 
-    :raises DamagedShardsError: the files could not be read (a record, ``.metadata``).
+    :raises DamagedShardsError: the files could not be read (a record, ``.metadata``), or
+        could not be reached (said so: a missing ``.metadata``, a store's error).
     :raises ShardsMismatchError: otherwise: the files do not fit the model.
     """
     damage = getattr(source, "damage", None)
     if damage is None:
         damage = next((str(c) for c in _causes(error) if isinstance(c, _DamageError)), None)
     if damage is not None:
-        raise DamagedShardsError(f"the sharded checkpoint {where!r} is damaged: {damage:.400}") from None
+        state = "cannot be read" if getattr(source, "unreadable", None) else "is damaged"
+        raise DamagedShardsError(f"the sharded checkpoint {where!r} {state}: {damage:.400}") from None
     why = one_line(error)
     where = f"the sharded checkpoint {where!r}"
     raise ShardsMismatchError(f"{where} does not fit the model: {why:.500}") from None
