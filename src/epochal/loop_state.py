@@ -25,7 +25,10 @@ STATE_FORMAT = 1
 
 def capture(loop: Loop, *, log_rows: bool = True, model: bool = True) -> dict[str, Any]:
     """*loop*'s state (:meth:`~epochal.loop.Loop.state_dict` documents the arguments)."""
-    plugins = plugin_state.capture(loop.plugins, loop._plugin_set.infos, loop.orphan_plugin_states)
+    plugin_set = loop._plugin_set
+    plugins = plugin_state.capture(
+        loop.plugins, plugin_set.infos, loop.orphan_plugin_states, plugin_set.isolate_failure
+    )
     rng = _rng.capture()
     data = {
         name: stream.state_dict()
