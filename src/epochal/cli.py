@@ -302,12 +302,19 @@ def _train(
     try:
         log = loop.run()
     except KeyboardInterrupt:  # a third Ctrl-C: stopped at once
-        saved = (
-            "after its interrupt hooks ran (an interrupt checkpoint is saved there): only its "
-            "wind-down was cut short"
-            if loop.interrupt_hooks_ran
-            else "nothing was saved at this point"
-        )
+        if loop.interrupt_hooks_ran:
+            saved = (
+                "after its interrupt hooks ran (an interrupt checkpoint is saved there): only its "
+                "wind-down was cut short"
+            )
+        elif loop.training_ended:  # its outcome was settled; a final save may be cut short
+            saved = (
+                f"after training ended ({loop.log.status.get('finish_reason')}), during its "
+                "after_training hooks: a final checkpoint they write may be cut short (earlier ones "
+                "are kept)"
+            )
+        else:
+            saved = "nothing was saved at this point"
         click.echo(
             f"epochal: run {loop.run_id} stopped at once by a third SIGINT after {loop.iteration} "
             f"batch(es); {saved}",

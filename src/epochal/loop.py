@@ -218,6 +218,10 @@ class Loop:
         #: ``on_interrupt`` ran to its end (a checkpoint plugin saved there): a third SIGINT
         #: after it cut only the wind-down short.
         self.interrupt_hooks_ran = False
+        #: training ended and ``after_training`` started (a third SIGINT now cuts only that short).
+        self.training_ended = False
+        #: ``after_training`` ran to its end: the run's outcome is settled, a signal only noted.
+        self.wound_down = False
         self._ran = False
         #: where the resumed state came from, as the plugin that gave it says (e.g. a path).
         self.resumed_source: str | None = None
@@ -523,8 +527,10 @@ class Loop:
             self.interrupt_hooks_ran = True
         else:
             status.update(status="finished", finish_reason=reason or "completed")
+        self.training_ended = True
         if hooks.after_training is not None:
             hooks.after_training(self)
+        self.wound_down = True
 
     def _fail(self, error: BaseException) -> None:
         self.error_plugin = getattr(error, "epochal_plugin", None)
@@ -595,7 +601,11 @@ class Loop:
     # -- signals ------------------------------------------------------------------------------
 
     def _on_signal(self, signum: int, frame: object) -> None:
-        message = self.stopping.interrupt(signum)
+        if self.wound_down:  # the final hooks ran (a final checkpoint is written): outcome settled
+            name = signal.Signals(signum).name
+            message: str | None = f"epochal: {name} received after training ended; the run's outcome stands"
+        else:
+            message = self.stopping.interrupt(signum)
         if message is not None:
             print(message, file=sys.stderr, flush=True)
 
