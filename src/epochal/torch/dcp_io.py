@@ -270,6 +270,16 @@ class _DamageError(Exception):
     """Raised inside DCP by the safe reader: the files, not the model, are at fault."""
 
 
+def _read_bounded(stream: Any, limit: int) -> bytes:
+    """At most *limit* bytes of *stream*, read in pieces (``read(limit)`` would allocate *limit*
+    bytes at once, whatever the file's size)."""
+    pieces, size = [], 0
+    while size < limit and (piece := stream.read(min(1 << 20, limit - size))):
+        pieces.append(piece)
+        size += len(piece)
+    return b"".join(pieces)
+
+
 class _SafeReading:
     """What the safe readers change in DCP's: ``.metadata`` read by :func:`parse_metadata` (the
     coordinator's only: never a rank's own ``__R.metadata``), every record's read failure
@@ -286,7 +296,7 @@ class _SafeReading:
     def read_metadata(self) -> Any:  # no **kwargs: DCP then never falls back to a rank's own file
         try:
             with self.fs.create_stream(self.fs.concat_path(self.path, METADATA), "rb") as stream:
-                data = stream.read(MAX_METADATA_BYTES + 1)
+                data = _read_bounded(stream, MAX_METADATA_BYTES + 1)
         except Exception as error:  # missing, or the store cannot be reached: not damage
             why = " ".join(str(error).split())
             self.damage = self.unreadable = f"{METADATA} cannot be read: {type(error).__name__}: {why}"
