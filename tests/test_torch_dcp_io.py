@@ -157,6 +157,18 @@ def test_records_outside_the_checkpoints_files_are_refused(
         dcp_io.parse_metadata(forged_records(checkpoint, change), sizes(checkpoint))
 
 
+@pytest.mark.parametrize("field", ["offset", "relative_path", "length"])
+def test_a_record_without_one_of_its_fields_is_not_dcp_metadata(checkpoint: Path, field: str) -> None:
+    """Found by the fuzz campaign: a bit flip in a field's name left a record without it
+    (AttributeError), and one that named no field set an attribute of another name."""
+    data = (checkpoint / ".metadata").read_bytes()
+    renamed = field[:-1] + field[-1].upper()  # the same length: a flip of one bit
+    forged = data.replace(field.encode(), renamed.encode())
+    assert forged != data
+    with pytest.raises(ValueError, match=rf"sets \w+\.{renamed}\w*, which is no field of it"):
+        dcp_io.parse_metadata(forged, sizes(checkpoint))
+
+
 def test_a_huge_tensor_size_is_refused_before_anything_is_allocated(checkpoint: Path) -> None:
     metadata = pickle.loads((checkpoint / ".metadata").read_bytes())
     entry = metadata.state_dict_metadata["model.0.weight"]

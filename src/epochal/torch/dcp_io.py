@@ -21,6 +21,7 @@ records off stderr.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import logging
 import math
@@ -109,6 +110,7 @@ def _admitted() -> dict[tuple[str, str], Any]:
 
 
 _ADMITTED = _admitted()
+_FIELDS = {kind: {f.name for f in dataclasses.fields(kind)} for kind in _DATACLASSES}
 
 
 class MetadataUnpickler(pickle._Unpickler):
@@ -139,6 +141,10 @@ class MetadataUnpickler(pickle._Unpickler):
         elif type(inst) not in _DATACLASSES or type(state) is not dict or not all(map(_is_str, state)):
             kind = type(inst).__name__
             raise pickle.UnpicklingError(f"sets the attributes of a {kind}, which DCP never does")
+        elif unknown := sorted(set(state) - _FIELDS[type(inst)]):
+            raise pickle.UnpicklingError(
+                f"sets {type(inst).__name__}.{unknown[0]:.50}, which is no field of it"
+            )
         pickle._Unpickler.load_build(self)  # type: ignore[attr-defined]
 
     dispatch[pickle.BUILD[0]] = _build
@@ -185,6 +191,8 @@ def _check_storage(storage: Any, files: Mapping[str, int] | None) -> None:
     for index, info in storage.items():
         if type(index) is not _md.MetadataIndex or type(index.fqn) is not str:
             raise ValueError("holds a record without a name")
+        if not (index.offset is None or _is_size(index.offset)) or type(index.index) not in (int, type(None)):
+            raise ValueError(f"record {index.fqn!r} has a bad index")
         if type(info) is not _filesystem._StorageInfo:
             raise ValueError(f"record {index.fqn!r} is not a file record")
         path = info.relative_path
@@ -214,6 +222,16 @@ def parse_metadata(data: bytes, files: Mapping[str, int] | None = None) -> Any:
         metadata = MetadataUnpickler(io.BytesIO(data)).load()
     except Exception as error:  # whatever a damaged pickle raises: it is not DCP's metadata
         raise ValueError(f"is not DCP metadata: {type(error).__name__}: {error}"[:300]) from None
+    try:
+        _check(metadata, files)
+    except ValueError:
+        raise
+    except Exception as error:  # a record without one of its fields, a field of another type
+        raise ValueError(f"is not DCP metadata: {type(error).__name__}: {error}"[:300]) from None
+    return metadata
+
+
+def _check(metadata: Any, files: Mapping[str, int] | None) -> None:
     if type(metadata) is not _md.Metadata:
         raise ValueError(f"holds a {type(metadata).__name__}, not DCP's Metadata")
     entries = metadata.state_dict_metadata
@@ -237,7 +255,6 @@ def parse_metadata(data: bytes, files: Mapping[str, int] | None = None) -> Any:
         raise ValueError("holds planner data that is not DCP's")
     if metadata.storage_meta is not None and type(metadata.storage_meta) is not _md.StorageMeta:
         raise ValueError("holds storage information that is not DCP's")
-    return metadata
 
 
 def check_values(metadata: Any, directory: str | Path) -> None:
