@@ -247,6 +247,7 @@ class Saving(BackgroundWrites):
         writers' group."""
         where = f"[plugins.{self._name}]"
         shards.check_model(loop.model, where)
+        shards.check_keys(loop.world, where)  # every rank signs its own files: the same key
         if self.async_save:
             self._shards.open(loop.world)  # every rank, here: a collective
 

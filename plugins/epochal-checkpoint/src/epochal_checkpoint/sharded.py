@@ -40,6 +40,7 @@ from epochal.errors import ConfigError
 from epochal_checkpoint import storage
 from epochal_checkpoint.errors import CheckpointWriteError
 from epochal_checkpoint.storage import sharded as files
+from epochal_checkpoint.storage import sign
 from epochal_checkpoint.storage.store import shown
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "agree",
+    "check_keys",
     "check_model",
     "read_from_store",
     "save_part",
@@ -86,6 +88,36 @@ def check_model(model: Any, where: str) -> None:
             f"(epochal.torch.TorchModel has them); {kind.__module__}.{kind.__qualname__} has not: "
             'use format = "single" or "auto"'
         )
+
+
+def check_keys(world: Any, where: str) -> None:
+    """Refuse, before the first batch, a run on several processes whose ranks do not all hold
+    the same ``EPOCHAL_CHECKPOINT_KEY``: each rank signs its own DCP files (a collective; the
+    ranks compare a MAC of a constant under their keys, never the keys).
+
+    :raises ConfigError: on every rank alike, naming the ranks without the key or with another.
+    """
+    if not getattr(world, "distributed", False):
+        return
+    import hashlib
+    import hmac
+
+    key = sign.signing_key()
+    tag = None if key is None else hmac.new(key, b"epochal-checkpoint key check", hashlib.sha256).hexdigest()
+    tags = world.all_gather_object(tag)
+    if len(set(tags)) <= 1:
+        return
+    without = [rank for rank, t in enumerate(tags) if t is None]
+    other = [rank for rank, t in enumerate(tags) if t is not None and t != tags[0]]
+    said = []
+    if without:
+        said.append(f"rank(s) {', '.join(map(str, without))} have none")
+    if other:
+        said.append(f"rank(s) {', '.join(map(str, other))} hold another than rank 0's")
+    raise ConfigError(
+        f'{where} format = "sharded" with {sign.KEY_ENV}: every rank signs its own DCP files, and '
+        f"{'; '.join(said)}: set the same key on every rank (every node)"
+    )
 
 
 def save_part(
