@@ -1,6 +1,7 @@
 """Fuzzing the checkpoint readers: mutated files of a checkpoint read under a memory limit.
 
-Run: ``python bench/fuzz_checkpoint.py [--per-file 1000] [--children 2] [--memory-mb 200] [--key KEY]``.
+Run: ``python bench/fuzz_checkpoint.py [--per-file 1000] [--children 2] [--memory-mb 200] [--key KEY]
+[--sharded]``.
 
 Writes two checkpoints of a small synthetic run, then reads ``--per-file`` damaged copies of
 every file of the newest one (bit flips, truncations, garbage, wrong JSON types, deep nesting,
@@ -14,7 +15,12 @@ checkpoint, in under 1 s of CPU and 5 s of wall time, no single read asking for 
 outside name, ``/dev/zero``, itself, a name too long; a regular file, FIFO or directory) and read
 as ``load``'s ``path`` is: a load or one ``CheckpointError``. With ``--key`` the checkpoints are
 signed (``EPOCHAL_CHECKPOINT_KEY``) and read with the key: no damage to ``data.bin`` or the
-manifest may load. The test suite runs 200 per file kind, unsigned and signed
+manifest may load. ``pickle-payload`` replaces a file with a pickle that runs code when
+unpickled (``os.system``, ``eval``, a ``getattr`` chain, a torch global): none may run. With
+``--sharded`` the checkpoints are a ``TorchModel``'s sharded ones (DCP's ``.metadata`` and
+``.distcp`` beside ``data.bin``) and each case that reads also loads the model as a resume does
+(every DCP read): a load error is one line (``DamagedShardsError``), counted apart. The test
+suite runs 200 per file kind, unsigned and signed, and 40 sharded
 (tests/test_checkpoint_trust.py).
 """
 
@@ -39,10 +45,11 @@ def main() -> None:
     parser.add_argument("--memory-mb", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--key", default=None, help="sign the checkpoints and read with this key")
+    parser.add_argument("--sharded", action="store_true", help="a TorchModel's sharded checkpoints")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix=".fuzz-checkpoint-", dir=os.getcwd()))
     try:
-        pristine = make_pristine(workdir / "pristine", key=args.key)
+        pristine = make_pristine(workdir / "pristine", key=args.key, sharded=args.sharded)
         files = [*sorted(p.name for p in list_checkpoints(pristine)[0][-1].path.iterdir()), "latest"]
         started = time.perf_counter()
         report = fuzz(
@@ -57,7 +64,7 @@ def main() -> None:
         elapsed = time.perf_counter() - started
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    signed = "signed, read with the key" if args.key else "unsigned"
+    signed = ("signed, read with the key" if args.key else "unsigned") + (", sharded" if args.sharded else "")
     where = f"{len(files)} files x {args.per_file}; {signed}; {args.children} children, {elapsed:.0f} s"
     print(f"mutations tried: {report.cases} ({where})")
     print(f"files: {', '.join(f'{name} {n}' for name, n in sorted(report.per_file.items()))}")
@@ -68,6 +75,8 @@ def main() -> None:
     )
     print(f"fallbacks to the previous good checkpoint (one warning each): {report.fallbacks}")
     print(f"clean errors (CheckpointError; only for a damaged latest link): {report.clean_errors}")
+    print(f"one-line load errors (sharded: damage only reading the tensors shows): {report.load_errors}")
+    print(f"children in which a crafted file ran code: {report.executed}")
     print(
         f"worst read: {report.worst_cpu_s * 1000:.1f} ms CPU, {report.worst_wall_s * 1000:.1f} ms wall; "
         f"worst memory growth of a child: {report.worst_memory_mb:.1f} MB (limit {args.memory_mb} MB)"

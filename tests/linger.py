@@ -1,9 +1,10 @@
 """A plugin that makes a process linger after training (copied beside a test's config).
 
-In its ``run_summary`` hook (phase ``summary``) or in an ``atexit`` function (phase ``exit``:
-the interpreter's exit), on rank *rank*, it writes ``lingering-RANK`` and sleeps *seconds*, so
-that a test can send a signal during the wind-down. ``sigterm_at = N`` also interrupts the run
-by a SIGTERM to its own process (rank *rank*'s) after batch N.
+In its ``after_training`` hook (phase ``after_training``), its ``run_summary`` hook (phase
+``summary``) or in an ``atexit`` function (phase ``exit``: the interpreter's exit), on rank
+*rank*, it writes ``lingering-RANK`` and sleeps *seconds*, so that a test can send a signal
+during the wind-down. ``sigterm_at = N`` also interrupts the run by a SIGTERM to its own
+process (rank *rank*'s) after batch N.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ class Linger:
     def after_training(self, loop: Any) -> None:
         if self.phase == "exit" and loop.world.rank == self.rank:
             atexit.register(self.linger)
+        if self.phase == "after_training" and loop.world.rank == self.rank:
+            self.linger()
 
     @hookimpl
     def run_summary(self, loop: Any) -> list[str]:

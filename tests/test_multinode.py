@@ -458,21 +458,25 @@ def s3_store() -> Iterator[dict[str, str]]:
     server.stop()
 
 
-def sharded_nodes(root: Path, url: str, epochs: int, background: bool) -> list[Path]:
+def sharded_nodes(root: Path, url: str, epochs: int, background: bool, options: str = "") -> list[Path]:
     """Two nodes' working directories, each with its own temporary directory (its local disk:
-    a store's staging directories go there) and the FSDP model's module."""
+    a store's staging directories go there) and the FSDP model's module; *options*, the
+    checkpoint table's ``storage_options`` (TOML), if any."""
     import fsdp_mlp  # imports torch: only in the tests that run it
 
     nodes = [root / "node0", root / "node1"]
     for node in nodes:
         (node / "tmp").mkdir(parents=True, exist_ok=True)
         table = SHARDED_CHECKPOINT.format(url=url, background=str(background).lower())
+        if options:
+            table += f"\nstorage_options = {options}"
         fsdp_mlp.write_config(node, "fsdp", epochs=epochs, checkpoint=table)
     return nodes
 
 
 def run_sharded_nodes(nodes: list[Path], env: dict[str, str], *args: str) -> dict[str, Any]:
-    """Both launchers (torchrun, c10d on 127.0.0.1) to the end; rank 0's record."""
+    """Both launchers (torchrun, c10d on 127.0.0.1) to the end; rank 0's record. An empty value
+    in *env* removes that variable."""
     endpoint, rdzv_id = f"127.0.0.1:{free_port()}", uuid.uuid4().hex
     launchers = []
     for rank, node in enumerate(nodes):
@@ -484,6 +488,7 @@ def run_sharded_nodes(nodes: list[Path], env: dict[str, str], *args: str) -> dic
             "-m", "epochal", "run", "run.toml", *args,
         ]  # fmt: skip
         node_env = {**environment(), **env, "TMPDIR": str(node / "tmp")}
+        node_env = {k: v for k, v in node_env.items() if v}
         launchers.append(
             subprocess.Popen(
                 command, cwd=node, env=node_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -531,3 +536,24 @@ def test_two_nodes_write_sharded_checkpoints_to_s3_and_both_resume_from_it(
     assert resumed["module"] == straight["module"]
     assert resumed["optimizer"] == straight["optimizer"]
     assert resumed["losses"] == straight["losses"][len(straight["losses"]) - len(resumed["losses"]) :]
+
+
+@pytest.mark.distributed
+def test_two_nodes_resume_sharded_from_s3_with_the_endpoint_only_in_storage_options(
+    tmp_path: Path, s3_store: dict[str, str]
+) -> None:
+    """Issue 44, item 4: every rank reads its tensors from the store with the checkpoint's
+    ``storage_options`` (DCP's reader is given no ``checkpoint_id``, with which torch 2.13
+    rebuilds the filesystem without them: the default AWS endpoint)."""
+    endpoint = s3_store["AWS_ENDPOINT_URL"]
+    options = f'{{endpoint_url = "{endpoint}", key = "testing", secret = "testing"}}'
+    # no AWS_* variable: the endpoint and the keys are known from storage_options only
+    env = {key: "" for key in os.environ if key.startswith("AWS_")} | dict.fromkeys(s3_store, "")
+    straight = run_sharded_nodes(
+        sharded_nodes(tmp_path / "straight", f"s3://bucket/{uuid.uuid4().hex}", 2, False, options), env
+    )
+    nodes = sharded_nodes(tmp_path / "resumed", f"s3://bucket/{uuid.uuid4().hex}", 1, False, options)
+    run_sharded_nodes(nodes, env)
+    resumed = run_sharded_nodes(nodes, env, "--set", "loop.max_epochs=2", "--resume")
+    assert resumed["module"] == straight["module"]
+    assert resumed["optimizer"] == straight["optimizer"]

@@ -167,6 +167,20 @@ def test_a_signal_after_training_leaves_a_finished_run_finished(lingering_run, p
 
 
 @pytest.mark.slow
+def test_a_third_sigint_during_after_training_says_training_had_ended(lingering_run):
+    """Issue 44, item 8: it said "nothing was saved at this point" with the run's training done."""
+    process = lingering_run("after_training")
+    for _ in range(3):
+        process.send_signal(signal.SIGINT)
+        time.sleep(0.05)
+    code, _, err = finish(process)
+    assert code == 128 + signal.SIGINT, err
+    assert "stopped at once by a third SIGINT" in err and "nothing was saved" not in err
+    assert "after training ended (max_epochs=2 reached), during its after_training hooks" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.slow
 def test_a_signal_after_an_interrupted_run_keeps_the_interrupts_status(lingering_run):
     process = lingering_run("exit", extra="sigterm_at = 2\n")
     process.send_signal(signal.SIGINT)

@@ -220,3 +220,19 @@ def test_installed_beside_the_standard_one_it_replaces_it_by_declaration(npy_sit
     assert "resumed from checkpoint run/version_0/npy/npy-00000032.npy" in resumed.stderr
     named = epochal(npy_site, tmp_path, "run", "run.toml", "--plugins", "checkpoint,npy_checkpoint")
     assert named.returncode == 2 and "each provide 'checkpoint'" in named.stderr, named.stderr
+
+
+def test_a_checkpoint_of_another_model_is_one_line_naming_the_plugin_and_the_checkpoint(npy_site, tmp_path):
+    """Issue 44, item 9: the plugin knows nothing of the core's checks; the core checks the state
+    it returns (``Loop.check_state``) and says one line, exit 2, not a traceback."""
+    write_run(tmp_path)
+    assert epochal(npy_site, tmp_path, "run", "run.toml").returncode == 0
+    path = str(tmp_path / "run" / "version_0" / "npy" / "npy-00000032.npy")
+    other = ("--set", "model.factory=epochal.examples.tiny:TinyModel", "--set", "model.features=5")
+    done = epochal(npy_site, tmp_path, "run", "run.toml", *other, "--resume", path)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("Error: ")]
+    assert len(errors) == 1, done.stderr
+    assert f"cannot resume from checkpoint {path} (given by plugin 'npy_checkpoint')" in errors[0]
+    assert "model.w: shape (3,) != expected (5,)" in errors[0]

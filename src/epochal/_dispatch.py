@@ -118,6 +118,8 @@ def compile_hook(
     plugins = [impl.plugin_name for impl in impls]
 
     def failed(error: BaseException, k: int) -> bool:
+        if getattr(error, "epochal_plugin", plugins[k]) != plugins[k]:
+            return False  # another plugin's (its state_dict, a nested hook): its own policy held
         blame(error, plugins[k], hook)
         return on_failure is not None and on_failure(error, plugins[k], hook)
 

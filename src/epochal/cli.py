@@ -298,14 +298,21 @@ def _train(
         log = loop.run()
     except KeyboardInterrupt:  # a third Ctrl-C: stopped at once
         saver = loop.plugin_set.provider("checkpoint")  # the standard one, or its replacement
-        saved = (
-            "nothing was saved at this point"
-            if not loop.interrupt_hooks_ran
-            else f"after its interrupt hooks ran (plugin {saver!r} saves an interrupt checkpoint "
-            "there): only its wind-down was cut short"
-            if saver is not None
-            else "after its interrupt hooks ran: only its wind-down was cut short"
-        )
+        if loop.interrupt_hooks_ran:
+            saved = (
+                f"after its interrupt hooks ran (plugin {saver!r} saves an interrupt checkpoint "
+                "there): only its wind-down was cut short"
+                if saver is not None
+                else "after its interrupt hooks ran: only its wind-down was cut short"
+            )
+        elif loop.training_ended:  # its outcome was settled; a final save may be cut short
+            saved = (
+                f"after training ended ({loop.log.status.get('finish_reason')}), during its "
+                "after_training hooks: a final checkpoint they write may be cut short (earlier ones "
+                "are kept)"
+            )
+        else:
+            saved = "nothing was saved at this point"
         click.echo(
             f"epochal: run {loop.run_id} stopped at once by a third SIGINT after {loop.iteration} "
             f"batch(es); {saved}",

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from epochal import _rng, evaluation, heldout, loop_state
-from epochal._dispatch import blame, each_implementation
+from epochal._dispatch import blame, each_implementation, implementations
 from epochal._options import Fraction, NonEmptyStr, NonNegativeInt, PositiveInt, Seed, check_options
 from epochal.adapters import adapt_stream, orders_itself
 from epochal.data import ShardOrder, _empty_rule
@@ -216,9 +216,15 @@ class Loop:
         #: ``on_interrupt`` ran to its end (a checkpoint plugin saved there): a third SIGINT
         #: after it cut only the wind-down short.
         self.interrupt_hooks_ran = False
+        #: training ended and ``after_training`` started (a third SIGINT now cuts only that short).
+        self.training_ended = False
+        #: ``after_training`` ran to its end: the run's outcome is settled, a signal only noted.
+        self.wound_down = False
         self._ran = False
         #: where the resumed state came from, as the plugin that gave it says (e.g. a path).
         self.resumed_source: str | None = None
+        #: the plugin whose ``resume_state`` gave the state (None: none, or not known here).
+        self._resumed_by: str | None = None
         #: the plugin whose hook raised the error that ended the run (None: model or data).
         self.error_plugin: str | None = None
         #: plugin states found in a loaded state for plugins that are not part of this run.
@@ -369,17 +375,42 @@ class Loop:
                     "or enable the 'checkpoint' plugin)"
                 )
             return None
-        state: Mapping[str, Any] | None = self._plugin_set.pm.hook.resume_state(
-            loop=self, resume=bool(self.resume)
-        )
+        pm = self._plugin_set.pm
+        impls = implementations(pm, "resume_state")
+        state: Mapping[str, Any] | None = None
+        if any(impl.wrapper or impl.hookwrapper for impl in impls):
+            state = pm.hook.resume_state(loop=self, resume=bool(self.resume))
+        else:  # pluggy's order, first result: which plugin gave it is known
+            for name, call in each_implementation(pm, "resume_state", loop=self, resume=bool(self.resume)):
+                try:
+                    state = call()
+                except Exception as error:
+                    blame(error, name, "resume_state")
+                    raise
+                if state is not None:
+                    self._resumed_by = name
+                    break
+        if state is not None and (problems := self.check_state(state)):
+            raise EpochalError(f"cannot resume from {self._resumed_what()}: {'; '.join(problems)}"[:2000])
         return state
+
+    def _resumed_what(self) -> str:
+        """What the resumed state came from, as its plugin said (for one-line errors)."""
+        source = self.resumed_source or "the state"
+        return f"{source} (given by plugin {self._resumed_by!r})" if self._resumed_by else source
 
     def _start(self) -> None:
         evaluated = self._schedule(self.eval_every_n_epochs)
         self._empty.check_sized(self.on_empty_stream, evaluated, self.eval_at_start)
         state = self.strategy.resume_state(self._resume_state)
         if state is not None:
-            self.load_state_dict(state)
+            try:
+                self.load_state_dict(state)
+            except EpochalError:
+                raise
+            except Exception as error:  # checked, yet the model or a stream refused it
+                why = " ".join(f"{type(error).__name__}: {error}".split())
+                raise EpochalError(f"cannot resume from {self._resumed_what()}: {why}"[:2000]) from error
         elif self.seed is not None and not self.resumed:
             _rng.seed_all(self.seed)
         status = self.log.status
@@ -500,8 +531,10 @@ class Loop:
             self.interrupt_hooks_ran = True
         else:
             status.update(status="finished", finish_reason=reason or "completed")
+        self.training_ended = True
         if hooks.after_training is not None:
             hooks.after_training(self)
+        self.wound_down = True
 
     def _fail(self, error: BaseException) -> None:
         self.error_plugin = getattr(error, "epochal_plugin", None)
@@ -572,7 +605,11 @@ class Loop:
     # -- signals ------------------------------------------------------------------------------
 
     def _on_signal(self, signum: int, frame: object) -> None:
-        message = self.stopping.interrupt(signum)
+        if self.wound_down:  # the final hooks ran (a final checkpoint is written): outcome settled
+            name = signal.Signals(signum).name
+            message: str | None = f"epochal: {name} received after training ended; the run's outcome stands"
+        else:
+            message = self.stopping.interrupt(signum)
         if message is not None:
             print(message, file=sys.stderr, flush=True)
 
@@ -591,3 +628,15 @@ class Loop:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore a state from :meth:`state_dict`; the run continues where it was saved."""
         loop_state.restore(self, state)
+
+    def check_state(self, state: Any) -> list[str]:
+        """Every reason this loop cannot continue from *state* (empty: it fits); nothing changes.
+
+        The format and keys of :meth:`state_dict`'s states, the number of processes (a state
+        saved in the middle of an epoch by another number of them cannot continue here), and
+        the model: its ``check_state(state)`` when it has one (``TorchModel`` does), else the
+        keys, array shapes and dtypes of its ``state_dict()``. A checkpoint plugin calls it on a
+        state it read, to refuse (or skip) one that does not fit before returning it from
+        ``resume_state``; the loop calls it too on the state a plugin returns.
+        """
+        return loop_state.problems(self, state)

@@ -18,14 +18,20 @@ from epochal.errors import EpochalError
 if TYPE_CHECKING:
     from epochal.loop import Loop
 
-__all__ = ["STATE_FORMAT", "capture", "restore"]
+__all__ = ["STATE_FORMAT", "capture", "problems", "restore"]
+
+#: the keys of a loop state (:func:`capture`).
+_KEYS = ("epoch", "iteration", "in_epoch", "batch_in_epoch", "log", "model", "rng", "data", "plugins")
 
 STATE_FORMAT = 1
 
 
 def capture(loop: Loop, *, log_rows: bool = True, model: bool = True) -> dict[str, Any]:
     """*loop*'s state (:meth:`~epochal.loop.Loop.state_dict` documents the arguments)."""
-    plugins = plugin_state.capture(loop.plugins, loop._plugin_set.infos, loop.orphan_plugin_states)
+    plugin_set = loop._plugin_set
+    plugins = plugin_state.capture(
+        loop.plugins, plugin_set.infos, loop.orphan_plugin_states, plugin_set.isolate_failure
+    )
     rng = _rng.capture()
     data = {
         name: stream.state_dict()
@@ -74,3 +80,58 @@ def restore(loop: Loop, state: Mapping[str, Any]) -> None:
     _rng.restore(own.get("rng", state["rng"]))
     loop.resumed = True
     loop.resumed_from = state.get("run_id")
+
+
+def problems(loop: Loop, state: Any) -> list[str]:
+    """Every reason *loop* cannot continue from *state* (empty: it fits); nothing is changed.
+
+    The state's format and keys, the number of processes (a state saved in the middle of an
+    epoch by another number of them), and the model: its own ``check_state(state)`` when it has
+    one, else the keys, array shapes and dtypes of its ``state_dict()``.
+    """
+    if not isinstance(state, Mapping):
+        return [f"the state is a {type(state).__name__}, not a loop state (a mapping)"]
+    if state.get("format") != STATE_FORMAT:
+        return [f"the state has loop state format {state.get('format')!r}; this epochal reads {STATE_FORMAT}"]
+    if missing := [key for key in _KEYS if key not in state]:
+        return [f"the state has no {', '.join(missing)}"]
+    found: list[str] = []
+    try:
+        loop.strategy.own_parts(state)
+    except EpochalError as error:  # saved mid-epoch by another number of processes
+        found.append(str(error))
+    model = state.get("model")
+    if model is not None:  # None: the model's state is read by its saver (sharded)
+        check = getattr(loop.model, "check_state", None)
+        if callable(check):
+            found += [f"model: {problem}" for problem in check(model)]
+        else:
+            found += _structure(loop.model.state_dict(), model, "model")
+    return found
+
+
+def _structure(expected: Any, found: Any, where: str) -> list[str]:
+    """The differences in keys, array shapes and dtypes between two model states."""
+    import numpy as np
+
+    if isinstance(expected, Mapping):
+        if not isinstance(found, Mapping):
+            return [f"{where}: expected a table, found {type(found).__name__}"]
+        out = []
+        if missing := sorted(map(str, expected.keys() - found.keys())):
+            out.append(f"missing keys {', '.join(f'{where}.{k}' for k in missing)}")
+        if unexpected := sorted(map(str, found.keys() - expected.keys())):
+            out.append(f"unexpected keys {', '.join(f'{where}.{k}' for k in unexpected)}")
+        for key in sorted(expected.keys() & found.keys(), key=str):
+            out += _structure(expected[key], found[key], f"{where}.{key}")
+        return out
+    if isinstance(expected, np.ndarray):
+        if not isinstance(found, np.ndarray):
+            return [f"{where}: expected an array, found {type(found).__name__}"]
+        out = []
+        if found.shape != expected.shape:
+            out.append(f"{where}: shape {found.shape} != expected {expected.shape}")
+        if found.dtype != expected.dtype:
+            out.append(f"{where}: dtype {found.dtype} != expected {expected.dtype}")
+        return out
+    return []

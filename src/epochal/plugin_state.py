@@ -9,32 +9,47 @@ not part of the resumed run are kept (orphans) for the next save.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from epochal._dispatch import blame
 from epochal.errors import EpochalError, PluginError
 from epochal.protocol import declared
 
 
 def capture(
-    plugins: Mapping[str, object], infos: Iterable[Any], orphans: Mapping[str, Any]
+    plugins: Mapping[str, object],
+    infos: Iterable[Any],
+    orphans: Mapping[str, Any],
+    on_failure: Callable[[BaseException, str, str], bool] | None = None,
 ) -> dict[str, Any]:
     """Every plugin's saved entry by name (the orphans' entries too).
 
     :param infos: the run's :class:`~epochal.plugins.PluginInfo` (distribution and version).
+    :param on_failure: the run's failure policy (:class:`~epochal.plugins.PluginSet`): a
+        plugin whose ``state_dict()`` raises is blamed for it (``state_dict``, not the hook of
+        the plugin that asked for the state); when *on_failure* isolates it, its state is left
+        out, else the error is raised.
     """
     by_name = {info.name: info for info in infos}
     entries: dict[str, Any] = {}
-    for name, plugin in plugins.items():
+    for name, plugin in list(plugins.items()):  # an isolated plugin leaves the mapping
         get_state = getattr(plugin, "state_dict", None)
         if callable(get_state):
+            try:
+                state = get_state()
+            except Exception as error:
+                blame(error, name, "state_dict")
+                if on_failure is not None and on_failure(error, name, "state_dict"):
+                    continue
+                raise
             info = by_name.get(name)
             entries[name] = {
                 "class": f"{type(plugin).__module__}.{type(plugin).__qualname__}",
                 "distribution": info.distribution if info else None,
                 "version": info.version if info else None,
                 "state_version": declared(plugin, "state_version"),
-                "state": get_state(),
+                "state": state,
             }
     entries.update({name: entry for name, entry in orphans.items() if name not in entries})
     return entries

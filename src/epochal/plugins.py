@@ -145,14 +145,22 @@ class PluginSet:
         if self.policies.get(plugin, "fatal") != "isolate" or not isinstance(error, Exception):
             return False
         self.isolated[plugin] = f"{hook}: {type(error).__name__}: {error}"
+        where, left = f"hook {hook!r}", ""
+        if hook == "state_dict":  # asked by a checkpoint: the others' states are saved
+            where, left = "state_dict()", " (its state is left out of checkpoints)"
         warnings.warn(
-            f"plugin {plugin!r} raised in hook {hook!r}: {type(error).__name__}: {error}; "
-            "on_failure = isolate: it is unregistered and the run goes on without it",
+            f"plugin {plugin!r} raised in {where}: {type(error).__name__}: {error}; "
+            f"on_failure = isolate: it is unregistered and the run goes on without it{left}",
             PluginIsolatedWarning,
             stacklevel=2,
         )
         self.unregister(plugin)
         return True
+
+    def isolate_failure(self, error: BaseException, plugin: str, where: str) -> bool:
+        """Isolate *plugin*, which raised *error* in *where* (a hook, or ``state_dict``), if its
+        policy says so; True: the run goes on without it."""
+        return self._on_failure(error, plugin, where)
 
     @property
     def hook(self) -> Any:

@@ -103,3 +103,35 @@ def test_end_and_interrupt_saves_wait_for_the_write_in_flight(
         loop.run()
     assert disk.writes == ["ckpt-e0000-i000003", "ckpt-e0000-i000004"] and plugin.deferred == 0
     assert load_latest(tmp_path / "checkpoints")[0]["iteration"] == 4
+
+
+def test_an_epoch_end_save_waits_for_the_write_and_stays_an_epoch_end_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 44, item 6: deferred one batch, it was a mid-epoch checkpoint (only the same number
+    of processes resumes it), and a run could be left without any epoch-end checkpoint."""
+    disk = SlowDisk(monkeypatch)
+    plugin = Checkpoint(every_n_batches=3, every_n_epochs=1, keep_last=None, async_save=True)
+
+    class ReleaseLater:
+        """Releases the first write (taken at batch 3) a moment after the epoch end waits for it."""
+
+        @hookimpl
+        def after_epoch(self, loop: Any) -> None:
+            threading.Timer(0.2, disk.release.set).start()
+
+    loop = Loop(
+        make_model(1000),
+        make_data(examples=128, batch_size=16),  # 8 batches an epoch
+        plugins={"release": ReleaseLater(), "checkpoint": plugin},  # the timer starts first
+        max_epochs=2,
+        seed=0,
+        run_dir=tmp_path,
+        handle_signals=False,
+    )
+    loop.run()
+    assert plugin.deferred >= 1  # the batch save at 6 came while the first write hung
+    saved = {i.manifest["iteration"]: i for i in list_checkpoints(tmp_path / "checkpoints")[0]}
+    assert 8 in saved and saved[8].manifest["reason"] == "epoch", sorted(saved)
+    state, _ = storage.read_checkpoint(saved[8].path)
+    assert state["in_epoch"] is False  # any number of processes resumes it

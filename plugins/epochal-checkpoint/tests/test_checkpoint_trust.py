@@ -295,3 +295,21 @@ def test_fuzzed_files_and_latest_link_end_cleanly_within_the_bounds(tmp_path: Pa
     assert set(POINTER_KINDS) <= set(report.per_kind)
     assert report.fallbacks > report.cases // 5
     assert 0 < report.largest_read <= MAX_READ_BYTES
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", [None, KEY], ids=["unsigned", "signed"])
+def test_fuzzed_sharded_checkpoints_end_cleanly_and_run_nothing(tmp_path: Path, key: str | None) -> None:
+    """Issue 44: a TorchModel's sharded checkpoints (DCP's .metadata and .distcp among the
+    files), each read case then loaded as a resume loads it: no raw exception, no payload run
+    (``pickle-payload`` plants os.system, eval, getattr chains, torch globals); a damaged
+    .metadata falls back. The bench runs >= 300 a file kind (bench/fuzz_checkpoint.py --sharded)."""
+    pytest.importorskip("torch")
+    pristine = make_pristine(tmp_path / "pristine", key=key, sharded=True)
+    files = {p.name for p in list_checkpoints(pristine)[0][-1].path.iterdir()} | {"latest"}
+    assert {".metadata", "__0_0.distcp"} <= files
+    report = fuzz(pristine, tmp_path / "work", cases=40 * len(files), children=2, memory_mb=300, key=key)
+    assert report.failures == [] and report.executed == 0
+    assert min(report.per_file.values()) >= 40 and set(report.per_file) == files
+    assert report.per_kind["pickle-payload"] > 0
+    assert report.fallbacks > report.cases // 5

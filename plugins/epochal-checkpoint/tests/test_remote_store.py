@@ -456,6 +456,36 @@ def test_kill_9_during_an_upload_leaves_nothing_complete_and_resume_auto_continu
     assert [i.name for i in remote.checkpoints()[0]] == [SECOND, THIRD] and remote.uncommitted == []
 
 
+def open_uploads(fs: Any, key: str) -> list[str]:
+    """The incomplete multipart uploads (their keys) under *key* (``bucket/prefix``), as S3 lists them."""
+    bucket, _, prefix = key.partition("/")
+    listed = fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=f"{prefix}/")
+    return [upload["Key"] for upload in listed.get("Uploads", [])]
+
+
+def test_the_open_multipart_uploads_of_a_dead_writer_are_aborted_at_the_next_start(
+    s3: dict[str, Any],
+) -> None:
+    """Issue 44, item 5: a kill -9 during an upload left its parts in the store (billed); a later
+    start aborts them where the upload marker proves the writer dead, and leaves a live one's."""
+    remote = RemoteStore(f"s3://bucket/{uuid.uuid4().hex}", s3["options"])
+    dead, live = "ckpt-e0001-i000001", "ckpt-e0001-i000002"
+    for name, pid in ((dead, dead_pid()), (live, os.getppid())):
+        mark = {"host": socket.gethostname(), "pid": pid}
+        remote.fs.pipe_file(remote._key(name, UPLOAD), json.dumps(mark).encode())
+        bucket, _, key = remote._key(name, "data.bin").partition("/")
+        started = remote.fs.call_s3("create_multipart_upload", Bucket=bucket, Key=key)
+        part = {"PartNumber": 1, "Body": b"x" * (5 << 20), "UploadId": started["UploadId"]}
+        remote.fs.call_s3("upload_part", Bucket=bucket, Key=key, **part)
+    assert open_uploads(remote.fs, remote._key(dead)) == [remote._key(dead, "data.bin").partition("/")[2]]
+    assert remote.checkpoints() == ([], [])
+    with pytest.warns(RuntimeWarning, match="AbortIncompleteMultipartUpload"):  # the live one's
+        assert remote.clean_leftovers() == [dead]
+    assert open_uploads(remote.fs, remote._key(dead)) == []
+    assert len(open_uploads(remote.fs, remote._key(live))) == 1
+    assert remote.names() == [live]
+
+
 @pytest.mark.slow
 def test_a_missing_bucket_is_one_line_before_training_and_nothing_is_written(
     s3: dict[str, Any], tmp_path: Path

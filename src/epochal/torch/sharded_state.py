@@ -13,14 +13,11 @@ checkpoint plugin writes in its own format.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-
-from epochal.errors import EpochalError
 
 __all__ = ["load_from", "load_sharded_state", "sharded_state"]
 
@@ -72,23 +69,19 @@ def load_from(
     through DCP's ``FsspecReader``, with *storage_options*): on several machines, where no
     local copy is on every one.
 
-    :raises EpochalError: one line naming *path*, when DCP cannot read it or it does not fit.
+    :raises DamagedShardsError: one line naming *path*, when its files cannot be read (no
+        code in them is ever run: :mod:`epochal.torch.dcp_io`).
+    :raises ShardsMismatchError: one line naming *path*, when its tensors do not fit.
     """
-    import torch.distributed.checkpoint as dcp
+    from epochal.torch import dcp_io
 
     state = sharded_state(module, optimizer)
     if model_only:
         del state["optim"]
+    single = not (torch.distributed.is_available() and torch.distributed.is_initialized())
+    # one error for what DCP raises (CheckpointException is a BaseException), no code read
+    dcp_io.load(state, path, storage_options, no_dist=single)
     try:
-        single = not (torch.distributed.is_available() and torch.distributed.is_initialized())
-        with warnings.catch_warnings():  # DCP's note that one process loads alone: intended
-            warnings.filterwarnings("ignore", "torch.distributed is ", UserWarning)
-            reader = None
-            if "://" in str(path):  # DCP's reader for fsspec URLs (private in torch 2.13)
-                from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
-
-                reader = FsspecReader(str(path), **dict(storage_options or {}))
-            dcp.load(state, checkpoint_id=str(path), storage_reader=reader, no_dist=single)
         if model_only:
             from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
@@ -97,5 +90,6 @@ def load_from(
             load_sharded_state(module, optimizer, state)
     except Exception as error:
         why = f"{type(error).__name__}: {' '.join(str(error).split())}"
-        where = f"the sharded checkpoint {str(path)!r}"
-        raise EpochalError(f"cannot load {where} into the model: {why:.500}") from error
+        raise dcp_io.ShardsMismatchError(
+            f"the sharded checkpoint {str(path)!r} does not fit the model: {why:.500}"
+        ) from error

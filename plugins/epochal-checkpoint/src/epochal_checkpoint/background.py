@@ -191,7 +191,9 @@ class BackgroundWrites:
                 f"epochal-checkpoint: the {reason} save due at iteration {loop.iteration} came while the "
                 "previous asynchronous write was still running; it is deferred to the first batch "
                 "end after that write finishes (saves come faster than the disk writes them: "
-                "save less often, or use async_save = false to wait instead). Said once per run; "
+                "save less often, or use async_save = false to wait instead). An epoch end's save "
+                "is never deferred: it waits for the write, so that it stays an epoch-end "
+                "checkpoint, which any number of processes can resume. Said once per run; "
                 "Checkpoint.deferred and the manifests' deferred_saves count them",
                 RuntimeWarning,
                 stacklevel=3,

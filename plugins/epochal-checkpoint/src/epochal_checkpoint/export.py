@@ -41,24 +41,18 @@ def _is_sharded_state(model_state: Any) -> bool:
 
 def _consolidated(path: str) -> dict[str, Any]:
     """The model tensors of the sharded checkpoint *path*, read whole by this one process
-    (DCP's reader, no process group): the optimizer's state is not read."""
-
+    (no process group, no code from its files: :mod:`epochal.torch.dcp_io`); the optimizer's
+    state is not read."""
     try:
-        from torch.distributed.checkpoint import FileSystemReader
-        from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+        from epochal.torch import dcp_io
     except ImportError:
         raise UnsupportedStateError(
             f"checkpoint {path!r} is sharded (torch.distributed.checkpoint): reading it needs torch "
             "(pip install 'epochal[torch]')"
         ) from None
-    loaded: dict[str, Any] = {}
-    # no_dist: this process reads alone, also inside a run on several processes (rank 0 exports
-    # while the others wait), where DCP's public loaders would start a collective
-    _load_state_dict(
-        loaded, FileSystemReader(path), no_dist=True, planner=_EmptyStateDictLoadPlanner(keys={"model"})
-    )
-    return dict(loaded["model"])
+    # no_dist inside: this process reads alone, also inside a run on several processes (rank 0
+    # exports while the others wait), where DCP's public loaders would start a collective
+    return dict(dcp_io.consolidated(path, keys={"model"})["model"])
 
 
 def model_tensors(model_state: Any) -> dict[str, Any]:

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from epochal.errors import EpochalError
 from epochal_checkpoint.errors import CheckpointError
 from epochal_checkpoint.storage.codec import DATA, MANIFEST, seal
 from epochal_checkpoint.storage.layout import POINTER, list_checkpoints
@@ -64,6 +65,7 @@ KINDS = (
     "fifo",
     "directory",
     "missing",
+    "pickle-payload",
 )
 #: the kinds of damage to the ``latest`` link.
 POINTER_KINDS = (
@@ -100,6 +102,11 @@ class FuzzReport:
     clean_errors: int = 0
     #: cases whose damage re-signing undid (the files are the pristine ones byte for byte).
     unchanged: int = 0
+    #: sharded cases that read, then ended in one error of the model's load (DCP files whose
+    #: damage only reading their tensors shows: their checksums made to agree).
+    load_errors: int = 0
+    #: children in which a crafted file ran code.
+    executed: int = 0
     #: cases that did not end cleanly: (file, kind, what happened).
     failures: list[tuple[str, str, str]] = field(default_factory=list)
     #: cases per damaged file and per kind.
@@ -114,9 +121,14 @@ class FuzzReport:
     largest_read: int = 0
 
 
-def make_pristine(directory: Path, key: str | None = None) -> Path:
+def make_pristine(directory: Path, key: str | None = None, sharded: bool = False) -> Path:
     """Write two checkpoints (with log segments) of a small run into *directory*; return it.
-    With *key*, they are signed with it."""
+    With *key*, they are signed with it; with *sharded*, they are a ``TorchModel``'s sharded
+    checkpoints (DCP files: :mod:`epochal_checkpoint.fuzz_shards`)."""
+    if sharded:
+        from epochal_checkpoint.fuzz_shards import make_sharded_pristine
+
+        return make_sharded_pristine(directory, key)
     from epochal import Loop
     from epochal_checkpoint import incremental
     from epochal_checkpoint.plugin import Checkpoint
@@ -172,7 +184,7 @@ def _json_paths(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]
 def _damage(rng: random.Random, kind: str, file: Path) -> None:
     """Damage *file* in place as *kind* says."""
     checkpoint, name = file.parent, file.name
-    resign = kind.endswith("-resigned") or kind in ("json-value", "json-deep", "npy-header")
+    resign = kind.endswith("-resigned") or kind in ("json-value", "json-deep", "npy-header", "pickle-payload")
     if kind.startswith("flip"):
         data = bytearray(file.read_bytes())
         if data:
@@ -249,6 +261,10 @@ def _damage(rng: random.Random, kind: str, file: Path) -> None:
         file.mkdir()
     elif kind == "missing":
         file.unlink()
+    elif kind == "pickle-payload":  # what stock DCP unpickles from .metadata: code
+        from epochal_checkpoint.forgery import METADATA_KINDS, pickle_payload
+
+        file.write_bytes(pickle_payload(rng.choice(METADATA_KINDS[:4]), Path.cwd()))
     if resign and file.is_file() and not file.is_symlink():
         _resign_file(checkpoint, name)
 
@@ -297,6 +313,10 @@ def _same(pristine: Path, case: Path, name: str) -> bool:
     return True
 
 
+class _LoadError(Exception):
+    """The model's load of a checkpoint that read ended in one error (a sharded one's DCP files)."""
+
+
 def _child(pristine: Path, work: Path, seed: int, count: int, memory_mb: int) -> dict[str, Any]:
     """Run *count* cases (in this process: a child started by :func:`fuzz`); return the results."""
     import numpy as np  # imported before the limit is set
@@ -310,6 +330,12 @@ def _child(pristine: Path, work: Path, seed: int, count: int, memory_mb: int) ->
     infos, _ = list_checkpoints(pristine)
     older, newest = infos[-2], infos[-1]
     files = [*sorted(p.name for p in newest.path.iterdir()), POINTER]
+    model = None
+    if ".metadata" in files:  # sharded: a resume then loads the model's tensors (DCP reads)
+        from epochal_checkpoint.fuzz_shards import load_model, make_model
+
+        model = make_model()
+        load_model(model, find_latest(pristine)[0].state)
     find_latest(pristine)  # warm up every code path before measuring
     read_from(pristine / POINTER)
     np.zeros(1)
@@ -359,9 +385,16 @@ def _child(pristine: Path, work: Path, seed: int, count: int, memory_mb: int) ->
                 else:
                     read, _ = find_latest(case)
                     where = read.path
+                    if model is not None:
+                        try:
+                            load_model(model, read.state)
+                        except EpochalError as error:  # found only by reading the tensors
+                            raise _LoadError(str(error)) from None
             warned = sum(newest.name in str(w.message) for w in caught)
             outcome = {newest.name: "newest", older.name: "older"}.get(where.name, "other")
             detail = where.name
+        except _LoadError as error:
+            outcome, detail = "load-error", str(error)[:300]
         except CheckpointError as error:
             outcome, detail = "clean-error", str(error)[:300]
         except BaseException as error:  # what the fuzzing is for: anything else is a failure
@@ -385,7 +418,10 @@ def _child(pristine: Path, work: Path, seed: int, count: int, memory_mb: int) ->
         for stray in work.glob("outside-*"):
             stray.unlink(missing_ok=True)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"results": results, "memory_mb": peak - usage, "pwned": (work / "PWNED").exists()}
+    from epochal_checkpoint.forgery import executed
+
+    pwned = (work / "PWNED").exists() or bool(executed(work))
+    return {"results": results, "memory_mb": peak - usage, "pwned": pwned}
 
 
 def child_main() -> None:
@@ -438,7 +474,8 @@ def fuzz(
             continue
         data = json.loads(out)
         if data["pwned"]:
-            report.failures.append(("<child>", "npy-header", "a crafted header ran code"))
+            report.failures.append(("<child>", "npy-header/pickle-payload", "a crafted file ran code"))
+            report.executed += 1
         report.worst_memory_mb = max(report.worst_memory_mb, data["memory_mb"])
         for result in data["results"]:
             report.cases += 1
@@ -461,6 +498,10 @@ def fuzz(
                 report.fallbacks += 1
                 if result["warned"] != 1 and not pointer:
                     report.failures.append((*where[:2], f"{result['warned']} warnings naming it, not 1"))
+            elif outcome == "load-error":  # one line from the model's load: damage DCP found
+                report.load_errors += 1
+                if result["file"] in (MANIFEST, DATA) and result["changed"]:
+                    report.failures.append(where)  # the reader checks these wholly
             elif outcome == "clean-error":
                 report.clean_errors += 1
                 if not pointer:  # the older checkpoint is intact: must fall back

@@ -124,8 +124,10 @@ class Saving(BackgroundWrites):
         if periodic and self._inexact(loop):
             self._defer_to_window(loop, reason)
             return
-        if periodic and self._busy(loop):
-            self._defer(loop, reason)  # back-pressure: never wait for the disk on a periodic save
+        # back-pressure: a periodic save never waits for the disk, but an epoch end's: deferred,
+        # it would become a mid-epoch checkpoint, which only the same number of processes resumes
+        if periodic and reason != "epoch" and self._busy(loop):
+            self._defer(loop, reason)
             return
         self._pending = None
         background = self.sharded and self.async_save  # every rank writes in its own thread
@@ -245,6 +247,7 @@ class Saving(BackgroundWrites):
         writers' group."""
         where = f"[plugins.{self._name}]"
         shards.check_model(loop.model, where)
+        shards.check_keys(loop.world, where)  # every rank signs its own files: the same key
         if self.async_save:
             self._shards.open(loop.world)  # every rank, here: a collective
 

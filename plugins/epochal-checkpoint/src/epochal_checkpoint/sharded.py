@@ -32,7 +32,6 @@ The model protocol used here: ``sharded_state_dict()`` (a ``state_dict`` for DCP
 from __future__ import annotations
 
 import shutil
-import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,6 +40,7 @@ from epochal.errors import ConfigError
 from epochal_checkpoint import storage
 from epochal_checkpoint.errors import CheckpointWriteError
 from epochal_checkpoint.storage import sharded as files
+from epochal_checkpoint.storage import sign
 from epochal_checkpoint.storage.store import shown
 
 if TYPE_CHECKING:
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "agree",
+    "check_keys",
     "check_model",
     "read_from_store",
     "save_part",
@@ -87,6 +88,36 @@ def check_model(model: Any, where: str) -> None:
             f"(epochal.torch.TorchModel has them); {kind.__module__}.{kind.__qualname__} has not: "
             'use format = "single" or "auto"'
         )
+
+
+def check_keys(world: Any, where: str) -> None:
+    """Refuse, before the first batch, a run on several processes whose ranks do not all hold
+    the same ``EPOCHAL_CHECKPOINT_KEY``: each rank signs its own DCP files (a collective; the
+    ranks compare a MAC of a constant under their keys, never the keys).
+
+    :raises ConfigError: on every rank alike, naming the ranks without the key or with another.
+    """
+    if not getattr(world, "distributed", False):
+        return
+    import hashlib
+    import hmac
+
+    key = sign.signing_key()
+    tag = None if key is None else hmac.new(key, b"epochal-checkpoint key check", hashlib.sha256).hexdigest()
+    tags = world.all_gather_object(tag)
+    if len(set(tags)) <= 1:
+        return
+    without = [rank for rank, t in enumerate(tags) if t is None]
+    other = [rank for rank, t in enumerate(tags) if t is not None and t != tags[0]]
+    said = []
+    if without:
+        said.append(f"rank(s) {', '.join(map(str, without))} have none")
+    if other:
+        said.append(f"rank(s) {', '.join(map(str, other))} hold another than rank 0's")
+    raise ConfigError(
+        f'{where} format = "sharded" with {sign.KEY_ENV}: every rank signs its own DCP files, and '
+        f"{'; '.join(said)}: set the same key on every rank (every node)"
+    )
 
 
 def save_part(
@@ -170,17 +201,18 @@ def write_part(
     waits for a rank that failed)."""
     import torch.distributed.checkpoint as dcp
 
+    from epochal.torch import dcp_io
+
     try:
         writer = dcp.FileSystemWriter(tmp, sync_files=True, single_file_per_rank=True, overwrite=False)
-        with warnings.catch_warnings():  # DCP's note that one process saves alone: that is intended
-            warnings.filterwarnings("ignore", "torch.distributed is ", UserWarning)
+        with dcp_io.quiet():  # DCP's note that one process saves alone (intended), its log records
             dcp.save(tensors, storage_writer=writer, process_group=process_group, no_dist=not _distributed())
         described = files.describe(tmp, world.rank, coordinator=world.is_zero)
         if upload is not None:
             upload(tmp, sorted(described))
         return described
-    except Exception as error:
-        return f"rank {world.rank}: {type(error).__name__}: {' '.join(str(error).split())}"[:600]
+    except (Exception, dcp_io.checkpoint_exception()) as error:  # DCP's is a BaseException
+        return f"rank {world.rank}: {dcp_io.one_line(error)}"[:600]
     finally:
         if upload is not None and not world.is_zero:  # uploaded: no local copy is kept
             shutil.rmtree(tmp, ignore_errors=True)

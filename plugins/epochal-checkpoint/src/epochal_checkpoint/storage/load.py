@@ -62,6 +62,8 @@ __all__ = [
 ]
 
 HEX_RE = re.compile(r"^-?0x[0-9a-f]{1,1048576}$")
+#: the keys of a model state that say where its DCP files are: set by the reader, never read.
+SHARD_KEYS = frozenset({"dcp", "dcp_only", "dcp_storage"})
 
 
 @dataclass
@@ -390,12 +392,6 @@ def read_checkpoint_info(path: Path, model_only: bool = False, into: Any = None)
         raise foreign_file_error(path)
     signed = _signature(path)
     manifest = read_manifest(path, _manifest_check(path, signed))
-    shards = manifest.get(sharded.SHARDED, [])
-    if shards and signed is not None:
-        raise sign.UnsignedCheckpointError(
-            f"checkpoint {str(path)!r} is sharded, and sharded checkpoints are not signed yet: "
-            f"unset {sign.KEY_ENV} to read it"
-        )
     fills: list[Fills] = []
     try:
         read = _read_verified(path, manifest, model_only, signed, into, fills)
@@ -414,13 +410,18 @@ def _read_verified(
     tree = _read_data(path, manifest["files"][DATA], model_only, signed, into, fills)
     if not isinstance(tree, dict):
         raise corrupt(path, DATA, "key tree is not a table (the state is a dict)")
+    model = tree.get("model")
+    if isinstance(model, dict) and (planted := sorted(SHARD_KEYS & model.keys())):
+        # where a model reads DCP files from comes from the manifest only, and is this checkpoint
+        why = f"key model.{planted[0]} is set; only a reader sets it (to the checkpoint itself)"
+        raise corrupt(path, DATA, why)
     if shards:  # every rank's DCP files verified here, before any rank loads them
-        sharded.verify(path, shards, manifest["files"])
-        if not isinstance(tree.get("model"), dict):
+        sharded.verify(path, shards, manifest["files"], signed)
+        if not isinstance(model, dict):
             raise corrupt(path, DATA, "key model is not a table (a sharded checkpoint's model rest)")
-        tree["model"]["dcp"] = str(path.absolute())
+        model["dcp"] = str(path.absolute())
         if model_only:  # the module's tensors only: the optimizer's stay as they are
-            tree["model"]["dcp_only"] = "model"
+            model["dcp_only"] = "model"
     check = None
     if signed is not None:
         key, signature = signed

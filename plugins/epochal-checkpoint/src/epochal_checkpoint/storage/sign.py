@@ -3,7 +3,8 @@
 CRC-32 finds damage, not forgery: anyone who can write a checkpoint can recompute its CRC-32s
 (``epochal_checkpoint.testing.resign`` does). When ``EPOCHAL_CHECKPOINT_KEY`` is set (non-empty),
 every checkpoint written carries ``signature.json`` beside its manifest: one HMAC-SHA256 per
-file (the manifest, ``data.bin``, each log segment), over the file's name and bytes. Every
+file (the manifest, ``data.bin``, each log segment, a sharded checkpoint's DCP files: each rank
+signs its own), over the file's name and bytes. Every
 checkpoint read then needs a signature that verifies under that key: the manifest's bytes are
 checked before it is parsed, ``data.bin``'s before any byte of it is parsed, and a log segment's
 before its rows are used (a segment that fails costs only its rows, as a damaged one does).
@@ -31,7 +32,9 @@ __all__ = [
     "UnsignedCheckpointError",
     "check_file",
     "check_stream",
+    "compare",
     "file_mac",
+    "new_mac",
     "read_signature",
     "signature_text",
     "signing_key",
@@ -52,14 +55,15 @@ def signing_key() -> bytes | None:
     return text.encode("utf-8", "surrogateescape") if text else None
 
 
-def _start(key: bytes, name: str) -> Any:
+def new_mac(key: bytes, name: str) -> Any:
+    """An HMAC-SHA256 of file *name* to feed its bytes (``update``), for files read in pieces."""
     # the file's name is part of what is signed: a signed data.bin cannot pass as a segment
     return hmac.new(key, b"epochal-checkpoint\0" + name.encode("ascii") + b"\0", hashlib.sha256)
 
 
 def file_mac(key: bytes, name: str, pieces: Iterable[bytes | bytearray | memoryview]) -> str:
     """The HMAC-SHA256 (hex) of file *name* made of *pieces*."""
-    mac = _start(key, name)
+    mac = new_mac(key, name)
     for piece in pieces:
         mac.update(piece)
     return mac.hexdigest()
@@ -113,7 +117,11 @@ def read_signature(path: Path) -> dict[str, str]:
     return files
 
 
-def _compare(path: Path, name: str, signature: dict[str, str], found: str) -> None:
+def compare(path: Path, name: str, signature: dict[str, str], found: str) -> None:
+    """Check file *name*'s MAC *found* (hex) against *signature*.
+
+    :raises UnsignedCheckpointError: naming the checkpoint and the file.
+    """
     expected = signature.get(name)
     if expected is None:
         raise _unsigned(path, f"{SIGNATURE} does not sign {name}")
@@ -128,7 +136,7 @@ def check_file(
 
     :raises UnsignedCheckpointError: naming the checkpoint and the file.
     """
-    _compare(path, name, signature, file_mac(key, name, [data]))
+    compare(path, name, signature, file_mac(key, name, [data]))
 
 
 def check_stream(path: Path, name: str, fd: int, size: int, key: bytes, signature: dict[str, str]) -> None:
@@ -138,7 +146,7 @@ def check_stream(path: Path, name: str, fd: int, size: int, key: bytes, signatur
     :raises UnsignedCheckpointError: naming the checkpoint and the file.
     :raises CorruptCheckpointError: the file cannot be read or changed size.
     """
-    mac = _start(key, name)
+    mac = new_mac(key, name)
     buffer = bytearray(min(size, 16 * READ_CHUNK))
     view, got = memoryview(buffer), 0
     try:
@@ -150,4 +158,4 @@ def check_stream(path: Path, name: str, fd: int, size: int, key: bytes, signatur
             got += n
     except OSError as error:
         raise corrupt(path, name, f"cannot be read: {error.strerror or error}") from None
-    _compare(path, name, signature, mac.hexdigest())
+    compare(path, name, signature, mac.hexdigest())

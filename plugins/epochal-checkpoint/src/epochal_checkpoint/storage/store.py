@@ -23,8 +23,10 @@ Deleting
 Leftovers
     A prefix with a checkpoint's name and no manifest is an upload or deletion that did not
     finish. It is deleted (at the start of a run) only when its marker proves that the process
-    that wrote it is dead: the same host, and no process with that pid. Anything else (another
-    host, no marker) may be someone's live write: it is left alone, with a warning.
+    that wrote it is dead: the same host, and no process with that pid; on S3 the incomplete
+    multipart uploads under it (the parts of a file whose upload was killed: no object, but
+    billed) are aborted first. Anything else (another host, no marker) may be someone's live
+    write: it is left alone, with a warning.
 Reading
     A checkpoint is downloaded into the staging directory (its manifest first, bounded in size;
     then each file after its size in the store was checked against the manifest, so nothing
@@ -511,9 +513,34 @@ class RemoteStore:
         with contextlib.suppress(Exception):  # a directory where the store keeps them (memory://)
             self.fs.rm(self._key(name), recursive=True)
 
+    def _open_uploads(self, name: str) -> list[tuple[str, str]]:
+        """The incomplete multipart uploads (key, upload id) under checkpoint *name*'s prefix: on
+        S3, a process killed during an upload leaves its parts in the store (billed) until the
+        upload is aborted; they are no objects, so no listing shows them. Empty for other stores."""
+        call = getattr(self.fs, "call_s3", None)
+        if not callable(call) or not callable(getattr(self.fs, "abort_mpu", None)):
+            return []
+        bucket, _, prefix = self._key(name).partition("/")
+        found: list[tuple[str, str]] = []
+        markers: dict[str, str] = {}
+        while True:  # 1,000 a page
+            page = call("list_multipart_uploads", Bucket=bucket, Prefix=f"{prefix}/", **markers)
+            found += [(u["Key"], u["UploadId"]) for u in page.get("Uploads", []) or []]
+            if not page.get("IsTruncated"):
+                return found
+            markers = {"KeyMarker": page["NextKeyMarker"], "UploadIdMarker": page["NextUploadIdMarker"]}
+
+    def _abort_uploads(self, name: str) -> None:
+        """Abort the incomplete multipart uploads under checkpoint *name* (:meth:`_open_uploads`)."""
+        bucket = self._key(name).partition("/")[0]
+        for key, upload in self._open_uploads(name):
+            with contextlib.suppress(FileNotFoundError):  # aborted meanwhile
+                self.fs.abort_mpu(bucket, key, upload)
+
     def clean_leftovers(self) -> list[str]:
         """Delete the uncommitted checkpoints of dead processes of this host (see the module
-        docstring); warn about the others. Return the names deleted. Call :meth:`checkpoints` first."""
+        docstring), and abort their incomplete multipart uploads (S3); warn about the others.
+        Return the names deleted. Call :meth:`checkpoints` first."""
         removed: list[str] = []
         for name in self.uncommitted:
             record: Any = None
@@ -526,6 +553,7 @@ class RemoteStore:
                 and _pid_dead(record.get("pid"))
             ):
                 try:
+                    self._abort_uploads(name)  # before the marker goes: it proves whose they are
                     self._remove_prefix(name)
                 except Exception as error:
                     warnings.warn(
@@ -543,7 +571,9 @@ class RemoteStore:
             )
             warnings.warn(
                 f"{self.where(name)!r} has no manifest (an unfinished upload or deletion by {who}, "
-                "perhaps still running): never read as a checkpoint, left in place",
+                "perhaps still running): never read as a checkpoint, left in place (on S3 a bucket "
+                "lifecycle rule AbortIncompleteMultipartUpload removes the parts of an upload that "
+                "never finishes)",
                 RuntimeWarning,
                 stacklevel=2,
             )

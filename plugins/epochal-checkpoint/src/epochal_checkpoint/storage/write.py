@@ -301,12 +301,15 @@ def write_checkpoint(
         flushes.start(current)
         current = tmp
         key = sign.signing_key()
-        if key is not None and shards:
-            raise CheckpointWriteError(
-                f"cannot write checkpoint {str(directory / name)!r}: sharded checkpoints are not "
-                f'signed yet (unset {sign.KEY_ENV}, or use [plugins.checkpoint] format = "single")'
-            )
         macs = {DATA: sign.file_mac(key, DATA, pieces)} if key is not None else {}
+        if key is not None and shards:  # each rank signed its own DCP files (sharded.describe)
+            unsigned = sorted(n for n, e in shards.items() if not isinstance(e.get("mac"), str))
+            if unsigned:
+                raise CheckpointWriteError(
+                    f"cannot write checkpoint {str(directory / name)!r}: {', '.join(unsigned)} written "
+                    f"by a rank without {sign.KEY_ENV}: set it on every rank (every node)"
+                )
+            macs.update({n: e["mac"] for n, e in shards.items()})
         written = []
         for source in segments:
             segment, wrote = _add_segment(tmp, source)
