@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import sys
 import types
 from collections.abc import Iterator
@@ -123,10 +124,54 @@ def _slow(item: pytest.Item) -> bool:
     return any(map(_starts_processes, _fixture_functions(item)))
 
 
+def _shared_runs(item: pytest.Item) -> list[str]:
+    """The fixtures wider than a test that *item* uses and that start processes (a server, a
+    run of several processes whose results a module's tests share)."""
+    fixtures = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+
+    def starts_processes(definition: Any) -> bool:  # itself, or a fixture it calls (an installer)
+        used = [fixtures[name][-1].func for name in definition.argnames if fixtures.get(name)]
+        return any(map(_starts_processes, [definition.func, *used]))
+
+    return [
+        f"{definition.baseid}::{definition.argname}"
+        for definitions in fixtures.values()
+        for definition in definitions[-1:]
+        if definition.scope in ("class", "module", "package") and starts_processes(definition)
+    ]
+
+
+#: what a pytest-xdist worker's environment must hold as the main process's: the worker imports
+#: readline, which sets COLUMNS=80 and LINES=24, and the tests' commands then wrapped their
+#: summaries at 80 columns (a pipe has no width).
+TERMINAL_VARIABLES = ("COLUMNS", "LINES")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """pytest-xdist, in the main process: hand each worker this process's terminal variables."""
+    node.workerinput["epochal_terminal"] = {name: os.environ.get(name) for name in TERMINAL_VARIABLES}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In a pytest-xdist worker: the main process's terminal variables, not readline's."""
+    terminal = getattr(config, "workerinput", {}).get("epochal_terminal")
+    for name, value in (terminal or {}).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's hook reads the xdist_group marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _slow(item):
             item.add_marker(pytest.mark.slow)
+        # under `pytest -n N --dist loadgroup` (tox.ini) the tests sharing such a fixture run on
+        # one worker, which makes it once, instead of every worker making its own
+        for shared in _shared_runs(item):
+            item.add_marker(pytest.mark.xdist_group(shared))
 
 
 #: the processes started by the test now watched (None: no test is watched).
