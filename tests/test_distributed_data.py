@@ -302,6 +302,7 @@ def test_one_process_array_reduction_is_a_copy() -> None:
     assert all(np.array_equal(a, b) and a is not b for a, b in zip(out, arrays))
 
 
+@pytest.mark.slow  # DataLoader worker processes
 def test_a_loader_shard_with_worker_processes_loads_its_part() -> None:
     from epochal.torch import LoaderStream
 

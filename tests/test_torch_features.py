@@ -452,7 +452,7 @@ def epochs(stream: LoaderStream, count: int) -> list[list[list[int]]]:
     return [[batch[0].tolist() for batch in stream] for _ in range(count)]
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=pytest.mark.slow)])  # 2: worker processes
 def test_a_dataloader_resumes_mid_epoch_with_the_same_order(num_workers: int) -> None:
     rng = torch.get_rng_state()
     straight = epochs(LoaderStream(loader(num_workers), seed=7), 2)

@@ -171,18 +171,13 @@ def structure(value: Any) -> Any:
 
 
 @pytest.mark.distributed
-def test_check_resume_passes_under_fsdp_with_bf16_mixed(tmp_path: Path) -> None:
-    """Stopped after batch 6 (mid-epoch 2, at an optimizer step), resumed: bitwise the straight run."""
+def test_check_resume_passes_under_fsdp_with_bf16_mixed_and_sharded_saves_written_in_the_background(
+    tmp_path: Path,
+) -> None:
+    """Stopped after batch 6 (mid-epoch 2, at an optimizer step), resumed: bitwise the straight
+    run, with bf16-mixed and async_save (every rank's shards are staged in host memory and
+    written by its own thread). One check-resume for both: it is five runs of two processes."""
     config = write_run(tmp_path, "fsdp", model={**TRAINING, "precision": "bf16-mixed"})
-    done = epochal(tmp_path, "check-resume", str(config), "--nproc", "2", "--at", "6")
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    assert "ok: interrupted after batch 6 of 8 and resumed" in done.stdout
-
-
-@pytest.mark.distributed
-def test_check_resume_passes_under_fsdp_with_sharded_saves_written_in_the_background(tmp_path: Path) -> None:
-    """async_save: every rank's shards are staged in host memory and written by its own thread."""
-    config = write_run(tmp_path, "fsdp", model=TRAINING)
     background = ("--set", "plugins.checkpoint.async_save=true")
     done = epochal(tmp_path, "check-resume", str(config), "--nproc", "2", "--at", "6", *background)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]

@@ -197,7 +197,9 @@ def plan(log: TrainingLog, base: LogBase | None, sequence: int) -> LogSave:
         for i in current.keys() - old.keys():  # rows created (or read back) since
             if current[i]:
                 write.add(i)
-            elif i <= newest and i not in absent:  # emptied since, maybe on disk: hide it
+            elif i <= newest and i not in absent and any(i in s.rows for s in kept):
+                # emptied since and held by a segment this save links or folds: hide it (a row
+                # the base kept in its state is on no disk: it is left out, as the log leaves it)
                 write.add(i)
                 shadow.add(i)
         write.update(base.recheck)

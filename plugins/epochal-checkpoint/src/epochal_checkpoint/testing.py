@@ -223,11 +223,22 @@ def _chain(
         TORTURE_CONFIG.format(size=size, every=1, async_save=str(async_save).lower())
     )
     directory = workdir / "run" / "checkpoints"
+
+    def newest() -> int | None:
+        infos = storage.list_checkpoints(directory)[0]
+        return infos[-1].manifest["iteration"] if infos else None
+
     for _ in range(kills):
         resume = bool(storage.list_checkpoints(directory)[0])
         with open(workdir / "stderr.txt", "wb") as err:
             proc = _cli(workdir, resume, record, stdout=subprocess.DEVNULL, stderr=err)
-            time.sleep(rng.uniform(0.1, 1.2))
+            # the random moment counts from the run's first save (it saves every batch), not from
+            # its start: on a loaded machine the start-up alone outlasted the delay, and no kill
+            # met a checkpoint being written
+            before, deadline = newest(), time.monotonic() + 120
+            while newest() == before and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(rng.uniform(0.0, 1.1))
             if proc.poll() is not None:
                 report.failures.append(
                     f"{workdir}: the run ended (status {proc.returncode}) before it was killed: "
