@@ -26,7 +26,7 @@ from epochal.distributed.world import World, current_world, peer_lost
 from epochal.empty import EmptyData
 from epochal.errors import ConfigError, EpochalError
 from epochal.estimates import stepping_batches
-from epochal.evaluation import batch_interval, due, schedule
+from epochal.evaluation import batch_interval, due, due_inside, next_point, schedule
 from epochal.log import TrainingLog
 from epochal.loop_state import STATE_FORMAT as STATE_FORMAT  # re-exported: plugins read it here
 from epochal.model import Model, check_model, check_outputs
@@ -84,7 +84,8 @@ class Loop:
     :param eval_every_n_epochs: evaluate every eval stream after every n-th epoch (0: never); a
         mapping ``stream → n`` gives each stream its own schedule (streams not named: every epoch).
     :param eval_every_n_batches: evaluate inside the epochs scheduled instead: every n batches,
-        or a fraction in (0, 1] of the epoch (:func:`epochal.evaluation.batch_interval`).
+        or a fraction in (0, 1] of the epoch; with ``eval_every_n_epochs=0`` every n batches of
+        the run (:func:`epochal.evaluation.batch_interval`).
     :param epoch_size: an epoch is this many training batches (None: one pass over the train
         stream). The train stream is then iterated on across epochs, as an endless stream needs;
         it restarts only when it ends.
@@ -426,9 +427,10 @@ class Loop:
             return False
         train_step = self.model.train_step
         started = self.batch_in_epoch
-        interval, at = self.eval_interval, sys.maxsize  # the iteration of the next in-epoch evaluation
-        if interval and due(self._schedule(self.eval_every_n_epochs), self.epoch + 1):
-            at = self._epoch_start + (started // interval + 1) * interval
+        interval = self.eval_interval  # at: the iteration of the next in-epoch evaluation
+        at = next_point(
+            interval, self._schedule(self.eval_every_n_epochs), self.epoch, self._epoch_start, self.iteration
+        )
         # The hot path: per batch, only what a batch needs (measured by bench/loop_overhead.py).
         # The empty-batch check is chosen once per batch type, not dispatched per batch.
         mapping_empty, sequence_empty, ndarray, no_item = _mapping_empty, _sequence_empty, _ndarray, _NO_ITEM
@@ -466,7 +468,7 @@ class Loop:
             self.iteration = iteration = self.iteration + 1  # batch_in_epoch is iteration - _epoch_start
             if iteration >= at:  # before after_batch: its plugins see the evaluation's rows
                 at += interval or 1
-                for stream in due(self._schedule(self.eval_every_n_epochs), self.epoch + 1):
+                for stream in due_inside(self._schedule(self.eval_every_n_epochs), self.epoch + 1):
                     self.evaluate(stream)
             after = hooks.after_batch
             if after is not None:

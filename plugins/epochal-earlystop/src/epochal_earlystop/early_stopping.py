@@ -371,7 +371,8 @@ class EarlyStopping:
     def _missing(self, loop: Any, row: Mapping[str, Any]) -> None:
         if self._seen or self._warned:
             return
-        no_eval = not loop.eval_streams or not loop.eval_every_n_epochs
+        # with an in-epoch interval and eval_every_n_epochs = 0, evaluations count batches over the run
+        no_eval = not loop.eval_streams or not (loop.eval_every_n_epochs or getattr(loop, "eval_interval", None))
         if not (self._evaluated or no_eval):
             return  # the record may come with the first evaluation
         self._warned = True
