@@ -127,6 +127,25 @@ def test_early_stopping_stops_inside_an_epoch(tmp_path):
     assert "stopping_threshold 100 in epoch 1 (after batch 2)" in result.stderr + result.stdout
 
 
+def test_early_stoppings_reason_names_the_epoch_of_an_in_epoch_best(tmp_path):
+    # evaluations at batches 7 and 14 of the run (epochs of 5 batches): in epochs 2 and 3; mode
+    # "max" on a falling loss makes the first the best and the second a check without improvement
+    plugins = """
+    [plugins.early_stopping]
+    monitor = "valid.loss"
+    mode = "max"
+    patience = 1
+    """
+    loop = "eval_every_n_batches = 7\neval_every_n_epochs = 0\nmax_epochs = 4"
+    config = write(tmp_path, loop.replace("max_epochs = 4", ""), plugins, '["early_stopping", "sqlite_log"]')
+    result = epochal(tmp_path, "run", str(config), "--set", "loop.max_epochs=4")
+    assert result.returncode == 0, result.stderr
+    output = " ".join((result.stderr + result.stdout).split())  # the summary wraps at $COLUMNS
+    assert re.search(r"; best \d\.\d{1,4} in epoch 2 \(after batch 7\)", output), output
+    assert "after 2 epoch(s), 14 batch(es)" in output
+    assert "EarlyStoppingWarning" not in output  # the epochs without an evaluation are no warning
+
+
 def test_an_evaluation_after_an_epochs_last_batch_is_checked_once(tmp_path):
     # mode "max" on a falling loss: every evaluation after the first is a check without
     # improvement; patience 2 stops at the third evaluation (batch 15), not at the second,
