@@ -25,7 +25,7 @@ from epochal.distributed.strategy import strategy_for
 from epochal.distributed.world import World, current_world, peer_lost
 from epochal.empty import EmptyData
 from epochal.errors import ConfigError, EpochalError
-from epochal.estimates import stepping_batches
+from epochal.estimates import limit_ends_epoch, stepping_batches
 from epochal.evaluation import batch_interval, due, due_inside, next_point, schedule
 from epochal.log import TrainingLog
 from epochal.loop_state import STATE_FORMAT as STATE_FORMAT  # re-exported: plugins read it here
@@ -74,7 +74,8 @@ class Loop:
     :param plugins: a :class:`~epochal.plugins.PluginSet` (from ``load_plugins``), or plugin
         objects by name in call order, or None.
     :param max_epochs: stop after this many epochs (None: no limit).
-    :param max_iterations: stop after this many training batches (None: no limit).
+    :param max_iterations: stop after this many training batches (None: no limit); on an
+        epoch's last batch, that epoch finishes first (:func:`epochal.estimates.limit_ends_epoch`).
     :param min_epochs: a plugin's stop request (early stopping, ``finish_after``) made before this
         many epochs are done is deferred until then (Lightning's ``min_epochs``); limits and
         signals are not.
@@ -436,7 +437,8 @@ class Loop:
         mapping_empty, sequence_empty, ndarray, no_item = _mapping_empty, _sequence_empty, _ndarray, _NO_ITEM
         kind: type | None = None
         empty: Any = None
-        for batch in self._train_batches():
+        batches = self._train_batches()
+        for batch in batches:
             if type(batch) is not kind:
                 kind = type(batch)
                 empty = _empty_rule(kind)
@@ -480,7 +482,10 @@ class Loop:
             if self.iteration >= stopping.halt:
                 if not stopping.release():  # a deferred stop's min_steps, else the limit
                     stopping.decide(f"max_iterations={self.max_iterations} reached")
-                return False
+                # at an epoch's last batch the epoch finishes, once its stream has ended
+                if not limit_ends_epoch(self, limit) or next(batches, no_item) is not no_item:
+                    return False
+                break
         if self.batch_in_epoch == 0 and started == 0:
             self._empty_stream("train")
         self.epoch += 1
