@@ -150,6 +150,7 @@ def before_optimizer_step(loop: Loop, optimizer: Any) -> None:
     ``accumulate_grad_batches`` batches have been summed and unscaled (``16-mixed``), before
     they are clipped and applied. A plugin may read the gradients (``p.grad``) to log norms or
     detect anomalies, or change them in place. Models without an optimizer never call it.
+    A plugin's trigger keys (``every_n_batches``, ...) gate it as they gate the batch being run.
 
     :param loop: the training loop (``loop.iteration`` counts the batches done before this one).
     :param optimizer: the optimizer about to step (``torch.optim.Optimizer``); its
