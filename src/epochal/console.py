@@ -11,13 +11,16 @@ from __future__ import annotations
 import csv
 import re
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import IO, Any
 
 __all__ = [
+    "JOB_LOG_WIDTH",
+    "fit_groups",
     "fit_lines",
     "fit_summary",
     "format_seconds",
+    "group_records",
     "metric_order",
     "plain_text",
     "print_csv",
@@ -54,6 +57,70 @@ def metric_order(names: Iterable[str]) -> list[str]:
     processes returned them in.
     """
     return sorted(names, key=lambda name: ("loss" not in name, name))
+
+
+#: the width of the lines a run writes into a job log (stdout or stderr not a terminal, no
+#: ``$COLUMNS``): what CI pages and ``less`` show without scrolling sideways.
+JOB_LOG_WIDTH = 120
+#: log keys the loop itself writes, not metrics.
+_LOOP_KEYS = frozenset({"epochs_done"})
+
+
+def group_records(
+    row: Mapping[str, Any], exclude: Sequence[str] = ()
+) -> list[tuple[str, list[tuple[str, Any, Any]]]]:
+    """A log row's records as every per-epoch view shows them: ``(stream, [(metric, value,
+    best)])``, ``train`` first, then the eval streams, then keys without a stream under ``log``
+    (``lr``), each stream's metrics in :func:`metric_order`.
+
+    A record ``STREAM.METRIC.best`` (early stopping's best so far) is the *best* of
+    ``STREAM.METRIC`` when that is in the row too (None otherwise: it is no metric of the
+    stream). Flags (booleans), the loop's own keys and keys matching a pattern of *exclude*
+    (``fnmatch``: ``"timing.*"``) are left out.
+    """
+    import fnmatch
+
+    groups: dict[str, list[tuple[str, Any, Any]]] = {}
+    for key in metric_order(row):
+        value = row[key]
+        if key in _LOOP_KEYS or _is_flag(value) or any(fnmatch.fnmatchcase(key, p) for p in exclude):
+            continue
+        if key.endswith(".best") and key.removesuffix(".best") in row:
+            continue
+        stream, dot, metric = key.partition(".")
+        if not dot:
+            stream, metric = "log", key
+        groups.setdefault(stream, []).append((metric, value, row.get(f"{key}.best")))
+    order = sorted(groups, key=lambda stream: (stream != "train", stream == "log"))  # stable otherwise
+    return [(stream, groups[stream]) for stream in order]
+
+
+def _is_flag(value: Any) -> bool:
+    kind = type(value)
+    return kind is bool or (kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_"))
+
+
+def fit_groups(
+    head: str, groups: Sequence[tuple[str, Sequence[str]]], width: int, separator: str, after_head: str = ""
+) -> str:
+    """``HEAD SEP stream item item SEP stream item ...`` on one line when it fits *width* (with
+    *after_head* after *head*, when given, instead of *separator*); else *head* on its own line
+    and each stream on an indented line of its own, its items wrapping under the first (no item
+    is cut)."""
+    streams = separator.join(f"{stream} {' '.join(items)}" for stream, items in groups)
+    line = f"{head}{after_head or separator}{streams}" if groups else head
+    if len(line) <= width:
+        return line
+    lines = [head]
+    for stream, items in groups:
+        current = f"  {stream}"
+        for item in items:
+            if len(current) + 1 + len(item) > width and current.strip() != stream:
+                lines.append(current)
+                current = " " * (len(stream) + 2)
+            current += " " + item
+        lines.append(current)
+    return "\n".join(lines)
 
 
 def format_seconds(seconds: float) -> str:

@@ -341,7 +341,8 @@ def test_the_summarys_command_to_train_on_an_auto_schedule_works(tmp_path: Path)
     options = ("--disable", "progress", "--set", "plugins.lr_scheduler.T_max=auto")
     first = epochal_command("run", str(config), "--set", "loop.max_epochs=2", *options, cwd=tmp_path)
     assert first.returncode == 0, first.stderr
-    resume = next(line for line in first.stdout.splitlines() if line.startswith("epochal: resume: "))
+    summary = first.stdout.replace(" \\\n    ", " ")  # a command wrapped at $COLUMNS, as pasted
+    resume = next(line for line in summary.splitlines() if line.startswith("epochal: resume: "))
     command = shlex.split(resume.removeprefix("epochal: resume: "))
     assert command[:2] == ["epochal", "run"] and command[-1] == "--resume"
     assert "loop.max_epochs=20" not in command  # the file's own 20 epochs: the --set is dropped
