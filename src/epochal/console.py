@@ -19,6 +19,7 @@ __all__ = [
     "fit_groups",
     "fit_lines",
     "fit_summary",
+    "fit_text",
     "format_seconds",
     "group_records",
     "metric_order",
@@ -146,6 +147,58 @@ def fit_lines(text: str, width: int, indent: str = "    ") -> list[str]:
     ) or [text]
 
 
+def fit_text(text: str, width: int) -> str:
+    """*text* (documentation: paragraphs, fields, lists, indented examples) fitted to *width*.
+
+    A paragraph (lines of one indentation, up to a blank line, a field such as ``loop:``, a list
+    item or a change of indentation) with a line longer than *width* is wrapped again as a
+    whole, its continuation lines under its first line's text (two spaces further for a field
+    or a list item); paragraphs that fit are kept line for line, so the text's structure stays.
+    """
+    import textwrap
+
+    paragraphs: list[list[str]] = []
+    for line in text.splitlines():
+        depth = len(line) - len(line.lstrip())
+        current = paragraphs[-1] if paragraphs else None
+        starts = (
+            current is None
+            or not line.strip()
+            or not current[-1].strip()
+            or depth != len(current[0]) - len(current[0].lstrip())
+            or _ITEM.match(line) is not None
+            or current[-1].rstrip().endswith("::")
+        )
+        if starts:
+            paragraphs.append([line])
+        else:
+            current.append(line)  # type: ignore[union-attr]
+    out: list[str] = []
+    for lines in paragraphs:
+        if all(len(line) <= width for line in lines):
+            out.extend(lines)
+            continue
+        first = lines[0]
+        indent = first[: len(first) - len(first.lstrip())]
+        hanging = indent + ("  " if _ITEM.match(first) else "")
+        joined = " ".join(line.strip() for line in lines)
+        out.extend(
+            textwrap.wrap(
+                joined,
+                width=max(width, len(hanging) + 20),
+                initial_indent=indent,
+                subsequent_indent=hanging,
+                break_long_words=False,
+                break_on_hyphens=False,
+            )
+        )
+    return "\n".join(out)
+
+
+#: a line that starts a field (``loop:``, ``raises ConfigError:``) or a list item (``- ``).
+_ITEM = re.compile(r"\s*(?:[-*] |[\w.]+(?: [\w.]+)?: )")
+
+
 def fit_summary(lines: Sequence[str], run_id: str, width: int) -> list[str]:
     """Summary *lines* within *width*: where a line does not fit, *run_id* in it is cut to its
     first 12 characters (as ``epochal log`` shows ids; any unique prefix names a run), and a
@@ -203,6 +256,7 @@ def render_table(
     width: int | None = None,
     numeric: Sequence[int] = (),
     no_wrap: Sequence[int] = (),
+    paths: Sequence[int] = (),
 ) -> str:
     """*rows* under *header* as text at most *width* columns wide; nothing is cut.
 
@@ -210,10 +264,20 @@ def render_table(
     (a log with thirty keys on an 80-column terminal), they are split into several tables, one
     under the other, each repeating the first column (the row's name: iteration, run id), as
     pandas prints a wide frame. *numeric* lists the indices of right-aligned columns,
-    *no_wrap* those never wrapped (ids, timestamps).
+    *no_wrap* those never wrapped (ids, timestamps), *paths* those of file paths, which break
+    only after a ``/`` (a path is not cut inside a name).
     """
     width = width or terminal_width()
     cells = [["" if cell is None else str(cell) for cell in row] for row in rows]
+    if paths and cells:
+        # each path fits beside the first column (where the table splits it off, it stands there)
+        first = max(len(str(header[0])), *(len(row[0]) for row in cells))
+        room = max(_WRAP_TO, width - first - _GAP)
+        cells = [
+            [_fold_path(text, room) if c in paths else text for c, text in enumerate(row)] for row in cells
+        ]
+        # a name longer than that is folded by rich, not cropped
+        no_wrap = (*no_wrap, *(c for c in paths if all(_longest_line(row[c]) <= room for row in cells)))
     plain = _aligned(header, cells, width, set(numeric)) if title is None else None
     if plain is not None:
         return plain
@@ -285,7 +349,7 @@ def _column_groups(
     """Column indices per table: all in one when they fit, else groups each repeating column 0."""
 
     def need(column: int) -> int:
-        natural = max([len(str(header[column])), *(len(row[column]) for row in cells)])
+        natural = max([len(str(header[column])), *(_longest_line(row[column]) for row in cells)])
         least = natural if column in no_wrap else min(natural, max(_WRAP_TO, len(str(header[column]))))
         return least + _GAP
 
@@ -305,6 +369,26 @@ def _column_groups(
     return groups
 
 
+def _longest_line(text: str) -> int:
+    return max(map(len, text.split("\n")))
+
+
+def _fold_path(path: str, width: int) -> str:
+    """*path* on lines of at most *width* characters, each broken after a ``/`` (a name longer
+    than *width* stays whole on its line)."""
+    if len(path) <= width:
+        return path
+    lines, current = [], ""
+    for part in re.split(r"(?<=/)", path):
+        if current and len(current) + len(part) > width:
+            lines.append(current)
+            current = part
+        else:
+            current += part
+    lines.append(current)
+    return "\n".join(lines)
+
+
 def print_table(
     header: Sequence[str],
     rows: Sequence[Sequence[Any]],
@@ -313,11 +397,12 @@ def print_table(
     file: IO[str] | None = None,
     numeric: Sequence[int] = (),
     no_wrap: Sequence[int] = (),
+    paths: Sequence[int] = (),
 ) -> None:
     """Print a table fitted to the width of the terminal *file* (stdout by default) writes to."""
     file = file or sys.stdout
     width = terminal_width(file)
-    text = render_table(header, rows, title=title, width=width, numeric=numeric, no_wrap=no_wrap)
+    text = render_table(header, rows, title=title, width=width, numeric=numeric, no_wrap=no_wrap, paths=paths)
     print(text, file=file, flush=True)
 
 

@@ -165,7 +165,8 @@ def after_epoch(loop: Loop) -> None:
     """Called after every completed training epoch and its evaluation.
 
     ``loop.epoch`` already counts this epoch. Not called for an epoch cut short by
-    ``request_stop``, ``max_iterations`` or a second interrupt.
+    ``request_stop``, ``max_iterations`` or a second interrupt (``max_iterations`` reached on
+    the epoch's last batch does not cut it short: the epoch finishes).
 
     :param loop: the training loop.
 
