@@ -65,9 +65,15 @@ def resume_line(loop: Any) -> str:
     )
 
 
-def say(line: str) -> None:
-    """*line* on stderr, wrapped at spaces to ``$COLUMNS``, the terminal, or a job log's width."""
-    print("\n".join(fit_lines(line, terminal_width(sys.stderr, JOB_LOG_WIDTH))), file=sys.stderr, flush=True)
+def say(line: str, ids: tuple[str | None, ...] = ()) -> None:
+    """*line* on stderr, wrapped at spaces to ``$COLUMNS`` or the terminal (one line in a job
+    log: a notice is what one greps for); where it is too wide, the run *ids* in it are cut to
+    12 characters first (as the summary's)."""
+    width = terminal_width(sys.stderr)
+    for run_id in ids:
+        if run_id and len(line) > width:
+            line = line.replace(run_id, run_id[:12])
+    print("\n".join(fit_lines(line, width)), file=sys.stderr, flush=True)
 
 
 def nothing_left(loop: Any) -> str | None:
@@ -106,7 +112,7 @@ class RunSummary:
     def on_resumption(self, loop: Any) -> None:
         """Say what the run resumed from, before any progress bar is drawn; note its earlier epochs."""
         self.started = (loop.epoch, loop.iteration)
-        say(resume_line(loop))
+        say(resume_line(loop), (loop.resumed_from, loop.run_id))
         done = nothing_left(loop)
         if done is not None:
             say(done)

@@ -179,7 +179,7 @@ class LRScheduler:
                 f"rate over the {int(length)} {unit} this run adds (give {key} a number to keep "
                 "one schedule over the whole run)"
             )
-            print("\n".join(fit_lines(notice, terminal_width(sys.stderr, 120))), file=sys.stderr, flush=True)
+            print("\n".join(fit_lines(notice, terminal_width(sys.stderr))), file=sys.stderr, flush=True)
 
     def _sync_proxy(self) -> None:
         if self._proxy_model is not None and self.optimizer is not None:
