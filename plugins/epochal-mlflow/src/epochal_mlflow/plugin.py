@@ -25,6 +25,7 @@ rule).
 from __future__ import annotations
 
 import os
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -176,6 +177,20 @@ class MLflow:
         """Send what was logged; end the MLflow run as killed (Ctrl-C) or failed."""
         self.collect(loop)
         self._finish(loop, "KILLED" if loop.log.status.get("status") == "interrupted" else "FAILED")
+
+    @hookimpl
+    def run_summary(self) -> list[str]:
+        """The MLflow run and its store, with the command that shows a local store."""
+        tracker = self.finished
+        if tracker is None or tracker.store_refused:
+            return []
+        uri = tracker.spec.tracking_uri
+        if tracker.mlflow_run_id is None:
+            return [f"mlflow: no run was made in {uri} (see the warning above)"]
+        where = f"mlflow: run {tracker.mlflow_run_id} (experiment {tracker.spec.experiment!r}) in {uri}"
+        if tracker.spec.local_store is None:
+            return [where]
+        return [where, f"mlflow ui: mlflow ui --backend-store-uri {shlex.quote(uri)}"]
 
     # -- helpers -----------------------------------------------------------------------------
 
