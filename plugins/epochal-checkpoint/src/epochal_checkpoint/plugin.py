@@ -259,7 +259,7 @@ class Checkpoint(Saving):
                 ) from None
             if mode == "auto":
                 print(
-                    "epochal-checkpoint: --resume auto: no complete checkpoint in "
+                    "epochal: --resume auto: no complete checkpoint in "  # as every line of a run
                     f"{store.shown(directory)!r} yet; starting a fresh run",
                     file=sys.stderr,
                     flush=True,
