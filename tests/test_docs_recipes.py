@@ -149,14 +149,14 @@ def check_migrating(ns: dict[str, Any], out: str) -> None:
     from epochal import Loop
     from epochal.examples.tiny import TinyModel
 
-    data = ns["make_data"](batch_size=32)
+    data = ns["make_streams"](batch_size=32)
     assert sorted(data) == ["train", "valid"] and len(data["train"]) == 8 and len(data["valid"]) == 2
     x, y = next(iter(data["train"]))
     assert x.shape == (32, 8) and y.shape == (32,)
     first = [batch[1].tolist() for batch in data["valid"]]
     assert first == [batch[1].tolist() for batch in data["valid"]]  # not shuffled
     model = TinyModel(features=8)
-    log = Loop(model, ns["make_data"](), max_epochs=2).run()  # fresh streams (those above were read)
+    log = Loop(model, ns["make_streams"](), max_epochs=2).run()  # fresh streams (those above were read)
     assert log.status["epochs_done"] == 2 and [i for i, _ in log.history("valid.loss")] == [8, 16]
 
 
