@@ -74,6 +74,23 @@ def test_the_epoch_schedule_chooses_the_epochs_evaluated_inside(tmp_path):
     assert evaluated(tmp_path) == [10, 20]  # the last batch of epochs 2 and 4
 
 
+def test_with_no_epoch_schedule_the_batches_are_counted_over_the_run_and_a_resume(tmp_path):
+    # Lightning's val_check_interval=3 with check_val_every_n_epoch=None: batches 3, 6, 9, ...
+    # of the run, across epoch ends, an interval longer than an epoch allowed
+    config = write(
+        tmp_path, "eval_every_n_batches = 3\neval_every_n_epochs = 0", order='["sqlite_log", "checkpoint"]'
+    )
+    result = epochal(tmp_path, "run", str(config))
+    assert result.returncode == 0, result.stderr
+    assert evaluated(tmp_path) == [3, 6, 9]  # 2 epochs of 5 batches; none at the epoch ends
+    resumed = epochal(tmp_path, "run", str(config), "--set", "loop.max_epochs=4", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert [i for i in evaluated(tmp_path) if i > 10] == [12, 15, 18]  # counted on from the run's start
+    longer = write(tmp_path, "eval_every_n_batches = 7\neval_every_n_epochs = 0")
+    assert epochal(tmp_path, "run", str(longer), "--set", "loop.max_epochs=3").returncode == 0
+    assert evaluated(tmp_path) == [7, 14]
+
+
 def test_checkpoints_and_early_stopping_see_the_in_epoch_rows(tmp_path):
     plugins = """
     [plugins.early_stopping]
@@ -108,6 +125,25 @@ def test_early_stopping_stops_inside_an_epoch(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "after 0 epoch(s), 2 batch(es)" in result.stderr + result.stdout
     assert "stopping_threshold 100 in epoch 1 (after batch 2)" in result.stderr + result.stdout
+
+
+def test_early_stoppings_reason_names_the_epoch_of_an_in_epoch_best(tmp_path):
+    # evaluations at batches 7 and 14 of the run (epochs of 5 batches): in epochs 2 and 3; mode
+    # "max" on a falling loss makes the first the best and the second a check without improvement
+    plugins = """
+    [plugins.early_stopping]
+    monitor = "valid.loss"
+    mode = "max"
+    patience = 1
+    """
+    loop = "eval_every_n_batches = 7\neval_every_n_epochs = 0\nmax_epochs = 4"
+    config = write(tmp_path, loop.replace("max_epochs = 4", ""), plugins, '["early_stopping", "sqlite_log"]')
+    result = epochal(tmp_path, "run", str(config), "--set", "loop.max_epochs=4")
+    assert result.returncode == 0, result.stderr
+    output = " ".join((result.stderr + result.stdout).split())  # the summary wraps at $COLUMNS
+    assert re.search(r"; best \d\.\d{1,4} in epoch 2 \(after batch 7\)", output), output
+    assert "after 2 epoch(s), 14 batch(es)" in output
+    assert "EarlyStoppingWarning" not in output  # the epochs without an evaluation are no warning
 
 
 def test_an_evaluation_after_an_epochs_last_batch_is_checked_once(tmp_path):
@@ -165,8 +201,9 @@ def test_resumes_bitwise_right_after_an_in_epoch_evaluation(tmp_path):
     ("loop", "message"),
     [
         (
-            "eval_every_n_batches = 2\neval_every_n_epochs = 0",
-            "[loop]: eval_every_n_batches = 2 evaluates inside epochs, but the run evaluates no stream",
+            "eval_every_n_batches = 0.5\neval_every_n_epochs = 0",
+            "[loop]: eval_every_n_batches = 0.5 is a fraction of an epoch, and eval_every_n_epochs = 0 "
+            "counts batches over the whole run: give a number of batches",
         ),
         ("eval_every_n_batches = 6", "eval_every_n_batches = 6 is more than the 5 batches of an epoch"),
         ("eval_every_n_batches = 1.5", "eval_every_n_batches"),

@@ -11,13 +11,17 @@ from __future__ import annotations
 import csv
 import re
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import IO, Any
 
 __all__ = [
+    "JOB_LOG_WIDTH",
+    "fit_groups",
     "fit_lines",
     "fit_summary",
+    "fit_text",
     "format_seconds",
+    "group_records",
     "metric_order",
     "plain_text",
     "print_csv",
@@ -56,6 +60,70 @@ def metric_order(names: Iterable[str]) -> list[str]:
     return sorted(names, key=lambda name: ("loss" not in name, name))
 
 
+#: the width of the lines a run writes into a job log (stdout or stderr not a terminal, no
+#: ``$COLUMNS``): what CI pages and ``less`` show without scrolling sideways.
+JOB_LOG_WIDTH = 120
+#: log keys the loop itself writes, not metrics.
+_LOOP_KEYS = frozenset({"epochs_done"})
+
+
+def group_records(
+    row: Mapping[str, Any], exclude: Sequence[str] = ()
+) -> list[tuple[str, list[tuple[str, Any, Any]]]]:
+    """A log row's records as every per-epoch view shows them: ``(stream, [(metric, value,
+    best)])``, ``train`` first, then the eval streams, then keys without a stream under ``log``
+    (``lr``), each stream's metrics in :func:`metric_order`.
+
+    A record ``STREAM.METRIC.best`` (early stopping's best so far) is the *best* of
+    ``STREAM.METRIC`` when that is in the row too (None otherwise: it is no metric of the
+    stream). Flags (booleans), the loop's own keys and keys matching a pattern of *exclude*
+    (``fnmatch``: ``"timing.*"``) are left out.
+    """
+    import fnmatch
+
+    groups: dict[str, list[tuple[str, Any, Any]]] = {}
+    for key in metric_order(row):
+        value = row[key]
+        if key in _LOOP_KEYS or _is_flag(value) or any(fnmatch.fnmatchcase(key, p) for p in exclude):
+            continue
+        if key.endswith(".best") and key.removesuffix(".best") in row:
+            continue
+        stream, dot, metric = key.partition(".")
+        if not dot:
+            stream, metric = "log", key
+        groups.setdefault(stream, []).append((metric, value, row.get(f"{key}.best")))
+    order = sorted(groups, key=lambda stream: (stream != "train", stream == "log"))  # stable otherwise
+    return [(stream, groups[stream]) for stream in order]
+
+
+def _is_flag(value: Any) -> bool:
+    kind = type(value)
+    return kind is bool or (kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_"))
+
+
+def fit_groups(
+    head: str, groups: Sequence[tuple[str, Sequence[str]]], width: int, separator: str, after_head: str = ""
+) -> str:
+    """``HEAD SEP stream item item SEP stream item ...`` on one line when it fits *width* (with
+    *after_head* after *head*, when given, instead of *separator*); else *head* on its own line
+    and each stream on an indented line of its own, its items wrapping under the first (no item
+    is cut)."""
+    streams = separator.join(f"{stream} {' '.join(items)}" for stream, items in groups)
+    line = f"{head}{after_head or separator}{streams}" if groups else head
+    if len(line) <= width:
+        return line
+    lines = [head]
+    for stream, items in groups:
+        current = f"  {stream}"
+        for item in items:
+            if len(current) + 1 + len(item) > width and current.strip() != stream:
+                lines.append(current)
+                current = " " * (len(stream) + 2)
+            current += " " + item
+        lines.append(current)
+    return "\n".join(lines)
+
+
 def format_seconds(seconds: float) -> str:
     """A duration with significant digits: ``4.2ms``, ``0.35ms``, ``1.25s``, ``312s``."""
     if seconds < 0.9995:
@@ -79,6 +147,58 @@ def fit_lines(text: str, width: int, indent: str = "    ") -> list[str]:
     ) or [text]
 
 
+def fit_text(text: str, width: int) -> str:
+    """*text* (documentation: paragraphs, fields, lists, indented examples) fitted to *width*.
+
+    A paragraph (lines of one indentation, up to a blank line, a field such as ``loop:``, a list
+    item or a change of indentation) with a line longer than *width* is wrapped again as a
+    whole, its continuation lines under its first line's text (two spaces further for a field
+    or a list item); paragraphs that fit are kept line for line, so the text's structure stays.
+    """
+    import textwrap
+
+    paragraphs: list[list[str]] = []
+    for line in text.splitlines():
+        depth = len(line) - len(line.lstrip())
+        current = paragraphs[-1] if paragraphs else None
+        starts = (
+            current is None
+            or not line.strip()
+            or not current[-1].strip()
+            or depth != len(current[0]) - len(current[0].lstrip())
+            or _ITEM.match(line) is not None
+            or current[-1].rstrip().endswith("::")
+        )
+        if starts:
+            paragraphs.append([line])
+        else:
+            current.append(line)  # type: ignore[union-attr]
+    out: list[str] = []
+    for lines in paragraphs:
+        if all(len(line) <= width for line in lines):
+            out.extend(lines)
+            continue
+        first = lines[0]
+        indent = first[: len(first) - len(first.lstrip())]
+        hanging = indent + ("  " if _ITEM.match(first) else "")
+        joined = " ".join(line.strip() for line in lines)
+        out.extend(
+            textwrap.wrap(
+                joined,
+                width=max(width, len(hanging) + 20),
+                initial_indent=indent,
+                subsequent_indent=hanging,
+                break_long_words=False,
+                break_on_hyphens=False,
+            )
+        )
+    return "\n".join(out)
+
+
+#: a line that starts a field (``loop:``, ``raises ConfigError:``) or a list item (``- ``).
+_ITEM = re.compile(r"\s*(?:[-*] |[\w.]+(?: [\w.]+)?: )")
+
+
 def fit_summary(lines: Sequence[str], run_id: str, width: int) -> list[str]:
     """Summary *lines* within *width*: where a line does not fit, *run_id* in it is cut to its
     first 12 characters (as ``epochal log`` shows ids; any unique prefix names a run), and a
@@ -97,8 +217,9 @@ def fit_summary(lines: Sequence[str], run_id: str, width: int) -> list[str]:
     return fitted
 
 
-#: a summary line that gives a command: ``epochal: resume: epochal run ...``.
-_COMMAND = re.compile(r"epochal: [\w ]+: epochal ")
+#: a summary line that gives a command: ``epochal: resume: epochal run ...``,
+#: ``epochal: tensorboard: tensorboard --logdir ...``.
+_COMMAND = re.compile(r"epochal: [\w ]+: (?:epochal|tensorboard|mlflow) ")
 
 
 def _table(
@@ -136,6 +257,7 @@ def render_table(
     width: int | None = None,
     numeric: Sequence[int] = (),
     no_wrap: Sequence[int] = (),
+    paths: Sequence[int] = (),
 ) -> str:
     """*rows* under *header* as text at most *width* columns wide; nothing is cut.
 
@@ -143,10 +265,20 @@ def render_table(
     (a log with thirty keys on an 80-column terminal), they are split into several tables, one
     under the other, each repeating the first column (the row's name: iteration, run id), as
     pandas prints a wide frame. *numeric* lists the indices of right-aligned columns,
-    *no_wrap* those never wrapped (ids, timestamps).
+    *no_wrap* those never wrapped (ids, timestamps), *paths* those of file paths, which break
+    only after a ``/`` (a path is not cut inside a name).
     """
     width = width or terminal_width()
     cells = [["" if cell is None else str(cell) for cell in row] for row in rows]
+    if paths and cells:
+        # each path fits beside the first column (where the table splits it off, it stands there)
+        first = max(len(str(header[0])), *(len(row[0]) for row in cells))
+        room = max(_WRAP_TO, width - first - _GAP)
+        cells = [
+            [_fold_path(text, room) if c in paths else text for c, text in enumerate(row)] for row in cells
+        ]
+        # a name longer than that is folded by rich, not cropped
+        no_wrap = (*no_wrap, *(c for c in paths if all(_longest_line(row[c]) <= room for row in cells)))
     plain = _aligned(header, cells, width, set(numeric)) if title is None else None
     if plain is not None:
         return plain
@@ -218,7 +350,7 @@ def _column_groups(
     """Column indices per table: all in one when they fit, else groups each repeating column 0."""
 
     def need(column: int) -> int:
-        natural = max([len(str(header[column])), *(len(row[column]) for row in cells)])
+        natural = max([len(str(header[column])), *(_longest_line(row[column]) for row in cells)])
         least = natural if column in no_wrap else min(natural, max(_WRAP_TO, len(str(header[column]))))
         return least + _GAP
 
@@ -238,6 +370,26 @@ def _column_groups(
     return groups
 
 
+def _longest_line(text: str) -> int:
+    return max(map(len, text.split("\n")))
+
+
+def _fold_path(path: str, width: int) -> str:
+    """*path* on lines of at most *width* characters, each broken after a ``/`` (a name longer
+    than *width* stays whole on its line)."""
+    if len(path) <= width:
+        return path
+    lines, current = [], ""
+    for part in re.split(r"(?<=/)", path):
+        if current and len(current) + len(part) > width:
+            lines.append(current)
+            current = part
+        else:
+            current += part
+    lines.append(current)
+    return "\n".join(lines)
+
+
 def print_table(
     header: Sequence[str],
     rows: Sequence[Sequence[Any]],
@@ -246,11 +398,12 @@ def print_table(
     file: IO[str] | None = None,
     numeric: Sequence[int] = (),
     no_wrap: Sequence[int] = (),
+    paths: Sequence[int] = (),
 ) -> None:
     """Print a table fitted to the width of the terminal *file* (stdout by default) writes to."""
     file = file or sys.stdout
     width = terminal_width(file)
-    text = render_table(header, rows, title=title, width=width, numeric=numeric, no_wrap=no_wrap)
+    text = render_table(header, rows, title=title, width=width, numeric=numeric, no_wrap=no_wrap, paths=paths)
     print(text, file=file, flush=True)
 
 

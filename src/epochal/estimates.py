@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["stepping_batches"]
+__all__ = ["epoch_batches", "limit_ends_epoch", "stepping_batches"]
 
 
 def stepping_batches(loop: Any) -> float:
@@ -35,3 +35,26 @@ def stepping_batches(loop: Any) -> float:
     if batches == math.inf:
         return math.inf
     return int(batches) // max(int(accumulate), 1)
+
+
+def epoch_batches(loop: Any) -> int | None:
+    """The training batches of one of *loop*'s epochs: ``epoch_size``, else the ``len()`` of this
+    process's train stream (None: unknown, a stream without one)."""
+    if loop.epoch_size:
+        return int(loop.epoch_size)
+    train = loop.data.get("train")
+    if not hasattr(type(train), "__len__"):
+        return None
+    try:
+        return len(train)
+    except TypeError:
+        return None
+
+
+def limit_ends_epoch(loop: Any, limit: int) -> bool:
+    """Whether the iteration limit *limit* that stops *loop* falls on an epoch's last batch: the
+    epoch then finishes (its evaluation, ``after_epoch``), as Lightning's ``max_steps`` does. A
+    train stream of unknown length leaves the epoch unfinished (only the next batch would tell)."""
+    if loop.iteration < limit or loop.stopping.reason != f"max_iterations={limit} reached":
+        return False
+    return loop.batch_in_epoch == epoch_batches(loop)

@@ -13,6 +13,7 @@ hooks still see them in the step's outputs.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -95,6 +96,32 @@ def due(streams: Mapping[str, int], epoch: int) -> list[str]:
     return [stream for stream, every in streams.items() if every and epoch % every == 0]
 
 
+def over_run(streams: Mapping[str, int]) -> bool:
+    """Whether in-epoch evaluation counts batches over the whole run, not from each epoch's
+    start: the epoch schedule *streams* evaluates no stream (``eval_every_n_epochs = 0``, as
+    Lightning's ``check_val_every_n_epoch=None``)."""
+    return bool(streams) and not any(streams.values())
+
+
+def due_inside(streams: Mapping[str, int], epoch: int) -> list[str]:
+    """The streams evaluated at an in-epoch point of epoch number *epoch* (from 1)."""
+    return list(streams) if over_run(streams) else due(streams, epoch)
+
+
+def next_point(
+    interval: int | None, streams: Mapping[str, int], epoch: int, start: int, iteration: int
+) -> int:
+    """The iteration of the next in-epoch evaluation after *iteration* (``sys.maxsize``: none in
+    this epoch), for epoch number *epoch* + 1, which started at iteration *start*."""
+    if not interval:
+        return sys.maxsize
+    if over_run(streams):
+        return (iteration // interval + 1) * interval
+    if not due(streams, epoch + 1):
+        return sys.maxsize
+    return start + ((iteration - start) // interval + 1) * interval
+
+
 def batch_interval(
     every: int | float | None, epoch_size: int | None, train: Any, streams: Mapping[str, int], where: str
 ) -> int | None:
@@ -102,7 +129,9 @@ def batch_interval(
 
     An int n evaluates after batches n, 2n, ... of each epoch (counted from its start), in the
     epochs the epoch schedule *streams* evaluates; no evaluation then follows an epoch's end
-    unless its last batch is such a point.
+    unless its last batch is such a point. When the epoch schedule evaluates no stream
+    (``eval_every_n_epochs = 0``), n counts batches over the whole run instead and every stream
+    is evaluated there (Lightning's ``val_check_interval`` with ``check_val_every_n_epoch=None``).
 
     A float is a fraction of the epoch's batches (Lightning's ``val_check_interval``):
     ``max(1, int(batches * every))``, an epoch being *epoch_size* batches, else ``len(train)``.
@@ -116,12 +145,18 @@ def batch_interval(
         batches: int | None = epoch_size or len(train)
     except TypeError:  # a stream without len()
         batches = None
-    if not any(streams.values()):
-        reason = "evaluates no stream" if streams else "has no evaluation stream to evaluate"
+    if not streams:
         raise ConfigError(
-            f"{where}: eval_every_n_batches = {every} evaluates inside epochs, but the run {reason} "
-            "(eval_every_n_epochs = 0 or no stream but 'train'): set one or the other"
+            f"{where}: eval_every_n_batches = {every} evaluates inside epochs, but the run has no "
+            "evaluation stream to evaluate (no stream but 'train')"
         )
+    if over_run(streams):
+        if isinstance(every, float):
+            raise ConfigError(
+                f"{where}: eval_every_n_batches = {every} is a fraction of an epoch, and "
+                "eval_every_n_epochs = 0 counts batches over the whole run: give a number of batches"
+            )
+        return every
     if isinstance(every, float):
         if batches is None:
             raise ConfigError(

@@ -152,6 +152,7 @@ def before_optimizer_step(loop: Loop, optimizer: Any) -> None:
     they are clipped and applied; under manual optimization when the step calls
     ``model.optimizer_step(name)``. A plugin may read the gradients (``p.grad``) to log norms or
     detect anomalies, or change them in place. Models without an optimizer never call it.
+    A plugin's trigger keys (``every_n_batches``, ...) gate it as they gate the batch being run.
 
     :param loop: the training loop (``loop.iteration`` counts the batches done before this one).
     :param optimizer: the optimizer about to step (``torch.optim.Optimizer``); its
@@ -166,7 +167,8 @@ def after_epoch(loop: Loop) -> None:
     """Called after every completed training epoch and its evaluation.
 
     ``loop.epoch`` already counts this epoch. Not called for an epoch cut short by
-    ``request_stop``, ``max_iterations`` or a second interrupt.
+    ``request_stop``, ``max_iterations`` or a second interrupt (``max_iterations`` reached on
+    the epoch's last batch does not cut it short: the epoch finishes).
 
     :param loop: the training loop.
 

@@ -25,8 +25,8 @@ from epochal.distributed.strategy import strategy_for
 from epochal.distributed.world import World, current_world, peer_lost
 from epochal.empty import EmptyData
 from epochal.errors import ConfigError, EpochalError
-from epochal.estimates import stepping_batches
-from epochal.evaluation import batch_interval, due, schedule
+from epochal.estimates import limit_ends_epoch, stepping_batches
+from epochal.evaluation import batch_interval, due, due_inside, next_point, schedule
 from epochal.log import TrainingLog
 from epochal.loop_state import STATE_FORMAT as STATE_FORMAT  # re-exported: plugins read it here
 from epochal.model import Model, check_model, check_outputs
@@ -58,6 +58,8 @@ OPTIONS = (
 
 
 #: the keys of ``log.status`` that say how a run ended: a resumed run starts without them.
+#: what next() gives for a stream that has ended.
+_END = object()
 _OUTCOME = ("error", "finish_reason", "isolated_plugins", "test_weights")
 
 
@@ -70,7 +72,8 @@ class Loop:
     :param plugins: a :class:`~epochal.plugins.PluginSet` (from ``load_plugins``), or plugin
         objects by name in call order, or None.
     :param max_epochs: stop after this many epochs (None: no limit).
-    :param max_iterations: stop after this many training batches (None: no limit).
+    :param max_iterations: stop after this many training batches (None: no limit); on an
+        epoch's last batch, that epoch finishes first (:func:`epochal.estimates.limit_ends_epoch`).
     :param min_epochs: a plugin's stop request (early stopping, ``finish_after``) made before this
         many epochs are done is deferred until then (Lightning's ``min_epochs``); limits and
         signals are not.
@@ -80,7 +83,8 @@ class Loop:
     :param eval_every_n_epochs: evaluate every eval stream after every n-th epoch (0: never); a
         mapping ``stream → n`` gives each stream its own schedule (streams not named: every epoch).
     :param eval_every_n_batches: evaluate inside the epochs scheduled instead: every n batches,
-        or a fraction in (0, 1] of the epoch (:func:`epochal.evaluation.batch_interval`).
+        or a fraction in (0, 1] of the epoch; with ``eval_every_n_epochs=0`` every n batches of
+        the run (:func:`epochal.evaluation.batch_interval`).
     :param epoch_size: an epoch is this many training batches (None: one pass over the train
         stream). The train stream is then iterated on across epochs, as an endless stream needs;
         it restarts only when it ends.
@@ -455,13 +459,15 @@ class Loop:
             return False
         train_step = self.model.train_step
         started = self.batch_in_epoch
-        interval, at = self.eval_interval, sys.maxsize  # the iteration of the next in-epoch evaluation
-        if interval and due(self._schedule(self.eval_every_n_epochs), self.epoch + 1):
-            at = self._epoch_start + (started // interval + 1) * interval
+        interval = self.eval_interval  # at: the iteration of the next in-epoch evaluation
+        at = next_point(
+            interval, self._schedule(self.eval_every_n_epochs), self.epoch, self._epoch_start, self.iteration
+        )
         # The hot path: per batch, only what a batch needs (measured by bench/loop_overhead.py).
         kind: type | None = None
         empty: Any = None  # whether a batch is empty: one check chosen per batch type
-        for batch in self._train_batches():
+        batches = self._train_batches()
+        for batch in batches:
             if type(batch) is not kind:
                 kind = type(batch)
                 empty = _empty_rule(kind)  # None: a type without len, never empty
@@ -474,7 +480,7 @@ class Loop:
             self.iteration = iteration = self.iteration + 1  # batch_in_epoch is iteration - _epoch_start
             if iteration >= at:  # before after_batch: its plugins see the evaluation's rows
                 at += interval or 1
-                for stream in due(self._schedule(self.eval_every_n_epochs), self.epoch + 1):
+                for stream in due_inside(self._schedule(self.eval_every_n_epochs), self.epoch + 1):
                     self.evaluate(stream)
             after = hooks.after_batch
             if after is not None:
@@ -486,7 +492,10 @@ class Loop:
             if self.iteration >= stopping.halt:
                 if not stopping.release():  # a deferred stop's min_steps, else the limit
                     stopping.decide(f"max_iterations={self.max_iterations} reached")
-                return False
+                # at an epoch's last batch the epoch finishes, once its stream has ended
+                if not limit_ends_epoch(self, limit) or next(batches, _END) is not _END:
+                    return False
+                break
         if self.batch_in_epoch == 0 and started == 0:
             self._empty_stream("train")
         self.epoch += 1

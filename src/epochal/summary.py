@@ -18,7 +18,7 @@ from typing import Any
 
 from epochal._dispatch import each_implementation
 from epochal._markers import hookimpl
-from epochal.console import fit_summary, metric_order, terminal_width
+from epochal.console import JOB_LOG_WIDTH, fit_lines, fit_summary, metric_order, terminal_width
 
 #: metrics where higher is better (glob patterns on the metric's name); lower wins otherwise.
 MAXIMIZE = ("*acc*", "*accuracy*", "*auc*", "*f1*", "*precision*", "*recall*", "*score*", "*iou*")
@@ -65,6 +65,17 @@ def resume_line(loop: Any) -> str:
     )
 
 
+def say(line: str, ids: tuple[str | None, ...] = ()) -> None:
+    """*line* on stderr, wrapped at spaces to ``$COLUMNS`` or the terminal (one line in a job
+    log: a notice is what one greps for); where it is too wide, the run *ids* in it are cut to
+    12 characters first (as the summary's)."""
+    width = terminal_width(sys.stderr)
+    for run_id in ids:
+        if run_id and len(line) > width:
+            line = line.replace(run_id, run_id[:12])
+    print("\n".join(fit_lines(line, width)), file=sys.stderr, flush=True)
+
+
 def nothing_left(loop: Any) -> str | None:
     """The notice for a resumed run that has nothing left to train (None: it has)."""
     for limit, count, option in (
@@ -95,16 +106,16 @@ class RunSummary:
         """Say what trains (the model's optional ``summary()`` line), before any progress bar."""
         summary = getattr(loop.model, "summary", None)
         if callable(summary):
-            print(f"epochal: model {summary()}", file=sys.stderr, flush=True)
+            say(f"epochal: model {summary()}")
 
     @hookimpl(tryfirst=True)
     def on_resumption(self, loop: Any) -> None:
         """Say what the run resumed from, before any progress bar is drawn; note its earlier epochs."""
         self.started = (loop.epoch, loop.iteration)
-        print(resume_line(loop), file=sys.stderr, flush=True)
+        say(resume_line(loop), (loop.resumed_from, loop.run_id))
         done = nothing_left(loop)
         if done is not None:
-            print(done, file=sys.stderr, flush=True)
+            say(done)
         for _, row in loop.log.rows():
             epoch = row.get("epochs_done")
             if isinstance(epoch, int):
@@ -136,7 +147,8 @@ class RunSummary:
     def lines(self, loop: Any, elapsed: float | None = None, width: int | None = None) -> list[str]:
         """The closing summary of *loop*'s run, one ``epochal: ...`` line per fact.
 
-        Fitted to *width* (default: the terminal's, see :func:`~epochal.console.fit_summary`).
+        Fitted to *width* (default: ``$COLUMNS``, else the terminal's, else a job log's 120
+        characters; see :func:`~epochal.console.fit_summary`).
         """
         status = loop.log.status
         took = f" ({elapsed:.3g} s)" if elapsed is not None else ""
@@ -164,7 +176,9 @@ class RunSummary:
             epochs = {metric: epoch for metric, (_, epoch) in best.items()}
             lines.append(f"epochal: best {stream}: {format_metrics(values, epochs)}")
         lines.extend(f"epochal: {line}" for line in plugin_lines(loop))
-        return fit_summary(lines, loop.run_id, terminal_width() if width is None else width)
+        return fit_summary(
+            lines, loop.run_id, terminal_width(default=JOB_LOG_WIDTH) if width is None else width
+        )
 
 
 def plugin_lines(loop: Any) -> list[str]:

@@ -119,8 +119,10 @@ TRIGGER_KEYS: dict[str, str] = {
     "after_training": "true or false",
     "when": 'a condition on the log ("valid.loss < 0.1") or "module:callable"',
 }
-#: Hooks gated by the batch counters and ``when`` (the counter is the batch being run).
-BATCH_HOOKS = ("before_batch", "after_batch")
+#: Hooks gated by the batch counters and ``when`` (the counter is the batch being run):
+#: ``before_optimizer_step`` runs inside its batch's step, so a plugin that keeps a gradient
+#: norm there and writes it in ``after_batch`` sees both hooks gated alike.
+BATCH_HOOKS = ("before_batch", "after_batch", "before_optimizer_step")
 #: Hooks gated by the epoch counters and ``when`` (the counter is the epoch being run).
 EPOCH_HOOKS = ("before_epoch", "after_epoch")
 #: Hooks a boolean trigger key turns off (``false``): key → hook.
@@ -305,9 +307,10 @@ class Triggers:
     def gate(self, hook: str) -> Condition | bool:
         """``True``: *hook* always runs; ``False``: never; else a condition called with the loop.
 
-        ``before_batch`` and ``before_epoch`` count the batch/epoch about to run (so
-        ``every_n_batches = 10`` lets ``before_batch`` and ``after_batch`` of batches 10, 20, …
-        run); ``after_batch`` and ``after_epoch`` the ones just completed.
+        ``before_batch``, ``before_optimizer_step`` and ``before_epoch`` count the batch/epoch
+        about to run or running (so ``every_n_batches = 10`` lets ``before_batch``,
+        ``before_optimizer_step`` and ``after_batch`` of batches 10, 20, … run); ``after_batch``
+        and ``after_epoch`` the ones just completed.
         """
         for key, switched in SWITCHED_HOOKS.items():
             if hook == switched:

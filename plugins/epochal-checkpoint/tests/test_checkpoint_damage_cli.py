@@ -113,7 +113,8 @@ def test_resume_auto_refuses_when_every_checkpoint_is_damaged(trained: Path) -> 
     )
     assert started.returncode == 0, started.stderr
     assert (
-        "no complete checkpoint in 'fresh/version_0/checkpoints' yet; starting a fresh run" in started.stderr
+        "epochal: --resume auto: no complete checkpoint in 'fresh/version_0/checkpoints' yet; "
+        "starting a fresh run" in started.stderr  # prefixed as every other line (issue 47)
     )
 
 

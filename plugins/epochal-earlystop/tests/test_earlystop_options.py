@@ -121,7 +121,7 @@ def test_baseline_stops_a_run_that_improves_but_never_beats_it() -> None:
     assert loop.epoch == 2  # two checks improved on the best, none on the baseline
     assert loop.log.status["finish_reason"] == (
         "early_stopping: valid.loss did not decrease below the baseline 5 for 2 check(s) "
-        "(patience=2); best 7.0 after epoch 2"
+        "(patience=2); best 7 after epoch 2"
     )
     assert flagged(loop) == [1, 2]  # new bests all the same
 

@@ -38,7 +38,8 @@ def test_running_records_are_not_in_the_epoch_lines_unless_asked(
         )
         result = epochal_cli("run", str(config))
         assert result.returncode == 0, result.stderr
-        lines[exclude] = [line for line in result.stdout.splitlines() if line.startswith("epoch ")]
+        # an epoch's line, or its lines (one per stream) where it is wider than a job log's 120
+        lines[exclude] = result.stdout.split("training finished")[0].split("epoch ")[1:]
     assert len(lines[""]) == 2 and all("train loss=" in line and "running" not in line for line in lines[""])
     assert len(lines[exclude]) == 2 and all("loss.running=" in line for line in lines[exclude])
 
@@ -81,6 +82,12 @@ def test_format_groups_by_stream() -> None:
     )
 
 
+def test_a_best_so_far_record_follows_the_value_it_is_the_best_of() -> None:
+    row = {"valid.loss": 0.5, "valid.loss.best": 0.25, "train.loss": 0.25, "train.loss.best": 0.25}
+    assert format_metrics(row, 2) == "train loss=0.25 (best) | valid loss=0.50 (best 0.25)"
+    assert format_metrics({"valid.loss.best": 0.25}, 2) == "valid loss.best=0.25"  # no value to follow
+
+
 def test_flags_are_not_metrics_and_the_order_is_fixed(epochal_cli: EpochalCli, tmp_path: Path) -> None:
     """Issue 29: ``loss.best_so_far=true`` read like a metric; the order followed the model's."""
     row = {"valid.accuracy": 0.75, "valid.loss": 0.5, "valid.loss.best_so_far": True, "train.loss": 0.25}
@@ -90,14 +97,36 @@ def test_flags_are_not_metrics_and_the_order_is_fixed(epochal_cli: EpochalCli, t
     result = epochal_cli("run", str(config), env={"COLUMNS": "80"})
     assert result.returncode == 0, result.stderr
     assert all(len(line) <= 80 for line in result.stdout.splitlines()), result.stdout
-    joined = result.stdout.replace("\n    ", " ")  # lines wrapped at 80 columns, one again
-    lines = [line for line in joined.splitlines() if line.startswith("epoch ")]
-    assert len(lines) == 2
-    for line in lines:
-        assert "best_so_far" not in line and "true" not in line, line
-        assert "valid loss=" in line and line.index("valid loss=") < line.index(
-            "accuracy=", line.index("| valid")
-        )
+    epochs = result.stdout.split("epoch ")[1:3]  # too wide for 80 columns: a line per stream
+    assert len(epochs) == 2
+    for block in epochs:
+        assert "best_so_far" not in block and "true" not in block, block
+        valid = next(line for line in block.splitlines() if line.startswith("  valid "))
+        assert valid.index("loss=") < valid.index("accuracy="), valid
+
+
+def test_job_log_lines_fit_120_columns_with_the_progress_blocks_facts(
+    epochal_cli: EpochalCli, tmp_path: Path
+) -> None:
+    """Issue 47: piped epoch lines of 150-190 characters, ``loss.best`` read as a metric of the
+    stream, and ``lr`` in the piped line but never in the terminal's block."""
+    extra = (
+        '[plugins.early_stopping]\nmonitor = "valid.loss"\n'
+        '[plugins.lr_scheduler]\nname = "StepLR"\nstep_size = 1\n'
+        "[plugins.printing]\ndigits = 8\n[plugins.progress]\nforce = true\n"
+    )
+    plugins = ["monitor", "early_stopping", "lr_scheduler", "printing", "progress"]
+    config = digits_config(tmp_path / "run.toml", plugins, extra=extra)
+    result = epochal_cli("run", str(config), env={"COLUMNS": ""})  # a job: no terminal, no $COLUMNS
+    assert result.returncode == 0, result.stderr
+    assert all(len(line) <= 120 for line in result.stdout.splitlines()), result.stdout
+    printed = result.stdout.split("epoch 2/2 (iteration 46):")[1].split("training finished")[0]
+    assert "loss.best" not in printed
+    assert "  valid loss=1." in printed and " (best) accuracy=" in printed, printed
+    assert "  log lr=0.02000000" in printed, printed
+    block = result.stderr.split("epoch 2/2 · ")[-1].split("epochal:")[0]  # progress's, forced
+    assert "valid loss 1." in block and "(best) accuracy " in block and "log lr 0.02" in block, block
+    assert "loss.best" not in block
 
 
 @pytest.mark.parametrize(

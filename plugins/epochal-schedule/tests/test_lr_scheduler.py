@@ -270,23 +270,86 @@ def test_a_resume_at_an_epochs_last_batch_does_not_warn_of_a_step_before_the_opt
     assert "before `optimizer.step()`" not in result.stderr
 
 
-def test_a_resume_that_changes_an_auto_length_is_one_error_naming_both_lengths() -> None:
-    # found by an outside-user pass: the summary's "train on" command (more epochs, --resume)
-    # kept the saved total_steps and OneCycleLR failed one step past it, a raw traceback
+def test_a_resume_that_changes_an_auto_length_under_way_is_one_error_naming_both_lengths() -> None:
+    # found by an outside-user pass: a resume with another run length kept the saved
+    # total_steps and OneCycleLR failed one step past it, a raw traceback
     import copy
 
     def scheduler() -> LRScheduler:
         return LRScheduler("OneCycleLR", interval="batch", max_lr=0.5, total_steps="auto")
 
-    first = run(scheduler(), epochs=2)
+    first = Loop(torch_model(), {"train": batches()}, plugins={"lr_scheduler": scheduler()}, max_epochs=4)
+    first.run()
     state = copy.deepcopy(first.state_dict())
-    same = Loop(torch_model(), {"train": batches()}, plugins={"lr_scheduler": scheduler()}, max_epochs=2)
+    halfway = Loop(torch_model(), {"train": batches()}, plugins={"lr_scheduler": scheduler()}, max_epochs=2)
+    halfway.run()
+    under_way = copy.deepcopy(halfway.state_dict())
+    halfway.plugins["lr_scheduler"].scheduler.last_epoch = 3  # as if stopped early, 3 of 8 done
+    under_way["plugins"]["lr_scheduler"]["state"] = halfway.plugins["lr_scheduler"].state_dict()
+    same = Loop(torch_model(), {"train": batches()}, plugins={"lr_scheduler": scheduler()}, max_epochs=4)
     same.load_state_dict(state)
     same.run()  # the same length: fine (nothing left to train)
     longer = Loop(torch_model(), {"train": batches()}, plugins={"lr_scheduler": scheduler()}, max_epochs=4)
-    longer.load_state_dict(state)
+    longer.load_state_dict(under_way)
     with pytest.raises(
         ConfigError,
-        match=r"total_steps = 'auto' made the resumed run's schedule 8 steps long, and this run takes 16",
+        match=r"total_steps = 'auto' makes this run's schedule 16 steps long, and the schedule saved "
+        r"is 8 steps long, 3 of them done",
     ):
         longer.run()
+
+
+def test_a_resume_after_an_auto_schedule_ended_starts_it_again_over_the_added_steps() -> None:
+    # found by an outside-user pass: the summary's command to train on (max_epochs raised,
+    # --resume) failed at once, as the length of the finished 'auto' schedule changed
+    import copy
+
+    def scheduler() -> LRScheduler:
+        return LRScheduler("OneCycleLR", interval="batch", max_lr=0.5, total_steps="auto")
+
+    first = run(scheduler(), epochs=2)  # 8 optimizer steps: the whole cycle
+    state = copy.deepcopy(first.state_dict())
+    longer = Loop(torch_model(), {"train": batches()}, plugins={"lr_scheduler": scheduler()}, max_epochs=5)
+    longer.load_state_dict(state)
+    longer.run()  # 12 steps more: a second cycle over them, not a step past the first's end
+    rates = lrs(longer)
+    assert len(rates) == 20 and rates[:8] == pytest.approx(lrs(first))
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    cycle = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.5, total_steps=12)
+    fresh = []
+    for _ in range(12):
+        fresh.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        cycle.step()
+    assert rates[8:] == pytest.approx(fresh)
+    assert longer.plugins["lr_scheduler"].scheduler.total_steps == 12
+
+
+@pytest.mark.slow
+def test_the_summarys_command_to_train_on_an_auto_schedule_works(tmp_path: Path) -> None:
+    """The run's summary prints a command that resumes and trains on (max_epochs raised): with
+    ``T_max = "auto"`` it runs, the schedule starting again over the epochs it adds."""
+    import shlex
+
+    pytest.importorskip("epochal_checkpoint")
+    config = tmp_path / "run.toml"
+    schedule = '[plugins.lr_scheduler]\nname = "CosineAnnealingLR"\n'
+    text = DIGITS.read_text().replace("[plugins.early_stopping]", schedule + "\n[plugins.early_stopping]")
+    # stepped before the checkpoint of each epoch is saved
+    ordered = '"early_stopping", "lr_scheduler", "checkpoint"'
+    config.write_text(text.replace('"early_stopping", "checkpoint"', ordered))
+    options = ("--disable", "progress", "--set", "plugins.lr_scheduler.T_max=auto")
+    first = epochal_command("run", str(config), "--set", "loop.max_epochs=2", *options, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    summary = first.stdout.replace(" \\\n    ", " ")  # a command wrapped at $COLUMNS, as pasted
+    resume = next(line for line in summary.splitlines() if line.startswith("epochal: resume: "))
+    command = shlex.split(resume.removeprefix("epochal: resume: "))
+    assert command[:2] == ["epochal", "run"] and command[-1] == "--resume"
+    assert "loop.max_epochs=20" not in command  # the file's own 20 epochs: the --set is dropped
+    second = epochal_command(*command[1:], cwd=tmp_path, timeout=600)
+    assert second.returncode == 0, second.stderr
+    assert "T_max = 'auto' = 2) had ended; it starts again" in second.stderr
+    assert "over the 18 epochs this run adds" in second.stderr
+    # the rate each epoch trained with: 0.2 at the first epoch of each schedule (the example's lr)
+    shown = [line for line in second.stdout.splitlines() if line.startswith("epoch ")]
+    assert shown[0].startswith("epoch 3/20") and shown[0].endswith("lr=0.2000"), shown[0]

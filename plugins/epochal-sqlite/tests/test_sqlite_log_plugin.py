@@ -501,3 +501,20 @@ def test_a_full_log_stops_the_run_with_one_error_and_keeps_every_committed_flush
     conn = sqlite3.connect(db)
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     conn.close()
+
+
+def test_the_plot_hint_keeps_its_key_when_nothing_is_left_to_train(tmp_path: Path) -> None:
+    """Issue 47: a resume with nothing left to train evaluates nothing, and the summary's plot
+    command switched from ``valid.loss`` to ``train.loss``."""
+    from epochal.testing import ResumeFrom, run_loop
+
+    db = str(tmp_path / "log.sqlite")
+    first_log = SQLiteLog(path=db)
+    first = run_loop({"train": TrainRecords(), "sqlite_log": first_log}, max_epochs=2)
+    again_log = SQLiteLog(path=db)
+    resume = ResumeFrom(first.loop.state_dict())
+    again = run_loop({"resume": resume, "train": TrainRecords(), "sqlite_log": again_log}, max_epochs=2)
+    assert again.loop.iteration == first.loop.iteration  # nothing trained, nothing evaluated
+    for log, result in ((first_log, first), (again_log, again)):
+        (plot,) = [line for line in log.run_summary(result.loop) if line.startswith("plot: ")]
+        assert "--key valid.loss -o valid-loss.png" in plot, plot

@@ -114,10 +114,11 @@ def plugins_command(
     if not infos:
         click.echo("no plugins installed")
         return
+    # the name first: a table too wide for the terminal is split, each part keyed by column 0
     rows = [
         (
-            "" if i["position"] is None else str(i["position"]),
             i["name"],
+            "" if i["position"] is None else str(i["position"]),
             i["status"],
             {True: "by default", False: "when named"}.get(i["autoload"], "-"),
             f"{i['distribution'] or '-'} {i['version'] or ''}".strip(),
@@ -126,7 +127,7 @@ def plugins_command(
         )
         for i in infos
     ]
-    print_table(("#", "name", "status", "loads", "distribution", "runs on", "hooks"), rows, numeric=(0,))
+    print_table(("name", "#", "status", "loads", "distribution", "runs on", "hooks"), rows, numeric=(1,))
     for i in infos:
         if i["error"]:
             click.echo(f"{i['name']}: {i['error']}", err=True)

@@ -54,7 +54,7 @@ def hooks(as_json: bool) -> None:
 
     from epochal import hookspecs
     from epochal._dispatch import HOOK_ARGS
-    from epochal.console import plain_text
+    from epochal.console import fit_text, plain_text, terminal_width
 
     docs = {name: inspect.getdoc(getattr(hookspecs, name)) or "" for name in HOOK_ARGS}
     if as_json:
@@ -64,6 +64,7 @@ def hooks(as_json: bool) -> None:
             )
         )
         return
+    width = terminal_width(default=80)  # a reference to read: 80 columns in a pipe too
     for name, doc in docs.items():
         click.echo(f"{name}({', '.join(HOOK_ARGS[name])})")
-        click.echo("    " + plain_text(doc).replace("\n", "\n    ").rstrip() + "\n")
+        click.echo(fit_text("    " + plain_text(doc).replace("\n", "\n    ").rstrip(), width) + "\n")

@@ -114,6 +114,9 @@ def export_weights(model_state: Any, path: str | Path, metadata: Mapping[str, An
 
             arrays = {k: np.ascontiguousarray(v, dtype=v.dtype.newbyteorder("<")) for k, v in tensors.items()}
             save_file(arrays, str(tmp), metadata={"format": framework, **meta})
+        # safetensors creates its file 0600: an export is for others to read, as a file the
+        # process writes with open() is (0666 less the umask)
+        os.chmod(tmp, 0o666 & ~_umask())
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -122,6 +125,21 @@ def export_weights(model_state: Any, path: str | Path, metadata: Mapping[str, An
         tmp.unlink(missing_ok=True)
         raise CheckpointWriteError(f"cannot write {str(path)!r}: {error.strerror or error}") from None
     return path
+
+
+def _umask() -> int:
+    """This process's umask (read from /proc where it can be: setting it to read it back would
+    race with the threads that save in the background)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _save_torch(tensors: Mapping[str, Any], path: Path, meta: dict[str, str]) -> None:

@@ -262,7 +262,7 @@ class Checkpoint(Saving):
                 ) from None
             if mode == "auto":
                 print(
-                    "epochal-checkpoint: --resume auto: no complete checkpoint in "
+                    "epochal: --resume auto: no complete checkpoint in "  # as every line of a run
                     f"{store.shown(directory)!r} yet; starting a fresh run",
                     file=sys.stderr,
                     flush=True,
@@ -506,7 +506,7 @@ class Checkpoint(Saving):
 
     @hookimpl
     def run_summary(self, loop: Loop) -> list[str]:
-        """Where the checkpoints are, and the command that resumes the run."""
+        """Where the checkpoints and the exported weights are, and the command that resumes the run."""
         if store.is_remote(self.dir):
             lines = [f"checkpoints: {self.dir}"]
         else:
@@ -515,6 +515,9 @@ class Checkpoint(Saving):
             except ConfigError:  # no directory configured: nothing to point at
                 return []
             lines = [f"checkpoints: {directory}"]
+            exported = [Path(directory) / name for name in (BEST_WEIGHTS, LAST_WEIGHTS)]
+            if any(path.is_file() for path in exported):
+                lines.append(f"weights: {', '.join(str(path) for path in exported if path.is_file())}")
         if loop.command:
             lines.append(f"resume: {shlex.join([*loop.command, '--resume'])}")
         return lines

@@ -196,6 +196,8 @@ class EarlyStopping:
         self.best: float | None = None
         self.best_epoch: int | None = None
         self.best_iteration: int | None = None
+        #: where the best was checked, for the reason of a stop: ``in epoch 2 (after batch 7)``.
+        self.best_where: str | None = None
         self.wait = 0
         self.checks = 0
         self.best_state: Any = None
@@ -293,6 +295,7 @@ class EarlyStopping:
         )
         if new_best:
             self.best, self.best_epoch, self.best_iteration = value, loop.epoch, loop.iteration
+            self.best_where = _when(loop)
             if self.restore_best:
                 self.best_state = copy.deepcopy(loop.model.state_dict())
         # Keras' baseline: the patience restarts only on a value that beats the baseline too.
@@ -313,7 +316,8 @@ class EarlyStopping:
                 delta += f" {below} the baseline {self.baseline:g}"
             loop.request_stop(
                 f"early_stopping: {self.monitor} did not {better}{delta} for {self.wait} "
-                f"check(s) (patience={self.patience}); best {self.best!r} after epoch {self.best_epoch}",
+                f"check(s) (patience={self.patience}); best {self.best:.4g} "
+                f"{self.best_where or f'after epoch {self.best_epoch}'}",
                 agreed=agreed,
             )
 
@@ -372,7 +376,10 @@ class EarlyStopping:
     def _missing(self, loop: Any, row: Mapping[str, Any]) -> None:
         if self._seen or self._warned:
             return
-        no_eval = not loop.eval_streams or not loop.eval_every_n_epochs
+        # with an in-epoch interval and eval_every_n_epochs = 0, evaluations count batches over the run
+        no_eval = not loop.eval_streams or not (
+            loop.eval_every_n_epochs or getattr(loop, "eval_interval", None)
+        )
         if not (self._evaluated or no_eval):
             return  # the record may come with the first evaluation
         self._warned = True
@@ -400,6 +407,7 @@ class EarlyStopping:
             "best": self.best if self.best is None or math.isfinite(self.best) else repr(self.best),
             "best_epoch": self.best_epoch,
             "best_iteration": self.best_iteration,
+            "best_where": self.best_where,
             "wait": self.wait,
             "checks": self.checks,
             "seen": self._seen,
@@ -424,6 +432,8 @@ class EarlyStopping:
         self.best = None if best is None else float(best)
         self.best_epoch = state.get("best_epoch")
         self.best_iteration = state.get("best_iteration")
+        where = state.get("best_where")
+        self.best_where = where if isinstance(where, str) else None
         self.wait = int(state.get("wait", 0))
         self.checks = int(state.get("checks", 0))
         self._seen = bool(state.get("seen", False))

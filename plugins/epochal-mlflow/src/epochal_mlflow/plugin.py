@@ -24,7 +24,10 @@ rule).
 
 from __future__ import annotations
 
+import fnmatch
 import os
+import shlex
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -66,6 +69,9 @@ class MLflow:
         plugin's requests (its default, 7 retries and 120 s, is minutes per request).
     :param close_timeout: seconds the end of the run waits for the last records to be sent.
     :param log_weights: log the final weights (safetensors export or latest checkpoint).
+    :param exclude: log keys not sent, as ``fnmatch`` patterns (default: the ``timing`` plugin's
+        profiling records, which would outnumber the metrics, as the ``tensorboard`` plugin's
+        default; ``[]`` sends them).
     """
 
     #: write after monitor, early stopping and checkpoint have logged the epoch's records.
@@ -87,6 +93,7 @@ class MLflow:
         close_timeout: NonNegativeFloat = 30.0,
         log_weights: bool = True,
         request_timeout: PositiveFloat = 10.0,
+        exclude: Sequence[str] = ("timing.*",),
     ) -> None:
         self.tracking_uri = tracking_uri
         self.experiment = experiment
@@ -99,6 +106,8 @@ class MLflow:
         self.close_timeout = float(close_timeout)
         self.request_timeout = float(request_timeout)
         self.log_weights = log_weights
+        self.exclude = tuple(exclude)
+        self._excluded: dict[str, bool] = {}
         self.tracker: Tracker | None = None
         #: the tracker of the last run that ended (its ``sent``/``dropped`` counters, the MLflow run).
         self.finished: Tracker | None = None
@@ -186,12 +195,33 @@ class MLflow:
         self.collect(loop)
         self._finish(loop, "KILLED" if loop.log.status.get("status") == "interrupted" else "FAILED")
 
+    @hookimpl
+    def run_summary(self) -> list[str]:
+        """The MLflow run and its store, with the command that shows a local store."""
+        tracker = self.finished
+        if tracker is None or tracker.store_refused:
+            return []
+        uri = tracker.spec.tracking_uri
+        if tracker.mlflow_run_id is None:
+            return [f"mlflow: no run was made in {uri} (see the warning above)"]
+        where = f"mlflow: run {tracker.mlflow_run_id} (experiment {tracker.spec.experiment!r}) in {uri}"
+        if tracker.spec.local_store is None:
+            return [where]
+        return [where, f"mlflow ui: mlflow ui --backend-store-uri {shlex.quote(uri)}"]
+
     # -- helpers -----------------------------------------------------------------------------
 
     def collect(self, loop: Loop) -> None:
         """Buffer the numeric records new since the last collection."""
         if self.tracker is not None:
-            self.tracker.put(self._cursor.collect(loop.log, loop.iteration))
+            records = self._cursor.collect(loop.log, loop.iteration)
+            self.tracker.put([r for r in records if not self._skip(r[1])] if self.exclude else records)
+
+    def _skip(self, key: str) -> bool:
+        skip = self._excluded.get(key)
+        if skip is None:
+            skip = self._excluded[key] = any(fnmatch.fnmatchcase(key, p) for p in self.exclude)
+        return skip
 
     def _finish(self, loop: Loop, status: str) -> None:
         tracker, self.tracker = self.tracker, None

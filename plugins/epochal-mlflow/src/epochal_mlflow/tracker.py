@@ -14,11 +14,16 @@ unreachable tracker never stalls training:
   the tracker, the records stay buffered and the thread retries every ``retry_seconds``. When
   the tracker answers again, what was buffered is sent (a later outage warns again). When the
   buffer holds ``max_buffered`` records the oldest are dropped (counted; one warning).
-- the end of the run: the thread gets ``close_timeout`` seconds to send what is left, log the
-  artifacts and end the MLflow run with the epochal run's status (``FINISHED``, ``KILLED``,
-  ``FAILED``). Past that it stops sending and makes one last attempt to end the run (tagged
-  ``epochal.records_not_sent``), so the MLflow run is not left ``RUNNING`` while the tracker
-  answers; one warning says what was not sent and whether the run could be ended.
+- the end of the run: the thread gets ``close_timeout`` seconds *without progress* to send what
+  is left, log the artifacts and end the MLflow run with the epochal run's status (``FINISHED``,
+  ``KILLED``, ``FAILED``): each call the tracker takes gives it ``close_timeout`` more, so a busy
+  machine or a long backlog loses nothing, and a local store (the default SQLite one) is waited
+  for until it is made and the run opened (there is no network to wait for: on a busy machine
+  importing MLflow and creating its tables can take longer than ``close_timeout``). A tracker
+  that is down at the end (two failed requests in a row) is given up at once, not after the
+  whole ``close_timeout``. Past the deadline it stops sending and makes one last attempt to end
+  the run (tagged ``epochal.records_not_sent``), so the MLflow run is not left ``RUNNING`` while
+  the tracker answers; one warning says what was not sent and whether the run could be ended.
 - a record the tracker refuses (an invalid metric name, a too-long param): the failing batch is
   halved until the culprit is found; one warning names it, that key is skipped from then on,
   and the rest of the batch is sent.
@@ -100,6 +105,16 @@ def make_store_whole(database: Path) -> None:
         made.unlink(missing_ok=True)
 
 
+def quiet_store_logs() -> None:
+    """MLflow's ``INFO ... Creating initial MLflow database tables`` lines kept out of the console
+    (a run's console is epochal's), unless the user set that logger's level."""
+    import logging
+
+    logger = logging.getLogger("mlflow.store.db.utils")
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.WARNING)
+
+
 def refused(error: BaseException) -> bool:
     """True when *error* is MLflow refusing the data, not the tracker failing or unreachable."""
     return getattr(error, "error_code", None) in ("INVALID_PARAMETER_VALUE", "RESOURCE_ALREADY_EXISTS")
@@ -125,6 +140,8 @@ class Tracker(threading.Thread):
         self.request_timeout = request_timeout
         #: a tracking server: metrics go to its REST endpoint, several calls at once.
         self.rest = is_http(spec.tracking_uri)
+        #: a store on this machine (a SQLite file, the default): no network to wait for.
+        self.local = spec.local_store is not None or spec.tracking_uri.startswith(("sqlite:", "file:", "/"))
         self.parallel = parallel if self.rest else 1
         self.warn = warn
         self.mlflow_run_id: str | None = None
@@ -142,6 +159,7 @@ class Tracker(threading.Thread):
         self._stopping = False
         self._end: tuple[str, list[tuple[Path, str]], dict[str, Any] | None] | None = None
         self._deadline = float("inf")
+        self._timeout = 0.0
         self._skip: set[str] = set()
         self._skip_lock = threading.Lock()
         self._failures = 0
@@ -199,9 +217,14 @@ class Tracker(threading.Thread):
         with self._condition:
             self._end = (status, artifacts, config)
             self._stopping = True
+            self._timeout = timeout
             self._deadline = time.monotonic() + timeout
             self._condition.notify()
-        self.join(timeout + 2 * self.request_timeout + 1)
+        while self.is_alive():
+            wait = self._wait_left()
+            if wait <= 0:
+                break
+            self.join(wait)
         if self.store_refused:
             return  # said when it happened
         left = self.buffered
@@ -217,6 +240,8 @@ class Tracker(threading.Thread):
                 message += f", {self.dropped} dropped"
         else:
             message = f"the tracker at {uri} did not end the MLflow run in {timeout:g} s"
+        if self._down_warned:
+            message = message.replace(f"did not take the run's last records in {timeout:g} s", "is down")
         if self.ended:
             message += f"; MLflow run {self.mlflow_run_id} ended as {status}"
         elif self.mlflow_run_id is not None:
@@ -224,6 +249,25 @@ class Tracker(threading.Thread):
         else:
             message += "; no MLflow run was created"
         self.warn(message)
+
+    def _opening_locally(self) -> bool:
+        """Whether the thread is still making a local store and opening the run, unfailed."""
+        return self.local and self.mlflow_run_id is None and self._failures == 0 and not self.store_refused
+
+    def _wait_left(self) -> float:
+        """How long the end of the run still waits for the thread (past its deadline, the
+        request in flight and one last attempt to end the run, each ``request_timeout``)."""
+        if self._opening_locally():
+            return 1.0  # no deadline yet: asked again each second
+        with self._condition:
+            deadline = self._deadline
+        return deadline + 2 * self.request_timeout + 1 - time.monotonic()
+
+    def _progressed(self) -> None:
+        """The tracker took a call: at the end of the run, ``close_timeout`` more from now."""
+        with self._condition:
+            if self._stopping:
+                self._deadline = max(self._deadline, time.monotonic() + self._timeout)
 
     # -- the thread ------------------------------------------------------------------------------
 
@@ -241,13 +285,14 @@ class Tracker(threading.Thread):
                 while not self._buffer and not self._stopping and self.mlflow_run_id is not None:
                     self._condition.wait()
                 stopping = self._stopping
-            if stopping and time.monotonic() >= self._deadline:
+            if stopping and time.monotonic() >= self._deadline and not self._opening_locally():
                 self._give_up()
                 return
             try:
                 started = self.mlflow_run_id is None
                 if started:
                     self._start()
+                    self._progressed()
                 if self._send() or started:  # the tracker answered: an outage is over
                     self._failures, self._down_warned = 0, False
                 if stopping and not self.buffered:
@@ -273,6 +318,10 @@ class Tracker(threading.Thread):
 
     def _failed(self, error: BaseException) -> None:
         self._failures += 1
+        if self._failures >= 2:
+            with self._condition:
+                if self._stopping:  # down at the end of the run: no use waiting the rest of it
+                    self._deadline = min(self._deadline, time.monotonic())
         if self._failures < 2 or self._down_warned:
             return
         self._down_warned = True
@@ -309,6 +358,8 @@ class Tracker(threading.Thread):
         from mlflow import MlflowClient
 
         spec = self.spec
+        if self.local and self._client is None:
+            quiet_store_logs()
         if spec.local_store is not None and self._client is None:
             make_store_whole(Path(spec.local_store))
         client = self._client or MlflowClient(tracking_uri=spec.tracking_uri)
@@ -494,6 +545,8 @@ class Tracker(threading.Thread):
             sent = sum(result for result in results if isinstance(result, int))
             self.sent += sent
             total += sent
+            if sent:
+                self._progressed()
             errors = [result for result in results if isinstance(result, Exception)]
             if errors:
                 raise errors[0]

@@ -7,23 +7,21 @@ when stdout is not a terminal and off on a terminal (``tty = true`` prints there
     epoch 3/20 (iteration 69): train loss=0.1790 accuracy=0.9570 | valid loss=0.1990 accuracy=0.9500
 
 A line groups the epoch's log row by stream (``train.loss`` → ``train``, ``valid.accuracy`` →
-``valid``), ``train`` first; keys without a stream appear last, under ``log``.
+``valid``), ``train`` first; keys without a stream appear last, under ``log`` (``lr``). Lines
+fit ``$COLUMNS``, else the terminal, else 120 characters (a job log): a longer one gives each
+stream a line of its own. The ``progress`` plugin's epoch block shows the same records.
 ``batches = N`` adds a line every N training batches with that batch's ``train_step`` outputs.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, ClassVar, Literal, TextIO
 
 from epochal import hookimpl
-from epochal.console import fit_lines, metric_order, terminal_width
+from epochal.console import JOB_LOG_WIDTH, fit_groups, fit_lines, group_records, terminal_width
 from epochal.protocol import Ge, Le, NonNegativeInt, Phase, Rank, checked_options
-
-#: log keys the loop itself writes, not metrics.
-SKIPPED = frozenset({"epochs_done"})
 
 
 def _format(value: Any, digits: int) -> str | None:
@@ -42,32 +40,40 @@ def _format(value: Any, digits: int) -> str | None:
         return None
 
 
+def _best(value: Any, best: Any, digits: int) -> str:
+    """`` (best)`` after a value that is the best so far, else `` (best 0.1234)`` ('' for none)."""
+    shown = None if best is None else _format(best, digits)
+    if shown is None:
+        return ""
+    return " (best)" if shown == _format(value, digits) else f" (best {shown})"
+
+
+def metric_groups(
+    row: Mapping[str, Any], digits: int = 4, exclude: Sequence[str] = ()
+) -> list[tuple[str, list[str]]]:
+    """A row's records as ``(stream, ["loss=0.18 (best)", ...])``: see :func:`format_metrics`."""
+    groups = []
+    for stream, metrics in group_records(row, exclude):
+        items = []
+        for metric, value, best in metrics:
+            shown = _format(value, digits)
+            if shown is not None:
+                items.append(f"{metric}={shown}{_best(value, best, digits)}")
+        if items:
+            groups.append((stream, items))
+    return groups
+
+
 def format_metrics(row: Mapping[str, Any], digits: int = 4, exclude: Sequence[str] = ()) -> str:
-    """``train loss=0.18 | valid loss=0.20``: a row's records grouped by stream.
+    """``train loss=0.18 | valid loss=0.20 (best 0.19)``: a row's records grouped by stream.
 
     Within a stream the metrics come in :func:`epochal.console.metric_order` (losses first,
-    then alphabetical: the same on 1 and N processes). Keys matching a pattern of *exclude*
-    (``fnmatch``: ``"timing.*"``) and flags (``valid.loss.best_so_far = true``: booleans, not
-    metrics) are left out.
+    then alphabetical: the same on 1 and N processes); early stopping's ``valid.loss.best``
+    shows as ``(best)`` after the value it is the best of (or ``(best 0.19)``). Keys matching a
+    pattern of *exclude* (``fnmatch``: ``"timing.*"``) and flags (``valid.loss.best_so_far =
+    true``: booleans, not metrics) are left out (:func:`epochal.console.group_records`).
     """
-    groups: dict[str, list[str]] = {}
-    for key in metric_order(row):
-        value = row[key]
-        if (
-            key in SKIPPED
-            or isinstance(value, bool)
-            or any(fnmatch.fnmatchcase(key, pattern) for pattern in exclude)
-        ):
-            continue
-        shown = _format(value, digits)
-        if shown is None:
-            continue
-        stream, dot, metric = key.partition(".")
-        if not dot:
-            stream, metric = "log", key
-        groups.setdefault(stream, []).append(f"{metric}={shown}")
-    order = sorted(groups, key=lambda stream: (stream != "train", stream == "log"))  # stable otherwise
-    return " | ".join(f"{stream} {' '.join(groups[stream])}" for stream in order)
+    return " | ".join(f"{stream} {' '.join(items)}" for stream, items in metric_groups(row, digits, exclude))
 
 
 @checked_options("printing")
@@ -104,10 +110,17 @@ class Printing:
     def _out(self) -> TextIO:
         return sys.stdout if self.stream == "stdout" else sys.stderr
 
+    def _width(self) -> int:
+        # $COLUMNS when set, a terminal's width with tty = true, else a job log's
+        return terminal_width(self._out(), JOB_LOG_WIDTH)
+
     def _print(self, line: str) -> None:
-        out = self._out()
-        # within $COLUMNS when set (or a terminal's width with tty = true); a pipe: one line
-        print("\n".join(fit_lines(line, terminal_width(out))), file=out, flush=True)
+        print("\n".join(fit_lines(line, self._width())), file=self._out(), flush=True)
+
+    def _print_groups(self, head: str, groups: list[tuple[str, list[str]]]) -> None:
+        """*head* and the stream *groups*: one line, or a line per stream where that is too wide."""
+        text = fit_groups(head, groups, self._width(), " | ", after_head=" ")
+        print(text if groups else f"{head} (no metrics logged)", file=self._out(), flush=True)
 
     @staticmethod
     def _epoch(loop: Any, number: int) -> str:
@@ -127,27 +140,27 @@ class Printing:
     def after_evaluation(self, loop: Any, stream: str, metrics: Mapping[str, Any]) -> None:
         if not self.active:
             return
-        shown = format_metrics({f"{stream}.{k}": v for k, v in metrics.items()}, self.digits)
+        groups = metric_groups({f"{stream}.{k}": v for k, v in metrics.items()}, self.digits)
         if loop.in_epoch:  # [loop] eval_every_n_batches: inside the epoch being run
             epoch = self._epoch(loop, loop.epoch + 1)
-            self._print(f"{epoch} batch {loop.batch_in_epoch} (iteration {loop.iteration}): {shown}")
+            self._print_groups(f"{epoch} batch {loop.batch_in_epoch} (iteration {loop.iteration}):", groups)
         elif stream in getattr(loop, "test_streams", ()):  # once, after training
-            self._print(f"after training, {loop.test_weights} weights: {shown}")
+            self._print_groups(f"after training, {loop.test_weights} weights:", groups)
         elif loop.epoch == 0:  # the evaluation before the first epoch
-            self._print(f"epoch 0: {shown}")
+            self._print_groups("epoch 0:", groups)
 
     @hookimpl
     def after_batch(self, loop: Any, outputs: Mapping[str, Any]) -> None:
         if self.active and self.batches and loop.iteration % self.batches == 0:
-            shown = format_metrics({f"train.{k}": v for k, v in outputs.items()}, self.digits)
+            groups = metric_groups({f"train.{k}": v for k, v in outputs.items()}, self.digits)
             epoch = self._epoch(loop, loop.epoch + 1)
-            self._print(f"{epoch} batch {loop.batch_in_epoch} (iteration {loop.iteration}): {shown}")
+            self._print_groups(f"{epoch} batch {loop.batch_in_epoch} (iteration {loop.iteration}):", groups)
 
     @hookimpl
     def after_epoch(self, loop: Any) -> None:
         if self.active:
-            shown = format_metrics(loop.log.current_row, self.digits, self.exclude) or "(no metrics logged)"
-            self._print(f"{self._epoch(loop, loop.epoch)} (iteration {loop.iteration}): {shown}")
+            groups = metric_groups(loop.log.current_row, self.digits, self.exclude)
+            self._print_groups(f"{self._epoch(loop, loop.epoch)} (iteration {loop.iteration}):", groups)
 
     @hookimpl
     def after_training(self, loop: Any) -> None:

@@ -25,7 +25,7 @@ from operator import itemgetter
 from typing import Any, ClassVar, Literal
 
 from epochal import hookimpl
-from epochal.console import format_seconds, metric_order
+from epochal.console import fit_groups, format_seconds, group_records, metric_order
 from epochal.protocol import NonNegativeFloat, Phase, PositiveInt, Rank, checked_options
 
 
@@ -34,6 +34,18 @@ def _format(value: Any) -> str | None:
         return f"{float(value):.4g}"
     except (TypeError, ValueError):
         return None
+
+
+#: records of the log row not shown in the epoch block (as the ``printing`` plugin's default).
+_EXCLUDE = ("timing.*", "*.running")
+
+
+def _best(text: str, best: Any) -> str:
+    """`` (best)`` after a value *text* that is the best so far, else `` (best 0.1234)``."""
+    shown = None if best is None else _format(best)
+    if shown is None:
+        return ""
+    return " (best)" if shown == text else f" (best {shown})"
 
 
 def _total(values: list[Any]) -> Any:
@@ -286,31 +298,32 @@ class Progress:
     def epoch_block(self, loop: Any, width: int) -> str:
         """The lines written when an epoch ends, each at most *width* characters wide.
 
-        ``epoch 3/20 · 1.2s · train loss 0.4123 accuracy 0.9012 · valid loss ...``; when that is
-        too wide every stream gets its own indented line, and a stream's metrics wrap in turn.
+        ``epoch 3/20 · 1.2s · train loss 0.4123 accuracy 0.9012 · valid loss ... · log lr 0.01``;
+        when that is too wide every stream gets its own indented line, and a stream's metrics
+        wrap in turn. The records are the ``printing`` plugin's (the epoch's log row, grouped by
+        stream, ``(best)`` after a best-so-far value), with the running means of the train step
+        where no plugin wrote the epoch's exact ones (``monitor``).
         """
         limit = f"/{loop.max_epochs}" if loop.max_epochs else ""
         head = f"epoch {loop.epoch}{limit} · {format_seconds(self._clock() - self._epoch_started)}"
+        records: dict[str, Any] = {f"train.{k}": v for k, v in self._means().items()}
+        for stream, metrics in self._eval_metrics.items():
+            records.update({f"{stream}.{k}": v for k, v in metrics.items()})
+        shown = ("train", *self._eval_metrics)
+        for key, value in loop.log.current_row.items():
+            stream, dot, name = key.partition(".")
+            if not dot or stream not in shown or self._shown(name.removesuffix(".best")):
+                records[key] = value  # the row's: monitor's exact means, lr, early stopping's best
         groups = []
-        row = loop.log.current_row  # the monitor plugin's exact epoch means, where it wrote them
-        train = {k: row.get(f"train.{k}", v) for k, v in self._means().items()}
-        for stream, metrics in [("train", train), *self._eval_metrics.items()]:
-            items = [f"{name} {text}" for name in metric_order(metrics) if (text := _format(metrics[name]))]
+        for stream, records_of in group_records(records, _EXCLUDE):
+            items = []
+            for name, value, best in records_of:
+                text = _format(value)
+                if text is not None and (stream not in shown or self._shown(name)):
+                    items.append(f"{name} {text}{_best(text, best)}")
             if items:
                 groups.append((stream, items))
-        line = " · ".join([head, *(f"{stream} {' '.join(items)}" for stream, items in groups)])
-        if len(line) <= width:
-            return line
-        lines = [head]
-        for stream, items in groups:
-            current = f"  {stream}"
-            for item in items:
-                if len(current) + 1 + len(item) > width and current.strip() != stream:
-                    lines.append(current)
-                    current = " " * (len(stream) + 2)
-                current += " " + item
-            lines.append(current)
-        return "\n".join(lines)
+        return fit_groups(head, groups, width, " · ")
 
     def _close(self, state: _Bar | None, postfix: Mapping[str, str] | None = None) -> None:
         if state is None:

@@ -34,6 +34,7 @@ through a one-parameter stand-in optimizer whose learning rate is copied into ``
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -79,7 +80,8 @@ class LRScheduler:
         A length argument (``total_steps``, ``T_max``, ``total_iters``) may be ``"auto"``: the
         steps the schedule takes in this run (optimizer steps from
         ``loop.estimated_stepping_batches`` with ``interval = "batch"``, else ``max_epochs``;
-        divided by *frequency*).
+        divided by *frequency*). Resumed with more epochs after it ended, such a schedule starts
+        again over the steps added.
     """
 
     autoload = False  # it changes the learning rate: it runs only when a run names it
@@ -181,20 +183,26 @@ class LRScheduler:
             "(model.optimizer) and no numeric learning rate (model.lr) to schedule"
         )
 
-    def _length(self, loop: Any) -> float:
-        """The steps this schedule takes in the run: what a length argument ``"auto"`` becomes."""
+    def _length(self, loop: Any, done: int = 0) -> float:
+        """The steps this schedule takes in the run: what a length argument ``"auto"`` becomes
+        (*done*: the steps an earlier run took already, for a schedule that starts again)."""
         if self.interval == "batch":
             total = loop.estimated_stepping_batches
         else:
             total = loop.max_epochs if loop.max_epochs is not None else math.inf
-        return total if total == math.inf else total // self.frequency
+        return total if total == math.inf else total // self.frequency - done // self.frequency
 
-    def _check_length(self, loop: Any, saved: Mapping[str, Any]) -> None:
-        """Refuse a resume whose ``"auto"`` length differs from the saved schedule's: the saved
-        state would keep the old length (OneCycleLR then fails once past it), and a schedule
-        that ends elsewhere has another shape from its first step on.
+    def _check_length(self, loop: Any, saved: Mapping[str, Any]) -> str | None:
+        """Refuse a resume whose ``"auto"`` length differs from the saved schedule's while that
+        schedule is under way: the saved state would keep the old length (OneCycleLR then fails
+        once past it), and a schedule that ends elsewhere has another shape from its first step on.
 
-        :raises ConfigError: naming the argument, both lengths and the ways out.
+        A schedule that had ended (the summary's command to train on after ``max_epochs`` was
+        reached raises ``max_epochs``) is not refused: the length argument it names is returned,
+        and the schedule starts again over what this run adds.
+
+        :raises ConfigError: naming the configuration file, the checkpoint, the argument, both
+            lengths and the ways out.
         """
         from epochal_schedule.build import LENGTH_ARGUMENTS
 
@@ -203,13 +211,46 @@ class LRScheduler:
             was = saved.get(key)
             if self.arguments.get(key) != "auto" or not isinstance(was, int) or length == math.inf:
                 continue
-            if int(length) != was:
-                raise ConfigError(
-                    f"{WHERE} {key} = 'auto' made the resumed run's schedule {was} steps long, and "
-                    f"this run takes {int(length)}: a resumed run cannot change a schedule's length "
-                    f"(its shape depends on it). Keep the run's length ([loop] max_epochs / "
-                    f"max_iterations), start afresh without --resume, or give {key} a number"
-                )
+            if int(length) == was:
+                continue
+            done = saved.get("last_epoch")
+            if isinstance(done, int) and done >= was:
+                return key  # the saved schedule ran to its end
+            config = f"{loop.config_file}: " if loop.config_file else ""
+            source = f" in {loop.resumed_source}" if loop.resumed_source else ""
+            raise ConfigError(
+                f"{config}{WHERE} {key} = 'auto' makes this run's schedule {int(length)} steps long, "
+                f"and the schedule saved{source} is {was} steps long, {done} of them done: a resumed "
+                f"run cannot change the length of a schedule under way (its shape depends on it). "
+                f"Keep the run's length ([loop] max_epochs / max_iterations), start afresh without "
+                f"--resume, or give {key} a number"
+            )
+        return None
+
+    def _restart(self, loop: Any, schedule: Schedule, key: str, pending: Mapping[str, Any]) -> None:
+        """Start a saved schedule, which had ended, again over the steps this run adds (from
+        the initial learning rates), and say so."""
+        from epochal.torch import from_plain
+        from epochal_schedule.build import build
+
+        done = int(pending["steps"]) if self.interval == "batch" else loop.epoch
+        length = self._length(loop, done)
+        optimizer = schedule.optimizer
+        for group, saved in zip(optimizer.param_groups, pending["param_groups"], strict=True):
+            group.update(from_plain(saved))
+            group["lr"] = group.get("initial_lr", group["lr"])
+        schedule.scheduler = build(self.name, self.arguments, optimizer, WHERE, length)
+        if loop.world.is_zero:
+            from epochal.console import fit_lines, terminal_width
+
+            unit = "optimizer steps" if self.interval == "batch" else "epochs"
+            notice = (
+                f"epochal: lr_scheduler: the saved schedule ({key} = 'auto' = "
+                f"{pending['scheduler'][key]}) had ended; it starts again from the initial learning "
+                f"rate over the {int(length)} {unit} this run adds (give {key} a number to keep "
+                "one schedule over the whole run)"
+            )
+            print("\n".join(fit_lines(notice, terminal_width(sys.stderr))), file=sys.stderr, flush=True)
 
     def _sync_proxy(self) -> None:
         if self._proxy_model is not None and self.schedules:
@@ -262,11 +303,14 @@ class LRScheduler:
     def _restore(self, loop: Any, schedule: Schedule, saved: Mapping[str, Any]) -> None:
         from epochal.torch import from_plain
 
-        self._check_length(loop, saved["scheduler"])
-        # Making a scheduler steps it once and rewrites the rates; the saved ones win.
-        schedule.scheduler.load_state_dict(from_plain(saved["scheduler"]))
-        for group, rates in zip(schedule.optimizer.param_groups, saved["param_groups"], strict=True):
-            group.update(from_plain(rates))
+        ended = self._check_length(loop, saved["scheduler"])
+        if ended is not None:
+            self._restart(loop, schedule, ended, saved)
+        else:
+            # Making a scheduler steps it once and rewrites the rates; the saved ones win.
+            schedule.scheduler.load_state_dict(from_plain(saved["scheduler"]))
+            for group, rates in zip(schedule.optimizer.param_groups, saved["param_groups"], strict=True):
+                group.update(from_plain(rates))
         schedule.steps = int(saved["steps"])
         if getattr(loop.model, "optimizer_steps", 0):
             # the optimizer stepped before the checkpoint: what torch's step wrapper records,

@@ -151,7 +151,7 @@ def runs_command(db: str | None, config: str | None, as_json: bool, as_csv: bool
     if as_csv:
         print_csv(header, rows)
         return
-    print_table(header, rows, numeric=(3, 4, 5), no_wrap=(0, 2))
+    print_table(header, rows, numeric=(3, 4, 5), no_wrap=(0, 2), paths=(6, 7))
 
 
 def _config_file(run: reading.Run, whole: bool) -> str:

@@ -456,6 +456,9 @@ def _plot_key(loop: Loop) -> str | None:
     for stream, metrics in loop.last_metrics.items():
         if metrics:
             return f"{stream}.{'loss' if 'loss' in metrics else next(iter(metrics))}"
+    for stream in loop.eval_streams:  # no evaluation in this run (nothing left to train): the log's
+        if loop.log.last(f"{stream}.loss") is not None:
+            return f"{stream}.loss"
     return "train.loss" if loop.log.last("train.loss") is not None else None
 
 

@@ -23,6 +23,7 @@ one warning naming the plugin and what failed, and the plugin stops writing for 
 from __future__ import annotations
 
 import fnmatch
+import shlex
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -141,6 +142,13 @@ class TensorBoard:
                 self.write_hparams(loop)
         finally:
             self.close()
+
+    @hookimpl
+    def run_summary(self) -> list[str]:
+        """Where the event files are, as the command that shows them."""
+        if self.log_dir is None or not self.log_dir.is_dir():
+            return []
+        return [f"tensorboard: tensorboard --logdir {shlex.quote(str(self.log_dir))}"]
 
     @hookimpl
     def on_error(self, loop: Loop) -> None:
