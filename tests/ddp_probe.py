@@ -112,6 +112,12 @@ def params_of(model: Any) -> dict[str, np.ndarray]:
     return {k: np.asarray(v) for k, v in state.get("module", state).items()}
 
 
+def module_class(model: Any) -> str | None:
+    """The class a training step calls (outside a step ``model.module`` is the module itself)."""
+    parts = getattr(model, "parts", None)  # the numpy model has none
+    return None if parts is None else type(parts.train_views["module"]).__name__
+
+
 class Probe:
     """Records every training batch, the last evaluation's batches and the final parameters.
 
@@ -175,7 +181,7 @@ class Probe:
             "optimizer_steps": getattr(model, "optimizer_steps", None),
             "mid_window": self.mid_window,
             # what a training step calls (outside a step model.module is the module itself)
-            "module_class": type(model.parts.train_views["module"]).__name__,
+            "module_class": module_class(model),
         }
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / f"rank{loop.world.rank}.pkl").write_bytes(pickle.dumps(record))

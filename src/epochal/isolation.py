@@ -91,7 +91,9 @@ def isolated(config: Mapping[str, Any], run_dir: Path, places: Mapping[str, Any]
             if not isinstance(table, dict):
                 table = copied.setdefault("plugins", {})[name] = {}
                 tables = copied["plugins"]
-            table[key] = str(run_dir / name.replace("/", "_") / last)
+            place = run_dir / name.replace("/", "_")
+            place.mkdir(parents=True, exist_ok=True)  # as the user's own place had a parent
+            table[key] = str(place / last)
     return copied
 
 
