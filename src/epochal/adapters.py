@@ -1,4 +1,5 @@
-"""Streams of other libraries as epochal streams (a torch ``DataLoader`` resumes mid-epoch).
+"""Streams of other libraries as epochal streams (a torch ``DataLoader`` resumes mid-epoch, a
+loader or dataset with a state of its own resumes from it).
 
 The loop passes every stream through :func:`adapt_stream`; a library's module is imported only
 when a stream of that library is given.
@@ -29,11 +30,18 @@ def orders_itself(stream: Any) -> bool:
     return callable(stream) and not hasattr(stream, "__iter__")
 
 
-def adapt_stream(stream: Any, seed: int | None) -> Any:
-    """A torch DataLoader as a resumable :class:`epochal.torch.LoaderStream`; others as given."""
+def adapt_stream(stream: Any, seed: int | None, name: str = "") -> Any:
+    """A torch DataLoader as a resumable :class:`epochal.torch.LoaderStream`; a loader or
+    dataset with a state of its own (torchdata's ``StatefulDataLoader``, a Hugging Face
+    ``IterableDataset``) as a :class:`epochal.stateful.StatefulStream` named *name*; others as
+    given."""
     if type(stream).__module__.startswith("torch.utils.data"):
         from epochal.torch.data import LoaderStream, is_dataloader
 
         if is_dataloader(stream):
             return LoaderStream(stream, seed=seed if seed is not None else draw_seed())
+    from epochal.stateful import StatefulStream, is_stateful_source
+
+    if is_stateful_source(stream):
+        return StatefulStream(stream, name)
     return stream

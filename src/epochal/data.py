@@ -317,7 +317,7 @@ def check_world_size(state: Mapping[str, Any], size: int, what: str) -> None:
 
 
 #: the optional keys of a stream's state, beside ``seed``, ``epoch`` and ``position``.
-OPTIONAL_STATE_KEYS = frozenset({"world_size", "batches", "torch_rng"})
+OPTIONAL_STATE_KEYS = frozenset({"world_size", "batches", "torch_rng", "dataset"})
 
 
 def check_epoch_length(state: Mapping[str, Any], batches: int | None, what: str) -> int:

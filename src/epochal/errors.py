@@ -19,6 +19,11 @@ class ConfigError(EpochalError):
     """The run configuration (TOML file, ``--set``, plugin options) is invalid."""
 
 
+class StreamStateError(EpochalError, ValueError):
+    """A stream's saved state does not fit the stream it is loaded into (other data, another
+    batch size, other workers): the message names the stream."""
+
+
 class PluginError(EpochalError):
     """A plugin cannot be found, imported, configured, ordered or registered."""
 

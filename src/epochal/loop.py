@@ -171,7 +171,7 @@ class Loop:
         order = 0 if seed is None and shard_order == "distributed_sampler" else seed
         if order is None and any(map(orders_itself, data.values())):
             order = self.strategy.order_seed(None)
-        wrapped = {name: adapt_stream(stream, order) for name, stream in data.items()}
+        wrapped = {name: adapt_stream(stream, order, name) for name, stream in data.items()}
         if shard_order != "epochal":
             wrapped = {
                 n: in_shard_order(n, s, shard_order, order, self._source or "") for n, s in wrapped.items()

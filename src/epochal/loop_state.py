@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from epochal import _rng, plugin_state
-from epochal.errors import EpochalError
+from epochal.errors import EpochalError, StreamStateError
 
 if TYPE_CHECKING:
     from epochal.loop import Loop
@@ -69,7 +69,12 @@ def restore(loop: Loop, state: Mapping[str, Any]) -> None:
     for name, stream_state in own.get("data", state["data"]).items():
         stream = loop.data.get(name)
         if stream is not None and callable(getattr(stream, "load_state_dict", None)):
-            stream.load_state_dict(stream_state)
+            try:
+                stream.load_state_dict(stream_state)
+            except StreamStateError:
+                raise
+            except ValueError as error:  # the stream's own words, with its name
+                raise StreamStateError(f"cannot resume [data] stream {name!r}: {error}") from None
     loop.orphan_plugin_states = plugin_state.restore(
         loop.plugins,
         state["plugins"],

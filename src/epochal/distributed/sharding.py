@@ -79,7 +79,7 @@ class _OrderedFactory:
         self.factory, self.name, self.order, self.seed, self.where = factory, name, order, seed, where
 
     def __call__(self) -> Any:
-        stream = adapt_stream(self.factory(), self.seed)
+        stream = adapt_stream(self.factory(), self.seed, self.name)
         return in_shard_order(self.name, stream, self.order, self.seed, self.where)
 
 

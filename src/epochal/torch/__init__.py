@@ -6,6 +6,8 @@
   DataLoaders in it by itself).
 - :func:`to_plain` / :func:`from_plain`: tensors of every dtype as numpy arrays and JSON values,
   the form in which checkpoints hold them.
+- :func:`full_weights`: a model's full weights on rank 0, for a plugin (under FSDP a collective
+  that every rank calls).
 
 Importing this package imports torch; the rest of epochal never does.
 """
@@ -13,5 +15,6 @@ Importing this package imports torch; the rest of epochal never does.
 from epochal.torch.data import LoaderStream
 from epochal.torch.model import TorchModel, is_stream_metric
 from epochal.torch.state import from_plain, to_plain
+from epochal.torch.weights import full_weights
 
-__all__ = ["LoaderStream", "TorchModel", "from_plain", "is_stream_metric", "to_plain"]
+__all__ = ["LoaderStream", "TorchModel", "from_plain", "full_weights", "is_stream_metric", "to_plain"]

@@ -48,6 +48,7 @@ from epochal.data import (
     distributed_sampler_order,
     shard_indices,
 )
+from epochal.stateful import from_plain, to_plain
 
 __all__ = ["LoaderStream", "is_dataloader"]
 
@@ -129,8 +130,11 @@ class LoaderStream:
         of a state it loads).
 
     A map-style dataset resumes by building the remaining batches; an iterable dataset (no
-    sampler) resumes by skipping the batches already seen. A sampler with ``set_epoch`` (such
-    as ``DistributedSampler``) is told the epoch instead of being given a generator.
+    sampler) with a state of its own (``state_dict``/``load_state_dict``, as a Hugging Face
+    streaming dataset has) and no workers resumes from that state, told each epoch
+    (``set_epoch``); any other iterable dataset by skipping the batches already seen. A
+    sampler with ``set_epoch`` (such as ``DistributedSampler``) is told the epoch instead of
+    being given a generator.
     """
 
     def __init__(self, loader: DataLoader[Any], seed: int = 0) -> None:
@@ -153,6 +157,8 @@ class LoaderStream:
         self.shard_order: ShardOrder = "epochal"
         #: under shard_order "torch": the global generator's state when the epoch started.
         self._epoch_rng: torch.Tensor | None = None
+        #: an iterable dataset's own state, loaded for the next pass to read on from.
+        self._dataset_state: Any = None
 
     def use_shard_order(self, order: ShardOrder) -> None:
         """Derive every epoch's order as *order* says from now on (``[loop] shard_order``).
@@ -299,6 +305,13 @@ class LoaderStream:
             batches = self._batches()[position:]
             self._prepare(epoch)  # the workers' seeds as the full epoch's loader had them
             iterator = iter(self._rest(batches))
+        elif self._keeps_dataset_state():
+            self._tell_dataset(epoch)
+            if position and self._dataset_state is not None:  # read on from the dataset's state
+                loader.dataset.load_state_dict(from_plain(self._dataset_state))  # type: ignore[attr-defined]
+                iterator = iter(loader)
+            else:
+                iterator = self._skipping(position)
         elif position == 0:
             iterator = iter(loader)
         elif not isinstance(loader.dataset, IterableDataset) and loader.batch_sampler is not None:
@@ -307,9 +320,8 @@ class LoaderStream:
             self._prepare(epoch)  # the workers' seeds as the full epoch's loader had them
             iterator = iter(self._rest(batches))
         else:
-            iterator = iter(loader)
-            for _ in range(position):
-                next(iterator, None)
+            iterator = self._skipping(position)
+        self._dataset_state = None
         self._open = iterator
         k = position
         for batch in iterator:
@@ -321,6 +333,29 @@ class LoaderStream:
         self._open = None
         if (self._epoch, self._position) == (epoch, k):
             self._epoch, self._position = epoch + 1, 0
+
+    def _skipping(self, position: int) -> Iterator[Any]:
+        """The loader's iterator past the *position* batches of the epoch already seen (read again)."""
+        iterator = iter(self.loader)
+        for _ in range(position):
+            next(iterator, None)
+        return iterator
+
+    def _keeps_dataset_state(self) -> bool:
+        """Whether the loader's dataset is an iterable one with a state of its own, read in this
+        process (no workers: theirs are copies, whose state never comes back)."""
+        dataset = self.loader.dataset
+        return (
+            isinstance(dataset, IterableDataset)
+            and not self.loader.num_workers
+            and callable(getattr(dataset, "state_dict", None))
+            and callable(getattr(dataset, "load_state_dict", None))
+        )
+
+    def _tell_dataset(self, epoch: int) -> None:
+        set_epoch = getattr(self.loader.dataset, "set_epoch", None)
+        if callable(set_epoch):  # a loaded state applies to its own epoch only (Hugging Face's)
+            set_epoch(epoch)
 
     def _torch_order(self, position: int) -> Iterator[Any]:
         """The epoch's iterator under shard_order "torch": at its start, the loader's own (its
@@ -377,6 +412,8 @@ class LoaderStream:
         batches = self._epoch_length()
         if batches is not None:
             state["batches"] = batches
+        if self._keeps_dataset_state():
+            state["dataset"] = to_plain(self.loader.dataset.state_dict())  # type: ignore[attr-defined]
         if self.shards > 1:
             state["world_size"] = self.shards
         return state
@@ -421,6 +458,7 @@ class LoaderStream:
                     "the generator's state at the epoch's start (saved under another shard_order?)"
                 )
             self._epoch_rng = torch.from_numpy(saved_rng.copy())
+        self._dataset_state = state.get("dataset") if self._keeps_dataset_state() else None
         self._epoch, self._position = int(state["epoch"]), position
 
     def __repr__(self) -> str:
