@@ -358,6 +358,17 @@ def test_a_sharded_state_round_trips_and_a_state_inside_a_window_leaves_it_out(o
     assert again["steps"] == {"accumulated": 0, "optimizer_steps": 1}
 
 
+def test_a_state_taken_before_the_first_step_leaves_the_optimizer_fresh(one_rank_group: Any) -> None:
+    """DCP's get_optimizer_state_dict steps an optimizer that has no state yet (at lr 0) to make
+    one: AdamW would count that step and train differently from a run that took no state."""
+    model = sharded_model(one_rank_group)
+    state = model.state_dict()
+    assert state["optimizer"]["state"] == {}
+    assert model.optimizer is not None and not model.optimizer.state
+    model.train_step(fsdp_mlp.arrays(8, 0))
+    assert [float(s["step"]) for s in model.optimizer.state.values()] == [1.0] * 6
+
+
 def _stepped(model: TorchModel, batch: Any) -> dict[str, Any]:
     model.train_step(batch)
     model.train_step(batch)

@@ -193,8 +193,11 @@ class Sharded:
         if self._gathered_state is None:
             options = StateDictOptions(full_state_dict=True, cpu_offload=True)
             module_state: dict[str, Any] = dict(get_model_state_dict(self.root, options=options))
-            merged: dict[str, Any] = dict(
-                get_optimizer_state_dict(self.root, list(self.optimizers.values()), options=options)
+            # DCP gives an optimizer without state one by stepping it (lr 0): AdamW's step count
+            # would then start at 1. The ranks step together: they agree on which have state.
+            stepped = [optimizer for optimizer in self.optimizers.values() if optimizer.state]
+            merged: dict[str, Any] = (
+                dict(get_optimizer_state_dict(self.root, stepped, options=options)) if stepped else {}
             )
             by_name = merged.get("state", {})
             tensors = {
