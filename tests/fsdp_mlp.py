@@ -7,6 +7,7 @@ on one, 1 on the other).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from pathlib import Path
@@ -101,13 +102,17 @@ def make_model(
     gradient_clip_val: float | None = None,
     precision: Literal["32-true", "16-mixed", "bf16-mixed", "bf16-true"] = "32-true",
     empty: bool = False,
+    meta: bool = False,
+    pretrained: str | None = None,
     fsdp_options: dict[str, Any] | None = None,
 ) -> TorchModel:
-    """Linear(6, 32) - Tanh - Linear(32, 32) - Tanh - Linear(32, 3), AdamW (``empty``: no parameters)."""
+    """Linear(6, 32) - Tanh - Linear(32, 32) - Tanh - Linear(32, 3), AdamW (``empty``: no
+    parameters; ``meta``: built on the meta device)."""
     torch.manual_seed(seed)
-    layers: list[torch.nn.Module] = [torch.nn.Linear(FEATURES, 32), torch.nn.Tanh()]
-    layers += [torch.nn.Linear(32, 32), torch.nn.Tanh(), torch.nn.Linear(32, CLASSES)]
-    module = torch.nn.Sequential(torch.nn.Flatten()) if empty else torch.nn.Sequential(*layers)
+    with torch.device("meta") if meta else contextlib.nullcontext():
+        layers: list[torch.nn.Module] = [torch.nn.Linear(FEATURES, 32), torch.nn.Tanh()]
+        layers += [torch.nn.Linear(32, 32), torch.nn.Tanh(), torch.nn.Linear(32, CLASSES)]
+        module = torch.nn.Sequential(torch.nn.Flatten()) if empty else torch.nn.Sequential(*layers)
     params = list(module.parameters()) or [torch.nn.Parameter(torch.zeros(1))]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
     return TorchModel(
@@ -120,18 +125,25 @@ def make_model(
         accumulate_grad_batches=accumulate_grad_batches,
         gradient_clip_val=gradient_clip_val,
         strategy=strategy,
+        pretrained=pretrained,
         fsdp_options=fsdp_options,
     )
 
 
 class Record:
     """Writes ``record.json`` on rank 0 when training ends: every batch's loss (the mean over the
-    ranks), the valid metrics, whether the module is sharded, the final state's parameters, the
-    optimizer's per-parameter state and the FSDP2 settings of each unit."""
+    ranks), the valid metrics, whether the module is sharded, the parameters when training
+    started and ended, the optimizer's per-parameter state and the FSDP2 settings of each unit."""
 
     def __init__(self, path: str = "record.json") -> None:
         self.path = path
         self.losses: list[float] = []
+        self.initial: dict[str, Any] = {}
+
+    @hookimpl
+    def before_training(self, loop: Any) -> None:
+        state = loop.model.state_dict()  # every rank: a collective under FSDP
+        self.initial = {k: np.asarray(v).tolist() for k, v in state.get("module", {}).items()}
 
     @hookimpl
     def after_batch(self, loop: Any, outputs: Any) -> None:
@@ -149,6 +161,7 @@ class Record:
             "sharded": loop.model.sharded,
             "units": sum(1 for m in loop.model.raw_module.modules() if type(m).__name__.startswith("FSDP")),
             "fsdp": fsdp_settings(loop.model.raw_module),
+            "initial": self.initial,
             "module": {k: np.asarray(v).tolist() for k, v in state["module"].items()},
             "optimizer": {
                 pid: {k: np.asarray(v).tolist() for k, v in entry.items()}

@@ -142,6 +142,54 @@ def test_fsdp_options_reach_every_unit_and_train_as_ddp_does(runs: Any, tmp_path
     assert_close_weights(options["module"], ddp["module"])
 
 
+@pytest.fixture(scope="module")
+def meta_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """The MLP built on the meta device, trained 2 epochs under FSDP."""
+    directory = tmp_path_factory.mktemp("meta")
+    return directory, trained(directory, "fsdp", meta=True)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_meta_module_under_fsdp_initialises_each_shard_on_its_rank(meta_run: Any) -> None:
+    """reset_parameters on each rank's shards: nn.Linear's bounds (1/sqrt(fan_in)), and the two
+    ranks' rows differ (DTensor's CPU random ops draw on each rank alone: the ranks draw from
+    generators of their own)."""
+    _, meta = meta_run
+    assert meta["sharded"] is True and meta["units"] == 4
+    for layer, fan_in in (("0", fsdp_mlp.FEATURES), ("2", 32), ("4", 32)):
+        for kind in ("weight", "bias"):
+            values = np.array(meta["initial"][f"{layer}.{kind}"])
+            assert 0.5 / fan_in**0.5 < np.abs(values).max() <= 1 / fan_in**0.5, (layer, kind)
+    first = np.array(meta["initial"]["0.weight"])  # 32 rows: rank 0 holds 0-15, rank 1 16-31
+    assert not np.allclose(first[:16], first[16:])
+    assert meta["losses"][-1] < meta["losses"][0]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_meta_module_resumes_from_its_checkpoint_into_its_shards(meta_run: Any, tmp_path: Path) -> None:
+    directory, straight = meta_run
+    resumed = trained(tmp_path, "fsdp", "--resume", str(first_epoch_checkpoint(directory)), meta=True)
+    assert_close_weights(resumed["module"], straight["module"])
+    np.testing.assert_allclose(resumed["losses"], straight["losses"][4:], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_pretrained_weights_load_into_the_shards_of_a_meta_module(runs: Any, tmp_path: Path) -> None:
+    """The host-built MLP's weights as safetensors: each rank reads its rows into its shards, so
+    the meta FSDP run starts bitwise where the DDP run (built on the host) starts, and trains as it."""
+    from safetensors.torch import save_file
+
+    save_file(fsdp_mlp.make_model().raw_module.state_dict(), tmp_path / "init.safetensors")
+    meta = trained(tmp_path, "fsdp", meta=True, pretrained=str(tmp_path / "init.safetensors"))
+    _, ddp = runs["ddp"]
+    assert meta["initial"] == ddp["initial"]
+    np.testing.assert_allclose(meta["losses"], ddp["losses"], rtol=1e-5, atol=1e-6)
+    assert_close_weights(meta["module"], ddp["module"])
+
+
 @pytest.mark.distributed
 def test_the_weights_exported_at_the_end_of_an_fsdp_run_are_the_full_ones(runs: Any) -> None:
     """Rank 0 alone exports ``last.safetensors`` after the final save: the state gathered for

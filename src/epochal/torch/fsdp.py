@@ -8,7 +8,9 @@ each block of a transformer's ``layers`` is one), then the root takes the rest; 
 ``fsdp_options``' ``wrap_policy`` selects (with FSDP2's other settings: reshard after forward,
 explicit prefetching, CPU offload: :class:`~epochal.torch.strategies.FSDPOptions`). Each rank
 holds its shard of every parameter (a ``DTensor``); a unit's parameters are all-gathered for its
-forward and backward, and gradients are reduce-scattered.
+forward and backward, and gradients are reduce-scattered. A module built on the meta device is
+sharded as it is, then each rank gives its own shards memory and initialises them
+(:mod:`epochal.torch.meta`).
 
 FSDP2 replaces the module's parameters with new ``DTensor`` parameters. The optimizer the
 factory made refers to the old ones: :class:`Sharded` re-points each of its parameter groups at
@@ -138,7 +140,8 @@ class Sharded:
         self.mesh = init_device_mesh(device.type, (world.size,))
         with torch.no_grad():  # every rank starts from rank 0's values, as under DDP
             for tensor in root.state_dict().values():
-                if isinstance(tensor, torch.Tensor):
+                # a meta tensor has no values: each rank initialises its shards (epochal.torch.meta)
+                if isinstance(tensor, torch.Tensor) and not tensor.is_meta:
                     torch.distributed.broadcast(tensor, src=0)
         #: ``reshard_after_forward`` of every unit but the roots (FSDP2's default: True).
         self.reshard_after_forward = bool(options.get("reshard_after_forward", True))
