@@ -80,6 +80,20 @@ class Scale(torch.nn.Module):
         return x * self.gain
 
 
+def test_tensors_already_on_the_host_keep_their_values_and_need_no_initialiser() -> None:
+    """Only what is on the meta device is given memory and initialised (to_empty would give every
+    tensor new memory): a head built on the host beside a meta body keeps its weights."""
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        body = torch.nn.Linear(3, 4)
+    head = Scale(4)
+    head.gain.data = torch.arange(4.0)
+    net = torch.nn.Sequential(body, head)  # Scale has no reset_parameters: not needed, it is real
+    make(net)
+    assert torch.equal(net[1].gain, torch.arange(4.0))
+    assert not net[0].weight.is_meta and net[0].weight.abs().max() > 0
+
+
 def scaled(meta: bool = True) -> torch.nn.Module:
     torch.manual_seed(0)
     with torch.device("meta") if meta else torch.device("cpu"):

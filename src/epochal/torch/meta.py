@@ -65,11 +65,11 @@ def _tensors(module: torch.nn.Module, recurse: bool) -> Iterator[torch.Tensor]:
     yield from module.buffers(recurse=recurse)
 
 
-def _own_names(module: torch.nn.Module) -> list[str]:
-    """The names of the parameters and buffers *module* holds itself (not its children's)."""
-    return [n for n, t in module._parameters.items() if t is not None] + [
-        n for n, t in module._buffers.items() if t is not None
-    ]
+def _own(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The parameters and buffers *module* holds itself (not its children's), by name."""
+    own: dict[str, torch.Tensor] = {n: t for n, t in module._parameters.items() if t is not None}
+    own.update((n, t) for n, t in module._buffers.items() if t is not None)
+    return own
 
 
 @contextlib.contextmanager
@@ -196,12 +196,12 @@ class Materializer:
     def _to_initialise(
         self, module: torch.nn.Module, name: str
     ) -> list[tuple[str, torch.nn.Module, list[str]]]:
-        """``(path, submodule, its tensors' names)`` of every submodule holding tensors of its
-        own that the pretrained weights do not all cover."""
+        """``(path, submodule, its tensors' names)`` of every submodule holding meta tensors of
+        its own that the pretrained weights do not all cover (a module on the meta device)."""
         prefix = self._prefix(name)
         found = []
         for path, sub in module.named_modules():
-            own = _own_names(sub)
+            own = [n for n, t in _own(sub).items() if t.is_meta]
             full = [f"{prefix}{path}.{n}" if path else f"{prefix}{n}" for n in own]
             if own and not all(key in self.covered for key in full):
                 found.append((path, sub, own))
@@ -231,24 +231,32 @@ class Materializer:
         if not meta:
             return
         with torch.no_grad():
+            todo = {name: self._to_initialise(self.modules[name], name) for name in meta}
+            # to_empty gives every tensor new memory: the ones not on the meta device keep their values
+            real = [
+                (sub, n, t.detach().clone())
+                for name in meta
+                for sub in self.modules[name].modules()
+                for n, t in _own(sub).items()
+                if not t.is_meta
+            ]
             for name in meta:
                 with _swapping():
                     self.modules[name].to_empty(device=device)
             with _rank_generator(mesh, rank):
                 for name in meta:
-                    self._initialise(self.modules[name], name)
+                    if self.init_weights is not None:
+                        self.init_weights(self.modules[name])
+                    else:
+                        for _, sub, _ in todo[name]:
+                            sub.reset_parameters()  # type: ignore[operator]
+            for sub, n, value in real:
+                _own(sub)[n].copy_(value)
             if mesh is not None and mesh.size() > 1:
                 for name in meta:  # FSDP2 shards parameters only: the ranks agree on buffers
                     for buffer in self.modules[name].buffers():
                         torch.distributed.broadcast(buffer, src=0)
         self.pending = [name for name in self.pending if name not in meta]
-
-    def _initialise(self, module: torch.nn.Module, name: str) -> None:
-        if self.init_weights is not None:
-            self.init_weights(module)
-            return
-        for _, sub, _ in self._to_initialise(module, name):
-            sub.reset_parameters()  # type: ignore[operator]
 
     def load(self) -> None:
         """Read the pretrained weights (if any) into the modules, once they all have memory:
@@ -289,7 +297,12 @@ def _rank_generator(mesh: Any, rank: int) -> Iterator[None]:
     if mesh is None or mesh.size() < 2:
         yield
         return
-    from torch.distributed.tensor._random import is_rng_supported_mesh
+    try:  # torch's private module: where it moves, the device type decides
+        from torch.distributed.tensor._random import is_rng_supported_mesh
+    except ImportError:  # pragma: no cover - another torch
+
+        def is_rng_supported_mesh(device_mesh: Any) -> bool:  # type: ignore[misc]
+            return bool(device_mesh.device_type != "cpu")
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "DTensor random operators may not", UserWarning)
@@ -297,24 +310,28 @@ def _rank_generator(mesh: Any, rank: int) -> Iterator[None]:
             yield
             return
         base = int(torch.randint(0, 2**62, (1,)).item())  # the same on every rank
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(base + rank)
+        with torch.random.fork_rng(devices=[]):  # the host's generator only: a CPU mesh draws there
+            torch.random.default_generator.manual_seed(base + rank)
             yield
 
 
 def _read_into(target: torch.Tensor, reader: Any, key: str) -> None:
     """Copy this rank's part of the stored tensor *key* into *target*: the rows of its shard
     (a slice, read from the mapped file alone) for a ``DTensor``, else the whole tensor."""
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor, Shard
 
     if not isinstance(target, DTensor) or target.dim() == 0:
         target.copy_(reader.get_tensor(key))
         return
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
     local = target.to_local()
-    shape, offset = compute_local_shape_and_global_offset(target.shape, target.device_mesh, target.placements)
     if local.numel() == 0:
         return
-    index = tuple(slice(start, start + size) for start, size in zip(offset, shape, strict=True))
-    local.copy_(reader.get_slice(key)[index])
+    index = [slice(None)] * target.dim()
+    mesh = target.device_mesh
+    for axis, placement in enumerate(target.placements):
+        if isinstance(placement, Shard):  # torch.chunk's split, as DTensor's and FSDP2's
+            dim, ranks = placement.dim, mesh.size(axis)
+            step = -(-target.shape[dim] // ranks)
+            start = (index[dim].start or 0) + step * mesh.get_local_rank(axis)
+            index[dim] = slice(start, start + local.shape[dim])
+    local.copy_(reader.get_slice(key)[tuple(index)])
