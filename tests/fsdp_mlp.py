@@ -169,6 +169,7 @@ class Record:
             },
             "steps": state["steps"],
         }
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)  # check-resume moves it into a new one
         with open(self.path, "w", encoding="utf-8") as out:
             json.dump(record, out)
 
