@@ -177,13 +177,25 @@ def test_a_meta_module_resumes_from_its_checkpoint_into_its_shards(meta_run: Any
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_pretrained_weights_load_into_the_shards_of_a_meta_module(runs: Any, tmp_path: Path) -> None:
-    """The host-built MLP's weights as safetensors: each rank reads its rows into its shards, so
-    the meta FSDP run starts bitwise where the DDP run (built on the host) starts, and trains as it."""
-    from safetensors.torch import save_file
+@pytest.mark.parametrize("kind", ["safetensors", "dcp"])
+def test_pretrained_weights_load_into_the_shards_of_a_meta_module(
+    runs: Any, tmp_path: Path, kind: str
+) -> None:
+    """The host-built MLP's weights as a safetensors file (each rank reads its rows into its
+    shards) or a DCP checkpoint of one process (DCP reshards it): the meta FSDP run starts
+    bitwise where the DDP run (built on the host) starts, and trains as it."""
+    host = fsdp_mlp.make_model()
+    weights = tmp_path / "init"
+    if kind == "safetensors":
+        from safetensors.torch import save_file
 
-    save_file(fsdp_mlp.make_model().raw_module.state_dict(), tmp_path / "init.safetensors")
-    meta = trained(tmp_path, "fsdp", meta=True, pretrained=str(tmp_path / "init.safetensors"))
+        weights = weights.with_suffix(".safetensors")
+        save_file(host.raw_module.state_dict(), weights)
+    else:
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(host.sharded_state_dict(), checkpoint_id=str(weights), no_dist=True)
+    meta = trained(tmp_path, "fsdp", meta=True, pretrained=str(weights))
     _, ddp = runs["ddp"]
     assert meta["initial"] == ddp["initial"]
     np.testing.assert_allclose(meta["losses"], ddp["losses"], rtol=1e-5, atol=1e-6)
