@@ -103,6 +103,105 @@ def test_fsdp_shards_the_module_and_trains_as_ddp_does(runs: Any) -> None:
     assert fsdp["valid"] == pytest.approx(ddp["valid"], rel=1e-5)
 
 
+#: every FSDP option at once (the units are named by their class's full name).
+FSDP_OPTIONS = {
+    "wrap_policy": ["torch.nn.modules.linear.Linear"],
+    "reshard_after_forward": False,
+    "forward_prefetch": 1,
+    "backward_prefetch": 1,
+    "cpu_offload": True,
+}
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_fsdp_options_reach_every_unit_and_train_as_ddp_does(runs: Any, tmp_path: Path) -> None:
+    """Each unit holds the options (FSDP2's state) and the run still ends where DDP's does."""
+    options = trained(tmp_path, "fsdp", fsdp_options=FSDP_OPTIONS)
+    unit = {"reshard_after_forward": False, "offload": "CPUOffloadPolicy"}
+    assert options["fsdp"] == {
+        "<root>": {
+            "reshard_after_forward": False,
+            "offload": None,
+            "forward_prefetch": [],
+            "backward_prefetch": [],
+        },
+        "0": {**unit, "forward_prefetch": ["2"], "backward_prefetch": []},
+        "2": {**unit, "forward_prefetch": ["4"], "backward_prefetch": ["0"]},
+        "4": {**unit, "forward_prefetch": [], "backward_prefetch": ["2"]},
+    }
+    default = {
+        "reshard_after_forward": True,
+        "offload": "OffloadPolicy",
+        "forward_prefetch": [],
+        "backward_prefetch": [],
+    }
+    assert runs["fsdp"][1]["fsdp"]["2"] == default
+    _, ddp = runs["ddp"]
+    np.testing.assert_allclose(options["losses"], ddp["losses"], rtol=1e-5, atol=1e-6)
+    assert_close_weights(options["module"], ddp["module"])
+
+
+@pytest.fixture(scope="module")
+def meta_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """The MLP built on the meta device, trained 2 epochs under FSDP."""
+    directory = tmp_path_factory.mktemp("meta")
+    return directory, trained(directory, "fsdp", meta=True)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_meta_module_under_fsdp_initialises_each_shard_on_its_rank(meta_run: Any) -> None:
+    """reset_parameters on each rank's shards: nn.Linear's bounds (1/sqrt(fan_in)), and the two
+    ranks' rows differ (DTensor's CPU random ops draw on each rank alone: the ranks draw from
+    generators of their own)."""
+    _, meta = meta_run
+    assert meta["sharded"] is True and meta["units"] == 4
+    for layer, fan_in in (("0", fsdp_mlp.FEATURES), ("2", 32), ("4", 32)):
+        for kind in ("weight", "bias"):
+            values = np.array(meta["initial"][f"{layer}.{kind}"])
+            assert 0.5 / fan_in**0.5 < np.abs(values).max() <= 1 / fan_in**0.5, (layer, kind)
+    first = np.array(meta["initial"]["0.weight"])  # 32 rows: rank 0 holds 0-15, rank 1 16-31
+    assert not np.allclose(first[:16], first[16:])
+    assert meta["losses"][-1] < meta["losses"][0]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_meta_module_resumes_from_its_checkpoint_into_its_shards(meta_run: Any, tmp_path: Path) -> None:
+    directory, straight = meta_run
+    resumed = trained(tmp_path, "fsdp", "--resume", str(first_epoch_checkpoint(directory)), meta=True)
+    assert_close_weights(resumed["module"], straight["module"])
+    np.testing.assert_allclose(resumed["losses"], straight["losses"][4:], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("kind", ["safetensors", "dcp"])
+def test_pretrained_weights_load_into_the_shards_of_a_meta_module(
+    runs: Any, tmp_path: Path, kind: str
+) -> None:
+    """The host-built MLP's weights as a safetensors file (each rank reads its rows into its
+    shards) or a DCP checkpoint of one process (DCP reshards it): the meta FSDP run starts
+    bitwise where the DDP run (built on the host) starts, and trains as it."""
+    host = fsdp_mlp.make_model()
+    weights = tmp_path / "init"
+    if kind == "safetensors":
+        from safetensors.torch import save_file
+
+        weights = weights.with_suffix(".safetensors")
+        save_file(host.raw_module.state_dict(), weights)
+    else:
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(host.sharded_state_dict(), checkpoint_id=str(weights), no_dist=True)
+    meta = trained(tmp_path, "fsdp", meta=True, pretrained=str(weights))
+    _, ddp = runs["ddp"]
+    assert meta["initial"] == ddp["initial"]
+    np.testing.assert_allclose(meta["losses"], ddp["losses"], rtol=1e-5, atol=1e-6)
+    assert_close_weights(meta["module"], ddp["module"])
+
+
 @pytest.mark.distributed
 def test_the_weights_exported_at_the_end_of_an_fsdp_run_are_the_full_ones(runs: Any) -> None:
     """Rank 0 alone exports ``last.safetensors`` after the final save: the state gathered for
@@ -295,6 +394,71 @@ def test_the_wrapping_policy_enters_module_lists() -> None:
     assert shard_units(net) == [net.embed, *net.layers, net.head]
 
 
+def test_fsdp_options_are_refused_in_one_line_where_they_cannot_work() -> None:
+    with pytest.raises(
+        ConfigError, match=r"^TorchModel strategy 'ddp' takes no fsdp_options \(given: cpu_off"
+    ):
+        fsdp_mlp.make_model("ddp", fsdp_options={"cpu_offload": True})
+    with pytest.raises(ConfigError, match=r"unknown key 'reshard' \(did you mean 'reshard_after_forward'"):
+        fsdp_mlp.make_model("fsdp", fsdp_options={"reshard": False})
+    with pytest.raises(
+        ConfigError, match=r"^TorchModel fsdp_options: forward_prefetch must be int ≥ 1, not str"
+    ):
+        fsdp_mlp.make_model("fsdp", fsdp_options={"forward_prefetch": "2"})
+    expected = (
+        r"wrap_policy names 'Linea', which no submodule of the module 'module' is \(did you mean 'Linear'"
+    )
+    with pytest.raises(ConfigError, match=expected):
+        fsdp_mlp.make_model("fsdp", fsdp_options={"wrap_policy": ["Linear", "Linea"]})
+
+    def nothing(module: torch.nn.Module) -> bool:
+        return False
+
+    with pytest.raises(ConfigError, match=r"wrap_policy 'nothing' selects no submodule of the module 'modu"):
+        fsdp_mlp.make_model("fsdp", fsdp_options={"wrap_policy": nothing})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("strategy", "options", "expected"),
+    [
+        ("fsdp", {"wrap_policy": ["Block"]}, "wrap_policy names 'Block', which no submodule of the module"),
+        (
+            "ddp",
+            {"reshard_after_forward": False},
+            "'ddp' takes no fsdp_options (given: reshard_after_forward)",
+        ),
+    ],
+)
+def test_the_cli_refuses_fsdp_options_in_one_line(
+    tmp_path: Path, strategy: str, options: Any, expected: str
+) -> None:
+    config = write_run(tmp_path, strategy, model={"fsdp_options": options})
+    done = epochal(tmp_path, "run", str(config))
+    assert done.returncode == 2, done.stdout + done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert expected in line and "Traceback" not in done.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_wrap_policy_selects_units_by_class_name_class_or_function_innermost_included() -> None:
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = torch.nn.Linear(4, 4)
+            self.norm = torch.nn.LayerNorm(4)
+
+    net = torch.nn.Sequential(torch.nn.Embedding(10, 4), Block(), Block(), torch.nn.Linear(4, 2))
+    blocks = [net[1], net[2]]
+    assert shard_units(net, ["Block"]) == blocks
+    assert shard_units(net, [Block]) == blocks
+    assert shard_units(net, lambda m: isinstance(m, Block)) == blocks
+    # nested units: in the order of registration (FSDP2 shards them innermost first)
+    assert shard_units(net, ["Block", "torch.nn.modules.linear.Linear"]) == [
+        net[1], net[1].inner, net[2], net[2].inner, net[3]
+    ]  # fmt: skip
+
+
 @pytest.fixture
 def one_rank_group() -> Any:
     """A process group of one rank in this process: FSDP2 shards over it as over several (the
@@ -314,10 +478,47 @@ def sharded_model(world: Any, **options: Any) -> TorchModel:
 
     model = fsdp_mlp.make_model("fsdp", **options)
     model._sharded = Sharded(
-        model.raw_module, {"module": model.raw_module}, model.optimizers, world, model.device, "32-true"
+        model.raw_module,
+        {"module": model.raw_module},
+        model.optimizers,
+        world,
+        model.device,
+        "32-true",
+        model.fsdp_options,
     )
     model.world = world
     return model
+
+
+def unsharded_at_each_forward(model: TorchModel) -> list[str]:
+    """Which of the 3 Linear units hold their gathered parameters ("U") or their shards ("S")
+    when each unit's forward starts, over one training batch."""
+    from torch.distributed.tensor import DTensor
+
+    units = [model.raw_module[i] for i in (0, 2, 4)]
+    seen: list[str] = []
+
+    def look(module: torch.nn.Module, inputs: Any) -> None:
+        seen.append("".join("S" if isinstance(u.weight, DTensor) else "U" for u in units))
+
+    handles = [unit.register_forward_pre_hook(look) for unit in units]
+    model.train_step(fsdp_mlp.arrays(8, 0))
+    for handle in handles:
+        handle.remove()
+    return seen
+
+
+def test_reshard_after_forward_false_keeps_each_unit_gathered_until_its_backward_also_after_evaluation(
+    one_rank_group: Any,
+) -> None:
+    default = sharded_model(one_rank_group)
+    assert unsharded_at_each_forward(default) == ["USS", "SUS", "SSU"]
+    kept = sharded_model(one_rank_group, fsdp_options={"reshard_after_forward": False})
+    assert unsharded_at_each_forward(kept) == ["USS", "UUS", "UUU"]
+    kept.begin_evaluation("valid")  # gathers everything, then back to the training settings
+    kept.eval_step(fsdp_mlp.arrays(8, 1))
+    kept.end_evaluation("valid")
+    assert unsharded_at_each_forward(kept) == ["USS", "UUS", "UUU"]
 
 
 def test_a_sharded_state_round_trips_and_a_state_inside_a_window_leaves_it_out(one_rank_group: Any) -> None:
@@ -351,6 +552,17 @@ def test_a_sharded_state_round_trips_and_a_state_inside_a_window_leaves_it_out(o
         for key, value in entry.items():
             assert np.array_equal(again["optimizer"]["state"][pid][key], value), (pid, key)
     assert again["steps"] == {"accumulated": 0, "optimizer_steps": 1}
+
+
+def test_a_state_taken_before_the_first_step_leaves_the_optimizer_fresh(one_rank_group: Any) -> None:
+    """DCP's get_optimizer_state_dict steps an optimizer that has no state yet (at lr 0) to make
+    one: AdamW would count that step and train differently from a run that took no state."""
+    model = sharded_model(one_rank_group)
+    state = model.state_dict()
+    assert state["optimizer"]["state"] == {}
+    assert model.optimizer is not None and not model.optimizer.state
+    model.train_step(fsdp_mlp.arrays(8, 0))
+    assert [float(s["step"]) for s in model.optimizer.state.values()] == [1.0] * 6
 
 
 def _stepped(model: TorchModel, batch: Any) -> dict[str, Any]:

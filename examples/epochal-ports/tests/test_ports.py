@@ -192,3 +192,61 @@ def test_a_transformers_causal_lm_equals_the_plain_loop_straight_and_through_kil
         weights = exported(port / "runs" / "causal_lm")
         assert_same({k: reference[k] for k in weights}, weights, port.name)
         assert set(reference) - set(weights) <= {"lm_head.weight"}  # tied to the token embedding
+
+
+# -- FSDP2 ----------------------------------------------------------------------------------------
+
+
+def syntax(path: Path) -> str:
+    """The syntax tree of a module's code (its docstring left out)."""
+    import ast
+
+    body = ast.parse(path.read_text(encoding="utf-8")).body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    return "\n".join(ast.dump(node) for node in body)
+
+
+def test_the_fsdp2_port_uses_the_examples_model_file() -> None:
+    assert syntax(PORTS / "src" / "epochal_ports" / "fsdp2_model.py") == syntax(ORIGINALS / "fsdp2_model.py")
+
+
+def test_the_fsdp2_ports_meta_model_initialises_every_block_on_one_process() -> None:
+    """The example's ``Transformer.reset_parameters`` misses the blocks; every submodule's own
+    initialises them all: the weights the Transformer built on the host draws."""
+    from epochal_ports.fsdp2 import make_model
+    from epochal_ports.fsdp2_model import ModelArgs, Transformer
+
+    port = make_model(device="cpu")
+    torch.manual_seed(0)
+    host = Transformer(ModelArgs(n_layers=10, n_heads=4, vocab_size=1024, max_seq_len=64, dropout_p=0))
+    for name, value in host.state_dict().items():
+        assert torch.equal(port.raw_module.state_dict()[name], value), name
+
+
+@pytest.mark.distributed
+def test_the_fsdp2_port_from_the_same_weights_ends_where_the_examples_loop_does(tmp_path: Path) -> None:
+    """Both on 2 gloo processes, with explicit prefetching, started from the same safetensors
+    weights (the example's loop through its DTensor-API load, the port through ``pretrained``):
+    the final weights are equal bitwise."""
+    from epochal_ports.fsdp2_model import ModelArgs, Transformer
+    from safetensors.torch import load_file, save_file
+
+    torch.manual_seed(1)
+    host = Transformer(ModelArgs(n_layers=10, n_heads=4, vocab_size=1024, max_seq_len=64, dropout_p=0))
+    weights = tmp_path / "weights.safetensors"
+    save_file(host.state_dict(), weights)
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    plain = HERE / "fsdp2_plain.py"
+    ok(run(tmp_path, *launcher, str(plain), str(weights), "plain.safetensors", "--explicit-prefetching"))
+    config = tmp_path / "fsdp2.toml"
+    text = (PORTS / "fsdp2.toml").read_text(encoding="utf-8")
+    config.write_text(text.replace('device = "cpu"', f'device = "cpu"\npretrained = "{weights}"'), "utf-8")
+    ok(run(tmp_path, "-m", "epochal", "run", str(config), "--nproc", "2"))
+    expected = load_file(tmp_path / "plain.safetensors")
+    (exported,) = (tmp_path / "runs" / "fsdp2").glob("version_*/checkpoints/last.safetensors")
+    got = load_file(exported)
+    assert got.keys() == expected.keys()
+    assert not torch.equal(got["output.weight"], host.state_dict()["output.weight"])  # trained
+    for name, value in expected.items():
+        assert torch.equal(got[name], value), name

@@ -4,9 +4,13 @@ On several processes ``TorchModel(..., strategy="fsdp").distribute(world)`` shar
 with :func:`torch.distributed.fsdp.fully_shard` (FSDP2) over a one-dimensional ``DeviceMesh`` of
 the world (CPU on gloo, CUDA on NCCL). The wrapping policy: every direct child module that holds
 parameters becomes a unit of its own (an ``nn.ModuleList``/``nn.ModuleDict`` is entered, so that
-each block of a transformer's ``layers`` is one), then the root takes the rest. Each rank holds
-its shard of every parameter (a ``DTensor``); a unit's parameters are all-gathered for its
-forward and backward, and gradients are reduce-scattered.
+each block of a transformer's ``layers`` is one), then the root takes the rest; or the units
+``fsdp_options``' ``wrap_policy`` selects (with FSDP2's other settings: reshard after forward,
+explicit prefetching, CPU offload: :class:`~epochal.torch.strategies.FSDPOptions`). Each rank
+holds its shard of every parameter (a ``DTensor``); a unit's parameters are all-gathered for its
+forward and backward, and gradients are reduce-scattered. A module built on the meta device is
+sharded as it is, then each rank gives its own shards memory and initialises them
+(:mod:`epochal.torch.meta`).
 
 FSDP2 replaces the module's parameters with new ``DTensor`` parameters. The optimizer the
 factory made refers to the old ones: :class:`Sharded` re-points each of its parameter groups at
@@ -36,11 +40,17 @@ from torch.distributed.checkpoint.state_dict import (
     get_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from epochal.errors import ConfigError
-from epochal.torch.strategies import STRATEGIES, Strategy, check_strategy
+from epochal.torch.strategies import STRATEGIES, Strategy, WrapPolicy, check_strategy, wraps
 
 __all__ = ["STRATEGIES", "Sharded", "Strategy", "check_strategy", "shard_units"]
 
@@ -51,12 +61,16 @@ def _has_parameters(module: torch.nn.Module) -> bool:
     return any(True for _ in module.parameters())
 
 
-def shard_units(module: torch.nn.Module) -> list[torch.nn.Module]:
-    """The submodules that become FSDP units of their own, innermost first (the root not included).
+def shard_units(module: torch.nn.Module, policy: WrapPolicy | None = None) -> list[torch.nn.Module]:
+    """The submodules that become FSDP units of their own, in the order they were registered
+    (the root not included).
 
     Each direct child with parameters; the items of an ``nn.ModuleList``/``nn.ModuleDict`` child
-    (which has no forward of its own) instead of the container.
+    (which has no forward of its own) instead of the container. With a wrap *policy*: every
+    submodule it selects.
     """
+    if policy is not None:
+        return [sub for sub in module.modules() if sub is not module and wraps(policy, sub)]
     units: list[torch.nn.Module] = []
     for child in module.children():
         if isinstance(child, _CONTAINERS):
@@ -83,6 +97,7 @@ class Sharded:
         each an FSDP root of its own: the root itself, or the trained modules of several. The
         root's other modules (frozen ones) stay whole on every rank.
     :param optimizers: the optimizers by name, over the sharded modules' parameters.
+    :param options: ``fsdp_options`` (:class:`~epochal.torch.strategies.FSDPOptions`, checked).
     :raises ConfigError: an optimizer that has stepped already or that holds tensors other
         than the modules' parameters (:class:`~epochal.torch.parts.Parts` refuses those first).
     """
@@ -95,7 +110,9 @@ class Sharded:
         world: Any,
         device: torch.device,
         precision: str,
+        options: Mapping[str, Any] | None = None,
     ) -> None:
+        options = dict(options or {})
         for name, optimizer in optimizers.items():
             if optimizer.state:
                 which = "the optimizer" if len(optimizers) == 1 else f"optimizer {name!r}"
@@ -123,13 +140,29 @@ class Sharded:
         self.mesh = init_device_mesh(device.type, (world.size,))
         with torch.no_grad():  # every rank starts from rank 0's values, as under DDP
             for tensor in root.state_dict().values():
-                if isinstance(tensor, torch.Tensor):
+                # a meta tensor has no values: each rank initialises its shards (epochal.torch.meta)
+                if isinstance(tensor, torch.Tensor) and not tensor.is_meta:
                     torch.distributed.broadcast(tensor, src=0)
-        policy = _policy(precision)
+        #: ``reshard_after_forward`` of every unit but the roots (FSDP2's default: True).
+        self.reshard_after_forward = bool(options.get("reshard_after_forward", True))
+        #: how many units each unit prefetches before its forward (0: FSDP2's implicit prefetching).
+        self.forward_prefetch = int(options.get("forward_prefetch", 0))
+        offload: OffloadPolicy = (
+            CPUOffloadPolicy(pin_memory=device.type == "cuda")
+            if options.get("cpu_offload")
+            else OffloadPolicy()
+        )
+        settings: dict[str, Any] = {
+            "mesh": self.mesh,
+            "mp_policy": _policy(precision),
+            "offload_policy": offload,
+        }
         for module in modules.values():
-            for unit in shard_units(module):
-                fully_shard(unit, mesh=self.mesh, mp_policy=policy)
-            fully_shard(module, mesh=self.mesh, mp_policy=policy)
+            units = shard_units(module, options.get("wrap_policy"))
+            for unit in reversed(units):  # a unit inside another is sharded first
+                fully_shard(unit, reshard_after_forward=self.reshard_after_forward, **settings)
+            fully_shard(module, **settings)
+            _prefetch(units, self.forward_prefetch, int(options.get("backward_prefetch", 0)))
         self.root = root
         #: the FSDP roots: each sharded module.
         self.roots: list[Any] = list(modules.values())
@@ -160,6 +193,9 @@ class Sharded:
         if sync is not None:
             for root in self.roots:
                 root.set_requires_gradient_sync(sync)
+        if self.forward_prefetch:  # the roots' parameters too, before the first unit's forward
+            for root in self.roots:
+                root.unshard()
 
     def begin_evaluation(self) -> None:
         """Gather every parameter once and keep them through the stream's forwards, so that they
@@ -172,10 +208,11 @@ class Sharded:
         self.gathered = True
 
     def end_evaluation(self) -> None:
-        """Free the gathered parameters; back to FSDP2's defaults (each root keeps its parameters
-        gathered after forward, the other units reshard)."""
+        """Free the gathered parameters; back to the training settings (each root keeps its
+        parameters gathered after forward, the other units reshard unless
+        ``reshard_after_forward`` is False)."""
         for root in self.roots:
-            root.set_reshard_after_forward(True)
+            root.set_reshard_after_forward(self.reshard_after_forward)
             root.set_reshard_after_forward(False, recurse=False)
         for unit in self._units:
             unit.reshard()
@@ -193,8 +230,11 @@ class Sharded:
         if self._gathered_state is None:
             options = StateDictOptions(full_state_dict=True, cpu_offload=True)
             module_state: dict[str, Any] = dict(get_model_state_dict(self.root, options=options))
-            merged: dict[str, Any] = dict(
-                get_optimizer_state_dict(self.root, list(self.optimizers.values()), options=options)
+            # DCP gives an optimizer without state one by stepping it (lr 0): AdamW's step count
+            # would then start at 1. The ranks step together: they agree on which have state.
+            stepped = [optimizer for optimizer in self.optimizers.values() if optimizer.state]
+            merged: dict[str, Any] = (
+                dict(get_optimizer_state_dict(self.root, stepped, options=options)) if stepped else {}
             )
             by_name = merged.get("state", {})
             tensors = {
@@ -256,6 +296,16 @@ class Sharded:
                 for i, entry in saved["state"].items()
             }
             optimizer.load_state_dict({"state": state, "param_groups": list(saved["param_groups"])})
+
+
+def _prefetch(units: list[torch.nn.Module], forward: int, backward: int) -> None:
+    """Explicit prefetching, as pytorch/examples' FSDP2 example sets it: each unit all-gathers
+    the next *forward* units before its forward, the previous *backward* before its backward."""
+    for i, unit in enumerate(units):
+        if forward and i + 1 < len(units):
+            unit.set_modules_to_forward_prefetch(units[i + 1 : i + 1 + forward])  # type: ignore[operator]
+        if backward and i > 0:
+            unit.set_modules_to_backward_prefetch(units[max(0, i - backward) : i][::-1])  # type: ignore[operator]
 
 
 def _shard_like(value: Any, template: Any) -> Any:

@@ -31,6 +31,7 @@ import contextlib
 import types
 import warnings
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -38,10 +39,11 @@ import torch
 from epochal._options import PositiveFloat, PositiveInt, check_options
 from epochal.errors import ConfigError
 from epochal.torch.device import Precision, move_to, resolve_device
+from epochal.torch.meta import InitWeights, Materializer
 from epochal.torch.model_state import TorchState
 from epochal.torch.own_step import NO_STEP, OwnStep, check_own_step, check_stepping, read_step
 from epochal.torch.parts import Parts
-from epochal.torch.strategies import Strategy, check_strategy
+from epochal.torch.strategies import Strategy, check_strategy, check_wrap_policy
 from epochal.torch.train_metrics import TrainMetrics
 
 __all__ = ["TorchModel"]
@@ -99,6 +101,15 @@ class TorchModel(OwnStep, TorchState):
         rank, each its own DDP wrapper) or ``"fsdp"`` (each trained module sharded across the
         ranks by FSDP2: :mod:`epochal.torch.fsdp`). On one process both train the modules as
         they are.
+    :param fsdp_options: FSDP2's settings under ``"fsdp"``: ``wrap_policy``,
+        ``reshard_after_forward``, ``forward_prefetch``, ``backward_prefetch``, ``cpu_offload``
+        (:class:`~epochal.torch.strategies.FSDPOptions`).
+    :param init_weights: ``fn(module)``, the initialiser of modules built on the meta device,
+        called after ``to_empty`` (default: each submodule's ``reset_parameters``). Under FSDP
+        each rank materialises only its shards: :mod:`epochal.torch.meta`.
+    :param pretrained: weights read into the modules before training: a ``.safetensors`` file,
+        a directory of them, or a DCP checkpoint directory (under FSDP each rank reads its shards
+        only). Names are the modules' state names (several modules: prefixed with their names).
     :param train_stream_metrics: also compute the metric objects over each training epoch
         (updated with every training batch, computed and reset at the epoch's end, logged as
         ``train.<name>`` in the epoch's row; Lightning's ``self.log(metric, on_epoch=True)``):
@@ -146,6 +157,9 @@ class TorchModel(OwnStep, TorchState):
         strategy: Strategy = "ddp",
         train_stream_metrics: bool = False,
         pinned_state_copies: bool = True,
+        fsdp_options: Mapping[str, Any] | None = None,
+        init_weights: InitWeights | None = None,
+        pretrained: str | Path | None = None,
     ) -> None:
         options = {
             "accumulate_grad_batches": accumulate_grad_batches,
@@ -155,10 +169,19 @@ class TorchModel(OwnStep, TorchState):
             "train_stream_metrics": train_stream_metrics,
             "pinned_state_copies": pinned_state_copies,
             "automatic_optimization": automatic_optimization,
+            "fsdp_options": fsdp_options,
+            "init_weights": init_weights,
+            "pretrained": pretrained,
         }
         check_options("TorchModel", TorchModel, options, "TorchModel", ConfigError, keys=list(options))
-        check_strategy(strategy, precision, ddp_options)
+        check_strategy(strategy, precision, ddp_options, fsdp_options)
         self.parts = parts = Parts(module, optimizer)
+        self.fsdp_options = dict(fsdp_options or {})
+        if "wrap_policy" in self.fsdp_options:  # on one process too, before a run on several shows it
+            check_wrap_policy(self.fsdp_options["wrap_policy"], {n: parts.raw[n] for n in parts.trained})
+        self._materializer = Materializer(
+            parts.raw, parts.root, parts.several_modules, init_weights, pretrained
+        )
         for name, step in (("training_step", training_step), ("validation_step", validation_step)):
             if step is None:
                 continue
@@ -182,6 +205,10 @@ class TorchModel(OwnStep, TorchState):
         self.gradient_clip_val = gradient_clip_val
         self.gradient_clip_algorithm = gradient_clip_algorithm
         parts.to(self.device, self.precision.param_dtype)
+        from epochal.distributed.world import current_world
+
+        if strategy != "fsdp" or current_world().size < 2:  # else each rank its shards (distribute)
+            self._materializer.finish(self.device)
         self.loss_fn = loss_fn
         metrics = dict(metrics or {})
         self.metrics = metrics
@@ -330,7 +357,10 @@ class TorchModel(OwnStep, TorchState):
 
             raw = parts.raw
             shard = {name: raw[name] for name in parts.trained} if parts.several_modules else raw
-            self._sharded = Sharded(parts.root, shard, parts.optimizers, world, device, self.precision.name)
+            self._sharded = sharded = Sharded(
+                parts.root, shard, parts.optimizers, world, device, self.precision.name, self.fsdp_options
+            )
+            self._materializer.finish(device, list(shard), sharded.mesh, world.rank)
         else:
             parts.wrap(device, self.ddp_options)
             self._train_module = parts.train_views[next(iter(parts.modules))]

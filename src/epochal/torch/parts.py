@@ -126,9 +126,13 @@ class Parts:
         return {next(iter(self.modules)): self.root}
 
     def to(self, device: torch.device, dtype: torch.dtype | None = None) -> None:
-        """Move every module to *device* (and cast to *dtype*, ``bf16-true``)."""
+        """Move every module to *device* (and cast to *dtype*, ``bf16-true``); a module still on
+        the meta device is only cast (:mod:`epochal.torch.meta` gives it memory)."""
+        from epochal.torch.meta import has_meta
+
         for module in self.modules.values():
-            module.to(device)
+            if not has_meta(module):
+                module.to(device)
             if dtype is not None:
                 module.to(dtype)
 
