@@ -1,3 +1,4 @@
+# mypy: allow-untyped-defs
 """pytorch/examples' ``distributed/FSDP2/model.py`` (the FSDP2 example's toy transformer), as the
 example has it: only reformatted (tests/test_ports.py checks that its syntax tree is the
 original's, ``originals/fsdp2_model.py``). BSD-3-Clause: ``originals/LICENSE``.
