@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from epochal.resumecheck import first_difference
+from epochal.testing import unwrapped
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ddp_tiny import write_config as tiny_ddp_config
@@ -118,7 +119,7 @@ def test_two_processes_train_with_one_writer_of_checkpoints_and_log_rows(tmp_pat
     # one summary (rank 0), which names the resume command with --nproc
     assert done.stdout.count("epochal: run ") == 1
     assert "finished after 3 epoch(s), 24 batch(es)" in done.stdout
-    assert "--nproc 2 --set loop.max_epochs=6 --resume" in done.stdout  # as many epochs again
+    assert "--nproc 2 --set loop.max_epochs=6 --resume" in unwrapped(done.stdout)  # as many epochs again
     # both ranks trained the same batches
     assert where(tmp_path) == ["3 24 max_epochs=3 reached"] * 2
     # one checkpoint per epoch, written once, holding both ranks' parts
@@ -282,6 +283,26 @@ def test_which_ends_of_the_workers_are_an_agreed_stop(codes, status):
     assert agreed_stop(codes) == status
 
 
+@pytest.mark.parametrize(
+    ("reports", "everywhere"),
+    [
+        ({1: {"message": "bad", "config": True}}, True),  # rank 0 stopped by the agent first
+        ({1: {"message": "bad", "config": True}, 0: {"message": "bad", "config": True}}, True),
+        ({1: {"message": "bad", "config": True}, 0: {"message": "other", "config": True}}, False),
+        ({1: {"message": "broke", "config": False}}, False),  # rank 1's own failure: name it
+        ({1: {"message": "broke", "config": False}, 0: {"message": "broke", "config": False}}, True),
+    ],
+)
+def test_a_configuration_error_is_said_once_whichever_ranks_reported_it(reports, everywhere):
+    """A loaded machine: rank 1 reports the configuration error every rank finds and exits, and
+    the agent stops rank 0 before it reports the same (the line lost its rank prefix only then)."""
+    from epochal.distributed.launch import LaunchFailure, _with_report
+
+    failure = _with_report(LaunchFailure(rank=1, pid=7, exitcode=2), reports, ranks=2)
+    assert failure.message == reports[1]["message"]
+    assert failure.everywhere is everywhere
+
+
 def test_a_signal_to_a_rank_after_a_finished_run_changes_nothing(tmp_path):
     """Issue 31: rank 1 winding down was killed by a SIGTERM and the run reported as failed."""
     config = write_run(tmp_path, ["checkpoint"], max_epochs=1, extra=LINGER_ON_RANK_1)
@@ -355,7 +376,7 @@ def test_under_torchrun_ranks_agree_on_a_new_directory_an_odd_train_set_is_padde
     assert where(tmp_path) == [f"1 {PER_EPOCH} max_epochs=1 reached"] * 2  # 31 examples each
     assert checkpoints(tmp_path) == ["ckpt-e0001-i000008"]
     assert done.stdout.count("epochal: directory: run/version_1") == 1
-    hint = [line for line in done.stdout.splitlines() if line.startswith("epochal: resume: ")]
+    hint = [line for line in unwrapped(done.stdout).splitlines() if line.startswith("epochal: resume: ")]
     again = "--set data.examples=61 --set loop.max_epochs=2 --resume"  # max_epochs = 1 was reached
     assert hint == [f"epochal: resume: torchrun {' '.join(command)} {again}"], done.stdout
 
