@@ -28,6 +28,7 @@ import pytest
 
 from epochal.distributed.launch import free_port
 from epochal.resumecheck import first_difference
+from epochal.testing import unwrapped
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ddp_tiny import write_config as tiny_ddp_config
@@ -208,7 +209,7 @@ def test_two_nodes_train_one_job_equal_to_two_processes_on_one_node(job, one_nod
     for status, _, err in ended:
         assert status == 0, err
     assert job.where() == FINISHED
-    summaries = [out for _, out, _ in ended if "epochal: run " in out]
+    summaries = [unwrapped(out) for _, out, _ in ended if "epochal: run " in out]
     assert len(summaries) == 1 and summaries[0].count("epochal: run ") == 1  # rank 0's node only
     # the node that ran rank 0 holds the log database; the other node wrote nothing but its
     # own where-file (and no checkpoint directory of its own)

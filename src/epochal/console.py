@@ -217,9 +217,9 @@ def fit_summary(lines: Sequence[str], run_id: str, width: int) -> list[str]:
     return fitted
 
 
-#: a summary line that gives a command: ``epochal: resume: epochal run ...``,
-#: ``epochal: tensorboard: tensorboard --logdir ...``.
-_COMMAND = re.compile(r"epochal: [\w ]+: (?:epochal|tensorboard|mlflow) ")
+#: a summary line that gives a command: ``epochal: resume: epochal run ...`` (or ``torchrun
+#: ...`` for a run torchrun launched), ``epochal: tensorboard: tensorboard --logdir ...``.
+_COMMAND = re.compile(r"epochal: [\w ]+: (?:epochal|tensorboard|mlflow|torchrun|python) ")
 
 
 def _table(

@@ -27,7 +27,8 @@ state survives a resume::
     assert resumed.loop.resumed and resumed.calls_of("before_batch")[0].iteration == 5
 
 :func:`counting_torch_ops` lists the torch operators run inside a block, to test that a plugin
-does no work per batch on the device.
+does no work per batch on the device. :func:`unwrapped` joins what a command's output wrapped to
+fit the terminal or a job log's 120 columns, to find a line's text whatever the width.
 
 ``epochal_run(plugins, **loop_options)`` takes plugin objects by name (in call order) or the
 names of installed plugins (``epochal_run(["monitor"], options={"monitor": {...}})``), runs a
@@ -46,6 +47,7 @@ import contextlib
 import copy
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -396,3 +398,11 @@ autoload = false
         encoding="utf-8",
     )
     return path
+
+
+def unwrapped(text: str) -> str:
+    """*text* (a command's output) with the lines the summary and notices wrapped joined again:
+    a command's shell continuation (`` \\`` ending a line) and the indented rest of a wrapped
+    line (four spaces or more) join the line before, with one space, as the line was before it
+    was fitted to ``$COLUMNS`` or a job log's width."""
+    return re.sub(r" \\\n +|\n {4,}(?=\S)", " ", text)

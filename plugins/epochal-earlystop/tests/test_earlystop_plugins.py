@@ -15,7 +15,7 @@ import pytest
 
 from epochal import Loop, hookimpl, load_plugins
 from epochal.examples.digits import make_data, make_model
-from epochal.testing import EpochalCli, ResumeFrom, digits_config
+from epochal.testing import EpochalCli, ResumeFrom, digits_config, unwrapped
 
 pytest_plugins = ["epochal.testing"]
 pytestmark = pytest.mark.usefixtures("no_epochal_env")
@@ -234,7 +234,8 @@ def test_cli_stop_reason(tmp_path: Path, epochal_cli: EpochalCli) -> None:
     config = digits_config(tmp_path / "run.toml", extra=extra, max_epochs=20)
     result = epochal_cli("run", str(config), "--plugins", "monitor,early_stopping")
     assert result.returncode == 0, result.stderr
-    assert "early_stopping: valid.loss did not decrease by more than 0.05 for 1 check(s)" in result.stdout
+    reason = "early_stopping: valid.loss did not decrease by more than 0.05 for 1 check(s)"
+    assert reason in unwrapped(result.stdout)
 
 
 @pytest.mark.parametrize(
