@@ -315,7 +315,14 @@ def test_a_long_log_is_merged_on_disk_and_never_read_back(
     sizes = [len(segment_rows(newest.path, name)) for name in segments]
     assert len(segments) <= 7 * 3 and max(sizes) >= 32_000, sizes  # past the former 4,096-row limit
     state, _ = read_checkpoint(newest.path)
-    assert rows_text(state["log"]["rows"]) == rows_text(loop.log.state_dict()["rows"])
+    saved, final = state["log"]["rows"], loop.log.state_dict()["rows"]
+    # the run's last batch ends an epoch: its evaluation comes after the batch's save (and
+    # save_at_end is off), so the last row gains the epoch's records after the checkpoint
+    last = max(final, key=int)
+    assert {k: v for k, v in final[last].items() if k not in ("epochs_done", "valid.loss")} == saved[last]
+    assert rows_text({k: v for k, v in saved.items() if k != last}) == rows_text(
+        {k: v for k, v in final.items() if k != last}
+    )
 
 
 def test_few_new_rows_stay_in_the_state_until_enough_gathered_for_a_segment(

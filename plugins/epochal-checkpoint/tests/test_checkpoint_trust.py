@@ -3,6 +3,7 @@ signatures (``EPOCHAL_CHECKPOINT_KEY``) and the fuzz campaign over every file ki
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -245,8 +246,9 @@ def test_a_forged_log_segment_costs_only_its_rows(tmp_path: Path, monkeypatch: p
     segment = sorted((signed / newest).glob("log-*.json"))[-1]
     data = bytearray(segment.read_bytes())
     crc = zlib.crc32(data)
-    at = data.index(b'"epochs_done":1')
-    data[at : at + 15] = b'"epochs_done":7'
+    done = re.search(rb'"epochs_done":\d', data)  # the epoch-end record of the segment's rows
+    assert done is not None, data
+    data[done.start() : done.end()] = b'"epochs_done":7'
     force_crc32(data, data.index(b"}}") - 4, crc)  # 4 bytes of the last value: what CRC-32 misses
     segment.write_bytes(data)
     monkeypatch.setenv(KEY_ENV, KEY)
