@@ -279,6 +279,13 @@ def _train(
     from epochal.summary import RunSummary
 
     loop = build_loop(config, plugin_choice(config, order, only), split(disable), resume or False)
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # torch's elastic agent started this worker
+        from epochal.distributed.elastic import check_batch_size, resume_after_restart
+
+        check_batch_size(loop, config_file)
+        if loop.plugin_set.implements("resume_state"):  # a restart goes on from a checkpoint
+            resume = resume_after_restart(loop.world, resume)
+            loop.resume = resume or False
     command = _command(config_file, sys.argv)
     made = choose_for(loop, resume or False, command)  # its own directory (a fresh run's is new)
     if trace is not None:
