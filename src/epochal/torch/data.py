@@ -522,9 +522,8 @@ class LoaderStream:
                 "saved at the end of an epoch"
             )
         examples = self._examples()
-        start = resplit_start(
-            state, self.shards, examples, loader.batch_size, loader.drop_last, "LoaderStream"
-        )  # type: ignore[arg-type]
+        size = int(loader.batch_size)  # type: ignore[arg-type]  # not None: refused above
+        start = resplit_start(state, self.shards, examples, size, loader.drop_last, "LoaderStream")
         rest = examples - (start or 0)
         if self.remainder == "error" and rest % self.shards:
             raise ValueError(
