@@ -185,3 +185,18 @@ def test_an_elastic_job_goes_on_on_the_survivor_when_a_node_is_killed(tmp_path):
     assert (state["epoch"], state["in_epoch"], state.get("world_size", 1)) == (3, False, 1)
     assert (first / "where-0.txt").read_text().split()[0] == "3"
     assert "finished after 3 epoch(s)" in out
+
+
+def test_an_elastic_range_whose_worlds_cannot_share_the_batch_size_is_one_line(tmp_path):
+    path = write_config(tmp_path, ["checkpoint"], data="batch_size = 3\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "epochal", "run", str(path), "--nnodes", "1:2",
+         "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--max-restarts", "2"],
+        cwd=tmp_path, env=environment(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: --nnodes 1:2 --nproc 1: ")
+    assert "[data] batch_size, a batch size of 3 per process" in lines[0]
+    assert "(1, 2 processes)" in lines[0] and "a multiple of 2" in lines[0]
+    assert not (tmp_path / "run").exists()

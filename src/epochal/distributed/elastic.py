@@ -105,21 +105,27 @@ def check_batch_size(loop: Any, where: str = "") -> None:
     :raises ConfigError: naming ``--nnodes``, the batch size and the multiple it needs.
     """
     value = os.environ.get(NODES_ENV)
-    if not value:
-        return
-    nodes = parse_nodes(value)
-    nproc = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-    sizes = worlds(nodes, nproc)
     size = train_batch_size(loop.data.get("train"))
-    if size is None or len(sizes) < 2:
-        return
+    if value and size is not None:
+        nproc = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+        check_elastic_batch(
+            size, value, nproc, f"{where}: [data] stream 'train'" if where else "[data] stream 'train'"
+        )
+
+
+def check_elastic_batch(size: int, nodes: str, nproc: int, what: str) -> None:
+    """Refuse a per-process batch *size* (of *what*) that some world of ``--nnodes`` *nodes*
+    (``MIN:MAX``) with *nproc* processes each cannot share out after another world's checkpoint.
+
+    :raises ConfigError: naming ``--nnodes``, *what*, the batch size and the multiple it needs.
+    """
+    sizes = worlds(parse_nodes(nodes), nproc)
     multiple = batch_multiple(sizes)
-    if size % multiple:
-        prefix = f"{where}: " if where else ""
+    if len(sizes) > 1 and size % multiple:
         counts = ", ".join(map(str, sizes))
         raise ConfigError(
-            f"{prefix}--nnodes {value} --nproc {nproc}: [data] stream 'train' has a batch size of {size} "
-            f"per process, which cannot be shared out on every world of the range ({counts} processes): "
-            f"after a checkpoint inside an epoch the rest of it would not split evenly, and some "
-            f"examples would be trained twice. Use a batch size that is a multiple of {multiple}"
+            f"--nnodes {nodes} --nproc {nproc}: {what}, a batch size of {size} per process, cannot be "
+            f"shared out on every world of the range ({counts} processes): after a checkpoint "
+            "inside an epoch the rest of it would not split evenly, and some examples would be trained "
+            f"twice. Use a batch size that is a multiple of {multiple}"
         )
