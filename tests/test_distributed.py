@@ -315,7 +315,8 @@ def test_a_signal_to_a_rank_after_a_finished_run_changes_nothing(tmp_path):
 
 
 def test_resume_on_another_number_of_processes(tmp_path):
-    """At an epoch end it continues (re-sharded); in the middle of an epoch it is refused."""
+    """At an epoch end it continues (re-sharded); in the middle of an epoch counted in batches
+    (epoch_size) it is refused (test_elastic.py: an epoch of the stream's continues)."""
     config = write_run(tmp_path, ["checkpoint"], max_epochs=1)
     assert epochal(tmp_path, "run", str(config), "--nproc", "2").returncode == 0
     done = epochal(tmp_path, "run", str(config), "--resume", "--set", "loop.max_epochs=2")
@@ -325,11 +326,14 @@ def test_resume_on_another_number_of_processes(tmp_path):
     shutil.rmtree(tmp_path / "run")
     stop = "[plugins.finish_after]\nbatches = 3\n"
     config = write_run(tmp_path, ["finish_after", "checkpoint"], extra=stop)
-    assert epochal(tmp_path, "run", str(config), "--nproc", "2").returncode == 0
+    assert epochal(tmp_path, "run", str(config), "--nproc", "2", "--set", "loop.epoch_size=8").returncode == 0
     before = checkpoints(tmp_path)
-    done = epochal(tmp_path, "run", str(config), "--resume", "--disable", "finish_after")
+    done = epochal(
+        tmp_path, "run", str(config), "--resume", "--disable", "finish_after", "--set", "loop.epoch_size=8"
+    )
     assert done.returncode == 2
     assert "cannot resume on 1 process(es) a state saved by 2 in the middle of epoch 1" in done.stderr
+    assert "[loop] epoch_size" in done.stderr
     assert "--nproc 2" in done.stderr
     assert checkpoints(tmp_path) == before
 

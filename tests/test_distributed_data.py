@@ -92,18 +92,29 @@ def test_shard_state_is_the_same_on_every_rank_and_resumes_mid_epoch() -> None:
     assert ids_of(resumed) == straight[2:]
 
 
-def test_a_state_of_another_world_size_loads_only_at_an_epoch_boundary() -> None:
+def test_a_state_of_another_world_size_shares_the_rest_of_its_epoch_out_afresh() -> None:
     whole = BatchStream(np.arange(40), batch_size=4, seed=1)
+    order = whole.order(3)
     on_one = BatchStream(np.arange(40), batch_size=4, seed=1)
-    with pytest.raises(ValueError, match="middle of an epoch on 2 process"):
-        on_one.load_state_dict({"seed": 1, "epoch": 3, "position": 2, "world_size": 2})
+    # 2 batches of 4 on each of 2 processes: the first 16 examples of the order were trained
+    on_one.load_state_dict({"seed": 1, "epoch": 3, "position": 2, "batches": 5, "world_size": 2})
+    assert on_one.state_dict() == {"seed": 1, "epoch": 3, "position": 0, "batches": 6, "start": 16}
+    assert [i for batch in on_one for i in batch] == order[16:].tolist()
+    assert on_one.state_dict() == {"seed": 1, "epoch": 4, "position": 0, "batches": 10}
     on_one.load_state_dict({"seed": 1, "epoch": 3, "position": 0, "world_size": 2})
-    assert on_one.epoch == 3
-    on_four = whole.shard(0, 4, "error")
-    with pytest.raises(ValueError, match="resume on 1 process"):
-        on_four.load_state_dict({"seed": 1, "epoch": 0, "position": 1})
-    on_four.load_state_dict({"seed": 1, "epoch": 2, "position": 0})
-    assert ids_of(on_four)[0] == whole.order(2)[0:16:4].tolist()
+    assert on_one.epoch == 3 and len(on_one) == 10
+    # 1 batch on 1 process leaves 36 of the order: 4 processes take 9 each ("error": it divides)
+    on_four = [whole.shard(rank, 4, "error") for rank in range(4)]
+    for shard in on_four:
+        shard.load_state_dict({"seed": 1, "epoch": 3, "position": 1, "batches": 10})
+    rest = [i for shard in on_four for batch in shard for i in batch]
+    assert sorted(rest) == sorted(whole.order(3)[4:].tolist())
+    # of 36 examples, 2 batches on 1 process leave 28: 3 processes cannot share them under "error"
+    thirds = BatchStream(np.arange(36), batch_size=4, seed=1).shard(0, 3, "error")
+    with pytest.raises(ValueError, match="28 examples, cannot be shared evenly by 3"):
+        thirds.load_state_dict({"seed": 1, "epoch": 0, "position": 2, "batches": 9})
+    with pytest.raises(ValueError, match="another length"):  # the batch size changed
+        on_one.load_state_dict({"seed": 1, "epoch": 0, "position": 1, "batches": 3, "world_size": 2})
 
 
 def test_lists_and_callables_are_sharded_by_batches() -> None:

@@ -157,11 +157,20 @@ register_commands(cli)  # plugins, check-resume, new-plugin, schema, hooks: epoc
 )
 @click.option(
     "--nnodes",
-    type=click.IntRange(min=1),
-    default=1,
+    "nnodes_value",
+    default="1",
     show_default=True,
+    metavar="M|MIN:MAX",
     help="Train on this many machines, --nproc processes each: run the same command on every one "
-    "(with --rdzv-endpoint).",
+    "(with --rdzv-endpoint). MIN:MAX: an elastic job, restarted on the machines left (--max-restarts).",
+)
+@click.option(
+    "--max-restarts",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Restart the workers this many times after a failure (an elastic job: they continue from "
+    "the newest checkpoint).",
 )
 @click.option(
     "--rdzv-endpoint",
@@ -182,7 +191,8 @@ def run(
     nproc: int,
     backend: str | None,
     port: int | None,
-    nnodes: int,
+    nnodes_value: str,
+    max_restarts: int,
     endpoint: str | None,
 ) -> None:
     """Train as CONFIG_FILE (TOML) says.
@@ -211,6 +221,12 @@ def run(
     from epochal.errors import ConfigError
 
     keep_running_on_closed_pipes()  # `epochal run ... | head` must not kill the training
+    from epochal.distributed.elastic import parse_nodes
+
+    try:
+        least, nnodes = parse_nodes(nnodes_value)
+    except EpochalError as error:
+        raise click.BadParameter(str(error).partition(": ")[2], param_hint="'--nnodes'") from None
     if resume is not None and not resume.strip():  # `--resume "$CKPT"` with CKPT unset
         raise click.BadParameter(
             "an empty value: give a checkpoint's path, `auto`, or no value (the latest)",
@@ -224,8 +240,16 @@ def run(
     config = load_config(config_file, overrides)
     if backend is not None:
         config.setdefault("distributed", {})["backend"] = backend
-    if nproc > 1 or nnodes > 1 or endpoint is not None:
-        option = "--nproc" if nproc > 1 else "--nnodes" if nnodes > 1 else "--rdzv-endpoint"
+    if nproc > 1 or nnodes > 1 or endpoint is not None or max_restarts:
+        option = (
+            "--nproc"
+            if nproc > 1
+            else "--nnodes"
+            if nnodes > 1
+            else "--rdzv-endpoint"
+            if endpoint is not None
+            else "--max-restarts"
+        )
         if launched():
             raise ConfigError(
                 f"{option}: this process was started by a launcher already (torchrun sets WORLD_SIZE); "
@@ -233,7 +257,7 @@ def run(
             )
         from epochal.distributed.launch import check_nodes
 
-        nodes = (nnodes, check_nodes(nnodes, endpoint, port))
+        nodes = (nnodes, check_nodes(nnodes, endpoint, port), least, max_restarts)
         where = "--backend" if backend is not None else f"{config_file}: [distributed] backend"
         sys.exit(_launch(config, config_file, nproc, port, nodes, order, only, disable, resume, where))
     try:
@@ -279,6 +303,13 @@ def _train(
     from epochal.summary import RunSummary
 
     loop = build_loop(config, plugin_choice(config, order, only), split(disable), resume or False)
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # torch's elastic agent started this worker
+        from epochal.distributed.elastic import check_batch_size, resume_after_restart
+
+        check_batch_size(loop, config_file)
+        if loop.plugin_set.implements("resume_state"):  # a restart goes on from a checkpoint
+            resume = resume_after_restart(loop.world, resume)
+            loop.resume = resume or False
     command = _command(config_file, sys.argv)
     made = choose_for(loop, resume or False, command)  # its own directory (a fresh run's is new)
     if trace is not None:
@@ -391,7 +422,7 @@ def _launch(
     config_file: str,
     nproc: int,
     port: int | None,
-    nodes: tuple[int, str | None],
+    nodes: tuple[int, str | None, int, int],
     order: tuple[str, ...],
     only: tuple[str, ...],
     disable: tuple[str, ...],
@@ -411,15 +442,25 @@ def _launch(
 
     section = config.get("distributed", {})
     check_backend(section.get("backend"), where)
-    nnodes, endpoint = nodes
+    nnodes, endpoint, least, restarts = nodes
     if endpoint is None:
         check_port(port)
     checked = check_run(config, plugin_choice(config, order, only), split(disable))
     run_dir = config.get("loop", {}).get("run_dir")
     argv = worker_arguments(sys.argv[1:])
+    span = f"{least}:{nnodes}" if least != nnodes else str(nnodes)
     launcher_args = f"--nproc {nproc}" + (
-        f" --nnodes {nnodes} --rdzv-endpoint {endpoint}" if nnodes > 1 else ""
+        f" --nnodes {span} --rdzv-endpoint {endpoint}" if nnodes > 1 else ""
     )
+    if restarts:
+        launcher_args += f" --max-restarts {restarts}"
+    if least != nnodes:  # every world of the range must share the batches out (the workers check too)
+        from epochal.distributed.elastic import NODES_ENV, check_elastic_batch
+
+        size = config.get("data", {}).get("batch_size")
+        if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+            check_elastic_batch(size, span, nproc, f"{config_file}: [data] batch_size")
+        os.environ[NODES_ENV] = span
     os.environ[_LAUNCH_ARGS_ENV] = launcher_args  # for the workers' resume commands
     command = _command(config_file, argv)  # the fresh-run check is rank 0's, in its run directory
 
@@ -439,7 +480,15 @@ def _launch(
 
     timeout = float(section.get("timeout", DEFAULT_TIMEOUT))
     return launch(
-        nproc, argv, port=port, nnodes=nnodes, endpoint=endpoint, shutdown_timeout=timeout, on_failure=explain
+        nproc,
+        argv,
+        port=port,
+        nnodes=nnodes,
+        endpoint=endpoint,
+        shutdown_timeout=timeout,
+        on_failure=explain,
+        min_nodes=least,
+        max_restarts=restarts,
     )
 
 

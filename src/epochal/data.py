@@ -124,6 +124,10 @@ class BatchStream:
     ``DistributedSampler``).
     """
 
+    #: a state saved inside an epoch by another number of processes continues here: the rest of
+    #: that epoch's order is shared out afresh (:func:`resplit_start`).
+    elastic = True
+
     def __init__(
         self,
         *arrays: np.ndarray,
@@ -159,6 +163,9 @@ class BatchStream:
         self.remainder: Remainder = "keep"
         #: how each epoch's order is derived (:meth:`use_shard_order`).
         self.shard_order: ShardOrder = "epochal"
+        #: the examples of the current epoch's order consumed before it was shared out among
+        #: these shards (a resume on another number of processes; 0 otherwise).
+        self._start = 0
 
     def use_shard_order(self, order: ShardOrder) -> None:
         """Derive every epoch's order as *order* says from now on (``[loop] shard_order``):
@@ -215,7 +222,15 @@ class BatchStream:
         return self._position
 
     def __len__(self) -> int:
-        """Return the number of batches per epoch."""
+        """Return the number of batches per epoch (of the current epoch's rest, for an epoch
+        resumed on another number of processes)."""
+        if self._start:
+            count = len(
+                shard_indices(
+                    np.arange(self.num_examples - self._start), self.rank, self.shards, self.remainder
+                )
+            )
+            return count // self.batch_size if self.drop_last else -(-count // self.batch_size)
         return self._num_batches
 
     def order(self, epoch: int) -> np.ndarray:
@@ -226,9 +241,11 @@ class BatchStream:
             return np.random.default_rng([self._seed, epoch]).permutation(self.num_examples)
         return np.arange(self.num_examples)
 
-    def indices(self, epoch: int) -> np.ndarray:
-        """The indices of the examples this stream's shard visits in *epoch*, in order."""
-        order = self.order(epoch)
+    def indices(self, epoch: int, start: int = 0) -> np.ndarray:
+        """The indices of the examples this stream's shard visits in *epoch*, in order (of the
+        epoch's order past its first *start* examples: the rest of an epoch resumed on another
+        number of processes)."""
+        order = self.order(epoch)[start:]
         if self.shards == 1:
             return order
         return shard_indices(order, self.rank, self.shards, self.remainder)
@@ -236,9 +253,10 @@ class BatchStream:
     def __iter__(self) -> Iterator[Any]:
         """Yield the remaining batches of the current epoch, advancing the stored position."""
         epoch, position = self._epoch, self._position
-        order = self.indices(epoch)
+        order = self.indices(epoch, self._start)
         arrays, size, single = self.arrays, self.batch_size, len(self.arrays) == 1
-        for k in range(position, self._num_batches):
+        batches = len(self)
+        for k in range(position, batches):
             if (self._epoch, self._position) != (epoch, k):
                 raise RuntimeError(
                     "the state of the BatchStream changed during an iteration "
@@ -247,20 +265,24 @@ class BatchStream:
             index = order[k * size : (k + 1) * size]
             self._position = k + 1
             yield arrays[0][index] if single else tuple(a[index] for a in arrays)
-        if (self._epoch, self._position) == (epoch, self._num_batches):
-            self._epoch, self._position = epoch + 1, 0
+        if (self._epoch, self._position) == (epoch, batches):
+            self._epoch, self._position, self._start = epoch + 1, 0, 0
 
     def state_dict(self) -> dict[str, int]:
         """Return ``{"seed", "epoch", "position", "batches"}``: the stream's state, as plain ints
         (``batches``: of an epoch, so that a resume inside one can tell the epoch changed).
 
         A shard adds ``"world_size"``. Every rank's train shard has the same state (the
-        ranks take the same number of batches), so one rank's state stands for all.
+        ranks take the same number of batches), so one rank's state stands for all. An epoch
+        resumed on another number of processes adds ``"start"``: the examples of its order
+        consumed before (by every process), which its batches come after.
         """
         state = {"seed": self._seed, "epoch": self._epoch, "position": self._position}
-        state["batches"] = self._num_batches
+        state["batches"] = len(self)
         if self.shards > 1:
             state["world_size"] = self.shards
+        if self._start:
+            state["start"] = self._start
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -277,7 +299,6 @@ class BatchStream:
             if unknown := keys - _STATE_KEYS:
                 problems.append(f"unknown keys {sorted(map(str, unknown))}")
             raise ValueError("invalid BatchStream state: " + "; ".join(problems))
-        check_world_size(state, self.shards, "BatchStream")
         for key in sorted(_STATE_KEYS):
             if not _is_int(state[key]) or state[key] < 0:
                 raise ValueError(
@@ -288,8 +309,25 @@ class BatchStream:
                 f"cannot load the state of a BatchStream seeded with {state['seed']} into one "
                 f"seeded with {self._seed}: the batches would differ"
             )
-        position = check_epoch_length(state, self._num_batches, "BatchStream")
+        start = resplit_start(
+            state, self.shards, self.num_examples, self.batch_size, self.drop_last, "BatchStream"
+        )
+        if start is not None:  # saved inside an epoch by another number of processes
+            self._check_rest(start)
+            self._epoch, self._position, self._start = int(state["epoch"]), 0, start
+            return
+        self._start = int(state.get("start", 0)) if state.get("world_size", 1) == self.shards else 0
+        position = check_epoch_length(state, len(self), "BatchStream")
         self._epoch, self._position = int(state["epoch"]), position
+
+    def _check_rest(self, start: int) -> None:
+        """Refuse (remainder ``"error"``) the rest of an epoch that these shards cannot share evenly."""
+        rest = self.num_examples - start
+        if self.remainder == "error" and rest % self.shards:
+            raise ValueError(
+                f"the rest of the epoch, {rest} examples, cannot be shared evenly by {self.shards} "
+                f'processes ({rest % self.shards} left over) and [loop] uneven_shards is "error"'
+            )
 
     def __repr__(self) -> str:
         """Return a summary of the stream's configuration and state."""
@@ -298,6 +336,45 @@ class BatchStream:
             f"batch_size={self.batch_size}, shuffle={self.shuffle}, seed={self._seed}, "
             f"drop_last={self.drop_last}, epoch={self._epoch}, position={self._position})"
         )
+
+
+def resplit_start(
+    state: Mapping[str, Any], size: int, examples: int, batch_size: int, drop_last: bool, what: str
+) -> int | None:
+    """Where the rest of an epoch saved by another number of processes starts: the number of
+    examples of the epoch's order that every process together consumed (None: *state* was saved
+    by *size* processes, or at an epoch boundary, and continues as it is).
+
+    The shards of ``N`` processes take ``order[r::N]`` and cut it into batches of *batch_size*,
+    so after ``k`` batches each they consumed the first ``k * batch_size * N`` examples of the
+    order (padding repeats only examples at its end, never reached inside an epoch): the rest,
+    ``order[start:]``, is shared out afresh among the new processes. A state of an epoch
+    resumed before adds its ``start``.
+
+    :raises ValueError: a bad ``world_size`` or ``start``, or an epoch whose length on the
+        saving processes is not the one this batch size and data give (either changed).
+    """
+    saved = state.get("world_size", 1)
+    if not _is_int(saved) or saved < 1:
+        raise ValueError(f"invalid {what} state: 'world_size' must be a positive int, got {saved!r}")
+    start = state.get("start", 0)
+    if not _is_int(start) or start < 0:
+        raise ValueError(f"invalid {what} state: 'start' must be a non-negative int, got {start!r}")
+    position, batches = state.get("position"), state.get("batches")
+    if saved == size or not position or position == batches:
+        return None
+    rest = examples - start
+    counts = {-(-rest // saved), rest // saved}  # per process: padded or kept, dropped
+    expected = {c // batch_size if drop_last else -(-c // batch_size) for c in counts}
+    consumed = start + int(position) * batch_size * saved
+    if (batches is not None and batches not in expected) or start >= examples or consumed >= examples:
+        raise ValueError(
+            f"cannot resume a {what} saved at batch {position} of an epoch of {batches} batches on "
+            f"{saved} process(es) on {size}: with {examples} examples and a batch size of {batch_size} "
+            "that epoch would have another length (the batch size or the data changed); resume with "
+            "the same batch size and data, or from a checkpoint saved at the end of an epoch"
+        )
+    return consumed
 
 
 def check_world_size(state: Mapping[str, Any], size: int, what: str) -> None:
@@ -317,7 +394,7 @@ def check_world_size(state: Mapping[str, Any], size: int, what: str) -> None:
 
 
 #: the optional keys of a stream's state, beside ``seed``, ``epoch`` and ``position``.
-OPTIONAL_STATE_KEYS = frozenset({"world_size", "batches", "torch_rng", "dataset"})
+OPTIONAL_STATE_KEYS = frozenset({"world_size", "batches", "torch_rng", "dataset", "start"})
 
 
 def check_epoch_length(state: Mapping[str, Any], batches: int | None, what: str) -> int:

@@ -60,6 +60,10 @@ def restore(loop: Loop, state: Mapping[str, Any]) -> None:
     """Load *state* (from :func:`capture`) into *loop*: the run continues where it was saved."""
     if state.get("format") != STATE_FORMAT:
         raise EpochalError(f"unsupported loop state format {state.get('format')!r} (expected {STATE_FORMAT})")
+    if (refusal := _resplit_refusal(loop, state)) is not None:
+        from epochal.distributed.state import WorldSizeError
+
+        raise WorldSizeError(refusal)
     own = loop.strategy.own_parts(state)
     loop.model.load_state_dict(state["model"])
     loop.log.load_state_dict(state["log"])
@@ -105,6 +109,9 @@ def problems(loop: Loop, state: Any) -> list[str]:
         loop.strategy.own_parts(state)
     except EpochalError as error:  # saved mid-epoch by another number of processes
         found.append(str(error))
+    else:
+        if (refusal := _resplit_refusal(loop, state)) is not None:
+            found.append(refusal)
     model = state.get("model")
     if model is not None:  # None: the model's state is read by its saver (sharded)
         check = getattr(loop.model, "check_state", None)
@@ -113,6 +120,32 @@ def problems(loop: Loop, state: Any) -> list[str]:
         else:
             found += _structure(loop.model.state_dict(), model, "model")
     return found
+
+
+def _resplit_refusal(loop: Loop, state: Mapping[str, Any]) -> str | None:
+    """Why *loop* cannot continue *state*, saved inside an epoch by another number of processes,
+    by sharing the rest of the epoch out afresh (None: it can, or nothing to share out).
+
+    The train stream must say it can (``elastic = True``: :class:`~epochal.data.BatchStream`,
+    :class:`~epochal.torch.LoaderStream`), and epochs must be the stream's (not ``epoch_size``
+    batches, which count batches of the saved world).
+    """
+    if int(state.get("world_size", 1)) == loop.world.size or not state.get("in_epoch"):
+        return None
+    from epochal.distributed.state import world_size_refusal
+
+    train = loop.data.get("train")
+    if loop.epoch_size:
+        why = "[loop] epoch_size counts an epoch in batches of the saved processes"
+    elif train is not None and not getattr(train, "elastic", False):
+        why = (
+            f"its train stream ({type(train).__name__}) cannot share the rest of an epoch out afresh "
+            "(an epochal.data.BatchStream or a torch DataLoader can; a stream of your own says so with "
+            "elastic = True)"
+        )
+    else:
+        return None
+    return world_size_refusal(state, loop.world.size, why)
 
 
 def _structure(expected: Any, found: Any, where: str) -> list[str]:

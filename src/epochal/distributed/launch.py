@@ -30,7 +30,7 @@ from typing import Any, NoReturn
 from epochal.errors import ConfigError
 
 #: options of ``epochal run`` that only the launcher reads (the workers do not get them).
-LAUNCHER_OPTIONS = ("--nproc", "--port", "--nnodes", "--rdzv-endpoint")
+LAUNCHER_OPTIONS = ("--nproc", "--port", "--nnodes", "--rdzv-endpoint", "--max-restarts")
 #: the rendezvous id of a job on several machines: the same on every one, as torchrun's default
 #: (a job is the endpoint's: one job per endpoint at a time).
 RDZV_ID = "epochal"
@@ -230,6 +230,8 @@ def launch(
     endpoint: str | None = None,
     shutdown_timeout: float = 300.0,
     on_failure: Callable[[LaunchFailure], str] | None = None,
+    min_nodes: int | None = None,
+    max_restarts: int = 0,
 ) -> int:
     """Run ``python -m epochal ARGV`` on *nproc* local processes; return the exit status.
 
@@ -239,6 +241,8 @@ def launch(
     128 + N when the launcher got signal N (forwarded to the workers, which stop at an agreed
     batch boundary and save) or the workers all stopped on one; otherwise the status of the
     worker that failed first (1 for one killed by a signal), after *on_failure*'s message.
+    *min_nodes* < *nnodes*: an elastic job of *min_nodes* to *nnodes* machines; its workers are
+    restarted up to *max_restarts* times (and go on from the newest checkpoint).
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -249,13 +253,13 @@ def launch(
     if endpoint is None:
         endpoint = f"127.0.0.1:{port if port is not None else free_port()}"
     config = LaunchConfig(
-        min_nodes=nnodes,
+        min_nodes=min_nodes or nnodes,
         max_nodes=nnodes,
         nproc_per_node=nproc,
         run_id=RDZV_ID if nnodes > 1 else str(uuid.uuid4()),
         rdzv_backend="c10d",
         rdzv_endpoint=endpoint,
-        max_restarts=0,
+        max_restarts=max_restarts,
         monitor_interval=0.1,
         shutdown_timeout=int(shutdown_timeout),
     )

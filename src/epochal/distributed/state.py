@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 
 class WorldSizeError(EpochalError):
-    """A checkpoint saved mid-epoch by N processes cannot continue on another number of them."""
+    """A checkpoint saved mid-epoch by N processes cannot continue on another number of them
+    (its train stream cannot share the rest of the epoch out afresh)."""
 
 
 def agreed_resume_state(
@@ -67,22 +68,35 @@ def gather_rank_parts(world: World, parts: dict[str, Any]) -> list[dict[str, Any
 def own_parts(state: Mapping[str, Any], world: World) -> dict[str, Any] | None:
     """This rank's parts of *state*, or None when *state* has none for it.
 
+    On another number of processes than saved *state* the streams continue from rank 0's
+    state (the top level's): at an epoch end the next epoch is sharded afresh, and inside an
+    epoch its rest is (the streams that can: :func:`epochal.data.resplit_start`); each rank
+    keeps its own saved RNG state, and ranks beyond the saved ones take rank 0's.
+
     :raises WorldSizeError: when *state* was saved by another number of processes in the middle
-        of an epoch (its stream positions and RNG states belong to that number of shards).
+        of an epoch whose train stream has no position of its own to share out afresh.
     """
     saved = int(state.get("world_size", 1))
-    if saved != world.size and state.get("in_epoch"):
+    if saved != world.size and state.get("in_epoch") and "train" not in state.get("data", {}):
         raise WorldSizeError(
-            f"cannot resume on {world.size} process(es) a state saved by {saved} in the middle of "
-            f"epoch {int(state.get('epoch', 0)) + 1} (after batch {state.get('batch_in_epoch')} of "
-            f"it): each rank's data position and random state belong to {saved} shards. Resume it "
-            f"with --nproc {saved}, or from a checkpoint saved at an epoch end (checkpoint "
-            "every_n_epochs), which any number of processes can continue"
+            world_size_refusal(state, world.size, "its train stream has no position of its own")
         )
     ranks = state.get("ranks")
     if not ranks or world.rank >= len(ranks):
         return None
-    if saved != world.size:  # at an epoch end: the streams start the next epoch re-sharded
+    if saved != world.size:  # the streams continue from rank 0's state, re-sharded
         return {"rng": ranks[world.rank]["rng"]}
     own: dict[str, Any] = ranks[world.rank]
     return own
+
+
+def world_size_refusal(state: Mapping[str, Any], size: int, why: str) -> str:
+    """The one line refusing to continue *state*, saved inside an epoch, on *size* processes."""
+    saved = int(state.get("world_size", 1))
+    return (
+        f"cannot resume on {size} process(es) a state saved by {saved} in the middle of epoch "
+        f"{int(state.get('epoch', 0)) + 1} (after batch {state.get('batch_in_epoch')} of it): {why}, "
+        f"so the rest of that epoch cannot be shared out afresh. Resume it with --nproc {saved}, or "
+        "from a checkpoint saved at an epoch end (checkpoint every_n_epochs), which any number of "
+        "processes can continue"
+    )

@@ -44,8 +44,8 @@ from epochal.data import (
     UnevenShardsError,
     check_epoch_length,
     check_shard,
-    check_world_size,
     distributed_sampler_order,
+    resplit_start,
     shard_indices,
 )
 from epochal.stateful import from_plain, to_plain
@@ -137,6 +137,10 @@ class LoaderStream:
     being given a generator.
     """
 
+    #: a state saved inside an epoch by another number of processes continues here: the rest of
+    #: that epoch's order is shared out afresh (map-style datasets; :meth:`_resplit`).
+    elastic = True
+
     def __init__(self, loader: DataLoader[Any], seed: int = 0) -> None:
         if not is_dataloader(loader):
             raise TypeError(f"LoaderStream needs a torch DataLoader, not {type(loader).__name__}")
@@ -159,6 +163,9 @@ class LoaderStream:
         self._epoch_rng: torch.Tensor | None = None
         #: an iterable dataset's own state, loaded for the next pass to read on from.
         self._dataset_state: Any = None
+        #: the examples of the current epoch's order consumed before it was shared out among
+        #: these shards (a resume on another number of processes; 0 otherwise).
+        self._start = 0
 
     def use_shard_order(self, order: ShardOrder) -> None:
         """Derive every epoch's order as *order* says from now on (``[loop] shard_order``).
@@ -258,7 +265,13 @@ class LoaderStream:
         return part
 
     def __len__(self) -> int:
-        """The number of batches per epoch (when the DataLoader knows it)."""
+        """The number of batches per epoch (when the DataLoader knows it; of the current epoch's
+        rest, for an epoch resumed on another number of processes)."""
+        if self._start:
+            b = self.loader.batch_size or 1
+            rest = np.arange(self._examples() - self._start)
+            count = len(shard_indices(rest, self.rank, self.shards, self.remainder))
+            return count // b if self.loader.drop_last else -(-count // b)
         if self._shard_batches is not None:
             return self._shard_batches
         return len(self.loader)
@@ -275,7 +288,7 @@ class LoaderStream:
             order = distributed_sampler_order(len(loader.dataset), self._seed, self._epoch, shuffles)  # type: ignore[arg-type]
         else:
             order = np.asarray(list(loader.sampler), dtype=np.int64)
-        mine = shard_indices(order, self.rank, self.shards, self.remainder).tolist()
+        mine = shard_indices(order[self._start :], self.rank, self.shards, self.remainder).tolist()
         b = loader.batch_size
         batches = [mine[i : i + b] for i in range(0, len(mine), b)]
         if loader.drop_last and batches and len(batches[-1]) < b:
@@ -301,7 +314,7 @@ class LoaderStream:
         loader = self.loader
         if self.shard_order == "torch":
             iterator = self._torch_order(position)
-        elif self._shard_batches is not None or self.shard_order != "epochal":
+        elif self._shard_batches is not None or self.shard_order != "epochal" or self._start:
             batches = self._batches()[position:]
             self._prepare(epoch)  # the workers' seeds as the full epoch's loader had them
             iterator = iter(self._rest(batches))
@@ -332,7 +345,7 @@ class LoaderStream:
             yield batch
         self._open = None
         if (self._epoch, self._position) == (epoch, k):
-            self._epoch, self._position = epoch + 1, 0
+            self._epoch, self._position, self._start = epoch + 1, 0, 0
 
     def _skipping(self, position: int) -> Iterator[Any]:
         """The loader's iterator past the *position* batches of the epoch already seen (read again)."""
@@ -416,6 +429,8 @@ class LoaderStream:
             state["dataset"] = to_plain(self.loader.dataset.state_dict())  # type: ignore[attr-defined]
         if self.shards > 1:
             state["world_size"] = self.shards
+        if self._start:
+            state["start"] = self._start
         return state
 
     def _epoch_length(self) -> int | None:
@@ -435,7 +450,6 @@ class LoaderStream:
             raise ValueError(
                 f"invalid LoaderStream state: keys {sorted(map(str, state))}, expected {sorted(_STATE_KEYS)}"
             )
-        check_world_size(state, self.shards, "LoaderStream")
         for key in sorted(_STATE_KEYS):
             value = state[key]
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -449,6 +463,16 @@ class LoaderStream:
                 f"cannot load the state of a LoaderStream seeded with {state['seed']} into one seeded "
                 f"with {self._seed}: the batches would differ"
             )
+        start = self._resplit(state)
+        if start is not None:  # saved inside an epoch by another number of processes
+            self._epoch, self._position, self._start, self._dataset_state = (
+                int(state["epoch"]),
+                0,
+                start,
+                None,
+            )
+            return
+        self._start = int(state.get("start", 0)) if state.get("world_size", 1) == self.shards else 0
         position = check_epoch_length(state, self._epoch_length(), "LoaderStream")
         saved_rng = state.get("torch_rng")
         if self.shard_order == "torch" and position:
@@ -460,6 +484,53 @@ class LoaderStream:
             self._epoch_rng = torch.from_numpy(saved_rng.copy())
         self._dataset_state = state.get("dataset") if self._keeps_dataset_state() else None
         self._epoch, self._position = int(state["epoch"]), position
+
+    def _examples(self) -> int:
+        """The number of examples in an epoch's order (before sharding)."""
+        if self.shard_order == "distributed_sampler" and self._sampler_shuffles() is not None:
+            return len(self.loader.dataset)  # type: ignore[arg-type]
+        return len(self.loader.sampler)  # type: ignore[arg-type]
+
+    def _resplit(self, state: Mapping[str, Any]) -> int | None:
+        """Where the rest of an epoch saved inside it by another number of processes starts in
+        the epoch's order (:func:`epochal.data.resplit_start`); None: *state* continues as it is.
+
+        :raises ValueError: a loader whose epoch cannot be shared out afresh by examples (an
+            iterable dataset, a custom ``batch_sampler``, a ``DistributedSampler`` of its own,
+            shard order ``"torch"``), or a rest that the remainder ``"error"`` refuses.
+        """
+        loader = self.loader
+        saved = state.get("world_size", 1)
+        if saved == self.shards or not state.get("position") or state.get("position") == state.get("batches"):
+            return resplit_start(state, self.shards, 0, 1, False, "LoaderStream")  # checks its keys
+        what = (
+            "an IterableDataset"
+            if isinstance(loader.dataset, IterableDataset)
+            else "a custom batch_sampler"
+            if loader.batch_size is None
+            else "a DistributedSampler of its own"
+            if isinstance(getattr(loader, "sampler", None), DistributedSampler)
+            else "shard_order 'torch'"
+            if self.shard_order == "torch"
+            else None
+        )
+        if what is not None:
+            raise ValueError(
+                f"cannot resume a LoaderStream saved inside an epoch on {saved} process(es) on "
+                f"{self.shards}: its DataLoader has {what}, whose rest of an epoch cannot be shared "
+                f"out afresh example by example; resume on {saved} process(es), or from a checkpoint "
+                "saved at the end of an epoch"
+            )
+        examples = self._examples()
+        size = int(loader.batch_size)  # type: ignore[arg-type]  # not None: refused above
+        start = resplit_start(state, self.shards, examples, size, loader.drop_last, "LoaderStream")
+        rest = examples - (start or 0)
+        if self.remainder == "error" and rest % self.shards:
+            raise ValueError(
+                f"the rest of the epoch, {rest} examples, cannot be shared evenly by {self.shards} "
+                f'processes ({rest % self.shards} left over) and [loop] uneven_shards is "error"'
+            )
+        return start
 
     def __repr__(self) -> str:
         """A summary of the stream's loader and state."""

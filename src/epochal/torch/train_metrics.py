@@ -118,9 +118,12 @@ class TrainMetrics:
         return {"batches": self.batches, "ranks": ranks}
 
     def load_by_rank(self, saved: Any, world: Any) -> None:
-        """Continue this rank's state from :meth:`by_rank` (none saved: start afresh)."""
+        """Continue this rank's state from :meth:`by_rank` (none saved: start afresh; saved by
+        another number of processes, inside an epoch shared out afresh: start the rest afresh)."""
         rank = world.rank if world is not None else 0
         ranks = saved.get("ranks") if isinstance(saved, Mapping) else None
+        if isinstance(ranks, list) and ranks and len(ranks) != (world.size if world is not None else 1):
+            ranks = None
         self.load_state_dict(ranks[rank] if isinstance(ranks, list) and rank < len(ranks) else None)
         self.batches = int(saved.get("batches", 0)) if isinstance(saved, Mapping) and ranks else 0
 
