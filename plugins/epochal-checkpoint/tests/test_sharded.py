@@ -177,12 +177,6 @@ def test_every_rank_writes_its_files_listed_with_sizes_and_checksums(trained: Pa
     assert_same(np.load(trained / "final.npz"), saved(checkpoints / NEWEST))
 
 
-def test_check_resume_on_two_processes_is_bitwise_equal(tmp_path: Path) -> None:
-    where = project(tmp_path)
-    done = ok(run(where, "check-resume", "run.toml", "--nproc", "2", "--at", "11"))
-    assert "match the straight run bitwise" in done.stdout + done.stderr
-
-
 def test_resuming_on_one_process_at_an_epoch_end_reshards(copy: Path) -> None:
     checkpoints = copy / "run" / "version_0" / "checkpoints"
     ok(run(copy, "run", "run.toml", "--set", "loop.max_epochs=3", "--resume"))
@@ -368,6 +362,9 @@ def test_async_sharded_saves_hold_the_sync_saves_tensors_and_resume_bitwise(
 
 
 def test_check_resume_with_async_sharded_saves_is_bitwise_equal(tmp_path: Path) -> None:
+    """check-resume's five runs of two processes, with sharded saves written in the background
+    (the synchronous sharded saves resume bitwise in the kill and resharding tests above, and
+    under DDP and FSDP in tests/test_torch_own_step_cli.py: this path is the one with more)."""
     where = project(tmp_path)
     done = ok(run(where, "check-resume", "run.toml", "--nproc", "2", "--at", "11", *ASYNC))
     assert "match the straight run bitwise" in done.stdout + done.stderr
