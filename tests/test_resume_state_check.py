@@ -71,7 +71,10 @@ def test_a_state_the_model_refuses_to_load_is_one_error_naming_the_plugin() -> N
     [
         (lambda s: s.update(format=99), "loop state format 99"),
         (lambda s: s.pop("rng"), "the state has no rng"),
-        (lambda s: s.update(world_size=2, in_epoch=True, batch_in_epoch=1, ranks=[{}, {}]), "--nproc 2"),
+        (  # inside an epoch, a train stream without a position of its own to share out afresh
+            lambda s: s.update(world_size=2, in_epoch=True, batch_in_epoch=1, ranks=[{}, {}], data={}),
+            "--nproc 2",
+        ),
         (lambda s: s["model"].pop("w"), "missing keys model.w"),
     ],
     ids=["format", "keys", "world-size", "model-keys"],
