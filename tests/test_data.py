@@ -8,7 +8,8 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 
-from epochal.data import BatchStream, _empty_rule, batch_size
+from epochal.batch_rules import batch_size, empty_rule
+from epochal.data import BatchStream
 
 
 def arrays(n: int = 10) -> tuple[np.ndarray, np.ndarray]:
@@ -311,10 +312,10 @@ def test_empty_rule_agrees_with_batch_size_for_every_batch_type() -> None:
         "abcd",
     ]
     for batch in batches:
-        rule = _empty_rule(type(batch))
+        rule = empty_rule(type(batch))
         empty = False if rule is None else bool(rule(batch))
         assert empty == (batch_size(batch) == 0), batch
-    assert _empty_rule(Opaque) is None  # never empty: the loop checks nothing
+    assert empty_rule(Opaque) is None  # never empty: the loop checks nothing
 
 
 def test_loop_skips_empty_batches_of_every_type() -> None:

@@ -760,3 +760,18 @@ def test_a_loop_runs_once_and_says_how_to_train_on():
     again = Loop(Noisy(), make_data(), max_epochs=2, handle_signals=False)
     again.load_state_dict(loop.state_dict())
     assert again.run().status["epochs_done"] == 2
+
+
+def test_an_epoch_size_goes_on_through_the_stream_across_epochs_and_restarts_it_at_its_end():
+    """``epoch_size`` = 3 over a stream of 5 batches with no position of its own: the epochs
+    take batches in the stream's order, a pass running on into the next epoch and the stream
+    starting again only when it ends (a restart once replayed the epoch's batches so far)."""
+    from epochal.testing import StubModel
+
+    seen: list[int] = []
+    model = StubModel(train=lambda batch: (seen.append(int(batch)), {"loss": 0.0})[1])
+    loop = Loop(model, {"train": [0, 1, 2, 3, 4]}, epoch_size=3, max_epochs=4, handle_signals=False)
+    loop.run()
+    assert seen == [0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1]
+    assert loop.epoch == 4 and loop.iteration == 12
+

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from epochal.data import batch_size
+from epochal.batch_rules import batch_size
 from epochal.errors import ConfigError, did_you_mean
 from epochal.model import check_outputs
 

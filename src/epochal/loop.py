@@ -15,12 +15,11 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from epochal import _rng, evaluation, heldout, loop_state
+from epochal import _rng, epoch_batches, evaluation, heldout, loop_state
 from epochal._dispatch import blame, each_implementation, implementations
 from epochal._options import Fraction, NonEmptyStr, NonNegativeInt, PositiveInt, Seed, check_options
-from epochal.adapters import adapt_stream, orders_itself
-from epochal.data import ShardOrder, _empty_rule
-from epochal.distributed.sharding import in_shard_order
+from epochal.batch_rules import empty_rule
+from epochal.data import ShardOrder
 from epochal.distributed.strategy import strategy_for
 from epochal.distributed.world import World, current_world, peer_lost
 from epochal.empty import EmptyData
@@ -38,28 +37,15 @@ from epochal.triggers import check_condition_streams
 Policy = Literal["error", "warn", "ignore"]
 #: the options of a run a configuration's ``[loop]`` sets (their annotations are the schema).
 OPTIONS = (
-    "max_epochs",
-    "max_iterations",
-    "min_epochs",
-    "min_steps",
-    "seed",
-    "eval_every_n_epochs",
-    "eval_every_n_batches",
-    "epoch_size",
-    "eval_at_start",
-    "test_streams",
-    "test_weights",
-    "on_empty_batch",
-    "on_empty_stream",
-    "run_dir",
-    "uneven_shards",
-    "shard_order",
-)
+    "max_epochs", "max_iterations", "min_epochs", "min_steps", "seed", "eval_every_n_epochs",
+    "eval_every_n_batches", "epoch_size", "eval_at_start", "test_streams", "test_weights",
+    "on_empty_batch", "on_empty_stream", "run_dir", "uneven_shards", "shard_order",
+)  # fmt: skip
 
 
-#: the keys of ``log.status`` that say how a run ended: a resumed run starts without them.
 #: what next() gives for a stream that has ended.
 _END = object()
+#: the keys of ``log.status`` that say how a run ended: a resumed run starts without them.
 _OUTCOME = ("error", "finish_reason", "isolated_plugins", "test_weights")
 
 
@@ -166,17 +152,7 @@ class Loop:
         self.strategy = strategy_for(self.world)
         #: the empty-batch and empty-stream policies (and the streams whose len() is 0, as given).
         self._empty = EmptyData(data)
-        # unseeded: drawn, so each run orders its DataLoaders afresh as torch does; with
-        # DistributedSampler's order, 0 as that sampler's own default
-        order = 0 if seed is None and shard_order == "distributed_sampler" else seed
-        if order is None and any(map(orders_itself, data.values())):
-            order = self.strategy.order_seed(None)
-        wrapped = {name: adapt_stream(stream, order, name) for name, stream in data.items()}
-        if shard_order != "epochal":
-            wrapped = {
-                n: in_shard_order(n, s, shard_order, order, self._source or "") for n, s in wrapped.items()
-            }
-        self.data = self.strategy.shard_data(wrapped, uneven_shards, order, self._source or "")
+        self.data = epoch_batches.prepare(data, seed, shard_order, uneven_shards, self.strategy, self._source)
         self._plugin_set = plugins if isinstance(plugins, PluginSet) else compose(plugins or {})
         self._plugin_set.check_dependencies()
         #: plugin instances by name, in call order.
@@ -194,7 +170,7 @@ class Loop:
         self.eval_every_n_batches = every = eval_every_n_batches
         #: evaluate after every this many batches of an epoch (None: at epoch ends).
         self.eval_interval = batch_interval(every, self.epoch_size, self.data["train"], streams, where)
-        self._train_iterator: Iterator[Any] | None = None
+        self._sized = epoch_batches.SizedEpochs()
         check_condition_streams(self._plugin_set.triggers, list(self.data), self._source)
         self.on_empty_batch = on_empty_batch
         self.on_empty_stream = on_empty_stream
@@ -470,7 +446,7 @@ class Loop:
         for batch in batches:
             if type(batch) is not kind:
                 kind = type(batch)
-                empty = _empty_rule(kind)  # None: a type without len, never empty
+                empty = empty_rule(kind)  # None: a type without len, never empty
             if empty is not None and empty(batch) and self._empty_batch("train"):
                 continue
             before = hooks.before_batch  # read per batch: a hook may rebuild the hooks
@@ -570,38 +546,10 @@ class Loop:
         """The rest of this epoch's training batches."""
         if self.epoch_size is None:
             return self._iterate("train", skip=self.batch_in_epoch)
-        return self._sized_epoch(self.epoch_size - self.batch_in_epoch)
-
-    def _sized_epoch(self, remaining: int) -> Iterator[Any]:
-        """*remaining* batches of the train stream, continuing where the last epoch stopped."""
-        fresh = False
-        while remaining > 0:
-            created = self._train_iterator is None
-            if self._train_iterator is None:
-                skip = 0 if fresh else self.batch_in_epoch
-                self._train_iterator = self._iterate("train", skip=skip)
-                fresh = True
-            yielded = False
-            for batch in self._train_iterator:
-                yielded = True
-                yield batch
-                remaining -= 1
-                if remaining <= 0:
-                    return
-            self._train_iterator = None  # the stream ended: start it again
-            if created and not yielded:
-                return  # a fresh pass gave no batch: the stream is empty
+        return self._sized.rest(self.data["train"], self.epoch_size, self.batch_in_epoch)
 
     def _iterate(self, stream: str, skip: int = 0) -> Iterator[Any]:
-        source = self.data[stream]
-        if not hasattr(source, "__iter__") and callable(source):
-            source = source()
-        iterator = iter(source)
-        if skip and not hasattr(source, "state_dict"):
-            # A stream without its own position: replay the epoch up to where it stopped.
-            for _ in range(skip):
-                next(iterator, None)
-        return iterator
+        return epoch_batches.iterate(self.data[stream], skip)
 
     def _empty_batch(self, stream: str) -> bool:
         """Apply the empty-batch policy; return True to skip the batch."""
