@@ -100,7 +100,7 @@ def test_epoch_records_per_stage_hook_and_plugin(capsys: pytest.CaptureFixture[s
 
 
 def test_the_slow_plugin_is_named_first() -> None:
-    loop = make_loop(["timing", "monitor"], {"timing": {"table": False}}, extra={"slow": Slow()})
+    loop = make_loop(["timing", "monitor"], {"timing": {"per_plugin": True}}, extra={"slow": Slow()})
     loop.run()
     summary = loop.log.status["timing"]
     assert summary["plugin.slow.before_batch"]["seconds"] >= 0.001 * loop.iteration
@@ -128,10 +128,10 @@ def test_hooks_are_unwrapped_after_training_and_after_an_error() -> None:
             if hasattr(impl.function, "__wrapped__")
         ]
 
-    loop = make_loop(["timing", "monitor"], {"timing": {"table": False}})
+    loop = make_loop(["timing", "monitor"], {"timing": {"per_plugin": True}})
     loop.run()
     assert wrapped(loop) == []
-    failing = make_loop(["timing", "monitor"], {"timing": {"table": False}}, extra={"boom": Boom()})
+    failing = make_loop(["timing", "monitor"], {"timing": {"per_plugin": True}}, extra={"boom": Boom()})
     with pytest.raises(RuntimeError, match="boom"):
         failing.run()
     assert wrapped(failing) == []
@@ -139,8 +139,10 @@ def test_hooks_are_unwrapped_after_training_and_after_an_error() -> None:
     assert failing.log.status["timing"]["plugin.boom.after_batch"]["calls"] == 5
 
 
-def test_per_plugin_false_wraps_nothing() -> None:
-    loop = make_loop(["timing", "monitor"], {"timing": {"per_plugin": False, "table": False}})
+@pytest.mark.parametrize("options", [{"per_plugin": False, "table": True}, {}], ids=["false", "default"])
+def test_per_plugin_false_wraps_nothing(options: dict[str, Any]) -> None:
+    """Nor does the default, without a profile asked for (issue 48: wrapping costs every call)."""
+    loop = make_loop(["timing", "monitor"], {"timing": options})
     loop.run()
     (row, _) = epoch_rows(loop)
     assert "timing.train_step" in row and "timing.read_data" in row
@@ -217,7 +219,7 @@ def test_a_gated_plugin_is_timed_when_its_trigger_lets_it_run() -> None:
     counter = Counter()
     loop = make_loop(
         ["timing", "monitor"],
-        {"timing": {"table": False}, "counter": {"every_n_batches": 3}},
+        {"timing": {"per_plugin": True}, "counter": {"every_n_batches": 3}},
         extra={"counter": counter},
     )
     loop.run()
@@ -239,7 +241,7 @@ class Sleepy:
 def test_an_isolated_failure_between_timed_plugins_leaves_their_counts_whole() -> None:
     loop = make_loop(
         ["timing", "monitor"],
-        {"timing": {"table": False}, "boom": {"on_failure": "isolate"}},
+        {"timing": {"per_plugin": True}, "boom": {"on_failure": "isolate"}},
         extra={"boom": Boom(), "sleepy": Sleepy()},
         max_epochs=1,
     )

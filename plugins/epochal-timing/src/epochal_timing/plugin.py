@@ -81,7 +81,9 @@ class Timing:
         go into the log either way.
     :param per_plugin: time every other plugin's hooks (``timing.plugin.<name>.<hook>`` and
         ``timing.hook.<hook>``). When false, no hook is wrapped and ``train_step`` includes the
-        other plugins' ``before_batch``/``after_batch`` time.
+        other plugins' ``before_batch``/``after_batch`` time. None (the default): only when the
+        table is asked for (``table = true``, ``epochal run --profile``): wrapping every hook
+        costs each hook call, in every run that loads the plugin.
     """
 
     #: wall-clock records differ between any two runs: `epochal check-resume` leaves timing out.
@@ -90,10 +92,10 @@ class Timing:
     #: per rank.
     rank: ClassVar[Rank] = "all"
 
-    def __init__(self, records: bool = True, table: bool = False, per_plugin: bool = True) -> None:
+    def __init__(self, records: bool = True, table: bool = False, per_plugin: bool | None = None) -> None:
         self.records = records
         self.table = table
-        self.per_plugin = per_plugin
+        self.per_plugin = table if per_plugin is None else per_plugin
         self._pc = time.perf_counter
         self._wrapped: list[tuple[Any, Callable[..., Any]]] = []
         self._loop: Any = None
