@@ -774,4 +774,3 @@ def test_an_epoch_size_goes_on_through_the_stream_across_epochs_and_restarts_it_
     loop.run()
     assert seen == [0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1]
     assert loop.epoch == 4 and loop.iteration == 12
-

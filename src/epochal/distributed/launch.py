@@ -102,17 +102,16 @@ def _reported(folder: Path) -> dict[int, dict[str, Any]]:
 
 def _with_report(failure: LaunchFailure, reports: dict[int, dict[str, Any]], ranks: int) -> LaunchFailure:
     """*failure* with the error its rank reported, if it reported one; *ranks*: how many
-    workers could have reported. The error is everywhere when each of them reported it, or when
-    it is a configuration error no rank contradicts: the agent stops the other ranks as soon as
-    one exits, often before they report the same error (a loaded machine), and the same
-    command fails the same way, whichever rank said it first."""
+    workers could have reported (the error is everywhere only when each of them reported it:
+    the agent may stop the others before they report the same error, and an error only one
+    rank found must name that rank)."""
     report = reports.get(failure.rank)
     if report is None:
         return failure
     messages = {str(r.get("message")) for r in reports.values()}
     failure.message = str(report.get("message"))
     failure.config = bool(report.get("config"))
-    failure.everywhere = len(messages) == 1 and (len(reports) >= ranks or failure.config)
+    failure.everywhere = len(messages) == 1 and len(reports) >= ranks
     return failure
 
 
