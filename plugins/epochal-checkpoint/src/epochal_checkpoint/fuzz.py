@@ -129,16 +129,26 @@ def make_pristine(directory: Path, key: str | None = None, sharded: bool = False
         from epochal_checkpoint.fuzz_shards import make_sharded_pristine
 
         return make_sharded_pristine(directory, key)
+    from epochal_checkpoint.testing import make_data, make_model
+
+    run_pristine(directory, make_model(size=4000, chunks=3), make_data(examples=128, batch_size=16), key)
+    return directory
+
+
+def run_pristine(directory: Path, model: Any, data: Any, key: str | None, **checkpoint: Any) -> None:
+    """Train *model* on *data* for 16 batches with a checkpoint every 8 into *directory* (the
+    two newest kept; *checkpoint*: more of the plugin's options), every save writing a log
+    segment, signed with *key* if given (``EPOCHAL_CHECKPOINT_KEY`` as it was afterwards)."""
     from epochal import Loop
     from epochal_checkpoint import incremental
     from epochal_checkpoint.plugin import Checkpoint
     from epochal_checkpoint.storage.sign import KEY_ENV
-    from epochal_checkpoint.testing import BatchRecorder, make_data, make_model
+    from epochal_checkpoint.testing import BatchRecorder
 
-    plugin = Checkpoint(dir=str(directory), every_n_batches=8, every_n_epochs=0, keep_last=2)
+    plugin = Checkpoint(dir=str(directory), every_n_batches=8, every_n_epochs=0, keep_last=2, **checkpoint)
     loop = Loop(
-        make_model(size=4000, chunks=3),
-        make_data(examples=128, batch_size=16),
+        model,
+        data,
         plugins={"recorder": BatchRecorder(), "checkpoint": plugin},
         max_iterations=16,
         handle_signals=False,
@@ -154,7 +164,6 @@ def make_pristine(directory: Path, key: str | None = None, sharded: bool = False
         os.environ.pop(KEY_ENV, None)
         if saved is not None:
             os.environ[KEY_ENV] = saved
-    return directory
 
 
 def _resign_file(checkpoint: Path, name: str) -> None:

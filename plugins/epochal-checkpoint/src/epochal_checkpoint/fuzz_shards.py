@@ -12,7 +12,6 @@ raw exception. No payload may run (the ``pickle-payload`` kind plants ``os.syste
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -43,33 +42,9 @@ def _data() -> dict[str, Any]:
 def make_sharded_pristine(directory: Path, key: str | None = None) -> Path:
     """Two sharded checkpoints (one process, DCP files, log segments) of a small ``TorchModel``
     run in *directory*; signed with *key* if given."""
-    from epochal import Loop
-    from epochal_checkpoint import incremental
-    from epochal_checkpoint.plugin import Checkpoint
-    from epochal_checkpoint.storage.sign import KEY_ENV
-    from epochal_checkpoint.testing import BatchRecorder
+    from epochal_checkpoint.fuzz import run_pristine
 
-    plugin = Checkpoint(
-        dir=str(directory), every_n_batches=8, every_n_epochs=0, keep_last=2, format="sharded"
-    )
-    loop = Loop(
-        make_model(),
-        _data(),
-        plugins={"recorder": BatchRecorder(), "checkpoint": plugin},
-        max_iterations=16,
-        handle_signals=False,
-    )
-    saved = os.environ.pop(KEY_ENV, None)
-    if key is not None:
-        os.environ[KEY_ENV] = key
-    inline, incremental.INLINE_VALUES = incremental.INLINE_VALUES, 0  # every save: a segment to damage
-    try:
-        loop.run()
-    finally:
-        incremental.INLINE_VALUES = inline
-        os.environ.pop(KEY_ENV, None)
-        if saved is not None:
-            os.environ[KEY_ENV] = saved
+    run_pristine(directory, make_model(), _data(), key, format="sharded")
     return directory
 
 
