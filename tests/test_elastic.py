@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 from epochal.distributed.launch import free_port
+from epochal.testing import epochal_command
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ddp_tiny import write_config
@@ -44,14 +45,7 @@ def environment() -> dict[str, str]:
 
 
 def epochal(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(
-        [sys.executable, "-m", "epochal", *args],
-        cwd=cwd,
-        env=environment(),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    done = epochal_command(*args, cwd=cwd, env={"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}, timeout=180)
     assert done.returncode == 0, done.stderr
     return done
 

@@ -12,7 +12,6 @@ naming the stream. Through the CLI: kill -9 and ``--resume``, ``epochal check-re
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from epochal import Loop  # noqa: E402
 from epochal.adapters import adapt_stream  # noqa: E402
 from epochal.errors import StreamStateError  # noqa: E402
 from epochal.stateful import StatefulStream  # noqa: E402
+from epochal.testing import epochal_command  # noqa: E402
 from epochal.torch import LoaderStream  # noqa: E402
 
 KINDS = ["dataset", "loader", "dataloader", "map"]
@@ -181,16 +181,8 @@ def test_a_sharded_dataset_gives_each_rank_its_files(files: str) -> None:
 
 
 def run(directory: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
-    env.update(OMP_NUM_THREADS="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(directory / "hf"))
-    return subprocess.run(
-        [sys.executable, "-m", "epochal", *args],
-        cwd=directory,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    env = {"OMP_NUM_THREADS": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(directory / "hf")}
+    return epochal_command(*args, cwd=directory, env=env, timeout=timeout)
 
 
 def record(directory: Path) -> dict[str, Any]:

@@ -8,9 +8,7 @@ the run's own recording plugin gathers, and on one process against the module's 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ torch = pytest.importorskip("torch")
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import fsdp_mlp  # noqa: E402
+from epochal.testing import epochal_command  # noqa: E402
 from epochal.torch import TorchModel, full_weights  # noqa: E402
 
 
@@ -62,12 +61,9 @@ def test_under_fsdp_every_rank_calls_it_and_rank_0_gets_the_full_weights(tmp_pat
         'order = ["checkpoint", "record"]', 'order = ["checkpoint", "weights", "record"]'
     )
     config.write_text(text + '\n[plugins.weights]\nfactory = "full_weights_probe:Weights"\n')
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
-    env["OMP_NUM_THREADS"] = "1"
-    done = subprocess.run(
-        [sys.executable, "-m", "epochal", "run", str(config), "--nproc", "2"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    done = epochal_command(
+        "run", str(config), "--nproc", "2", cwd=tmp_path, env={"OMP_NUM_THREADS": "1"}, timeout=600
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     ranks: list[dict[str, Any]] = [json.loads((tmp_path / f"weights-{r}.json").read_text()) for r in range(2)]
     assert ranks[0]["sharded"] is ranks[1]["sharded"] is True

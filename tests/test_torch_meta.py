@@ -8,9 +8,7 @@ several processes each rank materialises its own shards instead: ``test_torch_fs
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -22,6 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from epochal.errors import ConfigError, EpochalError  # noqa: E402
+from epochal.testing import epochal_command  # noqa: E402
 from epochal.torch import TorchModel  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -252,15 +251,7 @@ def test_the_cli_says_which_meta_module_has_no_initialiser_in_one_line(tmp_path:
     config = fsdp_mlp.write_config(tmp_path, "ddp")
     config.write_text(config.read_text().replace("fsdp_mlp:make_model", "meta_factory:make_model"))
     config.write_text(config.read_text().replace('strategy = "ddp"\n', ""))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EPOCHAL_")}
-    done = subprocess.run(
-        [sys.executable, "-m", "epochal", "run", str(config)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = epochal_command("run", str(config), cwd=tmp_path)
     assert done.returncode == 2, done.stderr[-3000:]
     (line,) = done.stderr.strip().splitlines()
     assert "(its submodule '1'): Scale is on the meta device" in line and "Traceback" not in done.stderr
